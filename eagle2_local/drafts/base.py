@@ -1,0 +1,44 @@
+"""The one interface every draft engine implements (draft model, EAGLE heads in numpy or llama.cpp).
+
+A round of speculation looks like this from the engine's side:
+
+1. ``catch_up(tokens, features, features_from)``: the whole text so far, ending with the new root (the last
+   sampled token); the engine ingests what it has not seen yet. Engines that need target features (EAGLE heads)
+   get the target's hidden states of the newly committed positions, the first row being position
+   ``features_from``. Returns the draft logits at the root.
+2. ``expand(cand_ids, tokens, parent_ids, level)`` once per deeper tree level: the k frontier candidates to run
+   (ids assigned by the tree builder, parents given by id, -1 = the root). Returns their logits, one row each.
+3. ``commit(accepted_cand_ids)``: which candidates the target accepted, in path order; the engine keeps what it
+   can reuse and forgets the rest of the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class DraftEngine(Protocol):
+    """What the generation loop needs from a draft."""
+
+    name: str
+    needs_features: bool
+
+    def reset(self) -> None:
+        """Forget all text (new conversation)."""
+
+    def rollback(self, n_tokens: int) -> None:
+        """Forget everything after the first ``n_tokens`` committed tokens."""
+
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> np.ndarray:
+        """Ingest the unseen tail of ``tokens`` (the last one is the tree root); return root logits (V,)."""
+
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+        """Run the given frontier candidates; return logits (len(cand_ids), V)."""
+
+    def commit(self, accepted_cand_ids: np.ndarray) -> None:
+        """Keep the accepted candidates' state, drop the rest of the tree."""
+
+    def close(self) -> None:
+        """Free native resources."""

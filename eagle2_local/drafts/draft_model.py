@@ -1,0 +1,113 @@
+"""Draft engine: a smaller GGUF model with the target's vocabulary, drafting trees in its own llama.cpp context.
+
+KV layout of the draft context: sequence 0 holds the text the draft has seen (committed tokens up to and
+including the current root). While a tree grows, each decoded frontier candidate gets its own sequence, copied
+from its parent's, so it attends to exactly its ancestors; all of a round's sequences live until ``commit``,
+which copies the deepest accepted *decoded* candidate's path into sequence 0. Accepted tokens the draft never
+decoded (a leaf, or a node outside the frontier) are fed at the start of the next round's ``catch_up``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..errors import IncompatibleDraftError, TreeError
+from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
+
+log = logging.getLogger(__name__)
+
+
+def check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
+    """Refuse a draft whose token ids mean something else than the target's; name the first difference."""
+    if target.n_vocab != draft.n_vocab:
+        raise IncompatibleDraftError(
+            f"vocabulary sizes differ: target {target.path.name} has {target.n_vocab} tokens, "
+            f"draft {draft.path.name} has {draft.n_vocab}")
+    for name in ("bos", "eos", "eot"):
+        a, b = getattr(target, name), getattr(draft, name)
+        if a != b:
+            raise IncompatibleDraftError(f"special token {name} differs: target {a}, draft {b}")
+    for tok in range(target.n_vocab):
+        a, b = target.token_text(tok), draft.token_text(tok)
+        if a != b:
+            raise IncompatibleDraftError(f"token {tok} differs: target {a!r}, draft {b!r}")
+
+
+class DraftModelEngine:
+    """Tree drafting with any same-vocabulary GGUF (including the target itself)."""
+
+    needs_features = False
+
+    def __init__(self, model: LlamaModel, settings: ContextSettings, max_width: int, max_depth: int) -> None:
+        n_seq = 1 + max_width * max(1, max_depth - 1)
+        if n_seq > MAX_SEQ:
+            raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
+                            f"llama.cpp allows {MAX_SEQ}")
+        self.model = model
+        self.name = f"draft-model:{model.path.name}"
+        self.ctx = LlamaContext(model, ContextSettings(
+            n_ctx=settings.n_ctx, n_batch=max(settings.n_batch, max_width), n_seq_max=max(n_seq, 2),
+            n_threads=settings.n_threads, embeddings=False))
+        self.n_past = 0  # tokens in sequence 0
+        self._seq_of: dict[int, int] = {}  # candidate id -> sequence holding its path
+        self._next_seq = 1
+
+    def reset(self) -> None:
+        self.ctx.clear()
+        self.n_past = 0
+        self._forget_tree()
+
+    def rollback(self, n_tokens: int) -> None:
+        self._forget_tree()
+        if n_tokens < self.n_past:
+            self.ctx.seq_rm(0, n_tokens, -1)
+            self.n_past = n_tokens
+
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> np.ndarray:
+        toks = np.asarray(tokens, dtype=np.int32)[self.n_past:]
+        if len(toks) == 0:
+            raise TreeError("catch_up needs at least the new root token")
+        logits = None
+        for start in range(0, len(toks), self.ctx.n_batch):
+            chunk = toks[start:start + self.ctx.n_batch]
+            out = np.zeros(len(chunk), dtype=np.int8)
+            out[-1] = 1
+            pos = np.arange(self.n_past, self.n_past + len(chunk), dtype=np.int32)
+            self.ctx.decode(chunk, pos, out, seq=0)
+            self.n_past += len(chunk)
+            logits = self.ctx.logits(1)[0]
+        return logits
+
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+        k = len(cand_ids)
+        seqs = np.arange(self._next_seq, self._next_seq + k, dtype=np.int32)
+        if seqs[-1] >= self.ctx.n_seq_max:
+            raise TreeError("draft tree wider or deeper than the draft context was created for")
+        self._next_seq += k
+        for cand, parent, seq in zip(cand_ids.tolist(), parent_ids.tolist(), seqs.tolist()):
+            src = 0 if parent < 0 else self._seq_of[parent]
+            self.ctx.seq_cp(src, seq)
+            self._seq_of[cand] = seq
+        pos = np.full(k, self.n_past - 1 + level, dtype=np.int32)
+        self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8),
+                        seq_mask=np.eye(k, dtype=bool), seq_ids=seqs)
+        return self.ctx.logits(k)
+
+    def commit(self, accepted_cand_ids: np.ndarray) -> None:
+        decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self._seq_of]
+        if decoded:
+            seq = self._seq_of[decoded[-1]]
+            self.ctx.seq_cp(seq, 0, self.n_past, self.n_past + len(decoded))
+            self.n_past += len(decoded)
+        self._forget_tree()
+
+    def _forget_tree(self) -> None:
+        for seq in range(1, self._next_seq):
+            self.ctx.seq_rm(seq)
+        self._seq_of.clear()
+        self._next_seq = 1
+
+    def close(self) -> None:
+        self.ctx.close()

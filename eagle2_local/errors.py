@@ -1,0 +1,33 @@
+"""The package's own exception types.
+
+Everything that can go wrong because of user input (a bad file, an oversize tree, a full context) raises one of
+these *before* llama.cpp is called, because llama.cpp aborts the whole process on several of those conditions.
+"""
+
+
+class Eagle2Error(Exception):
+    """Base class: the CLI prints these as one-line errors instead of a traceback."""
+
+
+class ModelError(Eagle2Error):
+    """A model or head file is missing, not GGUF, truncated, or cannot be loaded by llama.cpp."""
+
+
+class UnsupportedModelError(ModelError):
+    """The model's architecture cannot be used for tree verification (e.g. recurrent state)."""
+
+
+class IncompatibleDraftError(Eagle2Error):
+    """A draft model or head does not fit its target (vocabulary, hidden size, ...)."""
+
+
+class TreeError(Eagle2Error):
+    """A draft tree is malformed or does not fit the context's batch / sequence limits."""
+
+
+class ContextFullError(Eagle2Error):
+    """The prompt plus what is being generated no longer fits the context window."""
+
+
+class DecodeError(Eagle2Error):
+    """llama_decode returned an error code (it did not abort, but produced nothing usable)."""

@@ -1,0 +1,235 @@
+"""The generation loops: plain decoding (the baseline) and EAGLE-2 draft → verify → accept → commit.
+
+Both loops share the target, the sampling warpers and the :class:`TokenEmitter`, and both reuse the KV cache
+of the previous call for the longest common token prefix (multi-turn chat without re-prefilling the history).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .acceptance import accept
+from .drafts.base import DraftEngine
+from .errors import ContextFullError
+from .sampling import SamplingParams
+from .stopping import TokenEmitter
+from .target import Target
+from .tree import DraftTree, TreeParams, grow_tree
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how well the draft did."""
+
+    engine: str = "plain"
+    prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0
+    n_tokens: int = 0
+    target_passes: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.total_s - self.prefill_s, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of decoding (prefill excluded, the same for both loops)."""
+        return self.n_tokens / self.decode_s if self.n_tokens else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per target forward pass (1.0 for plain decoding)."""
+        return self.n_tokens / self.target_passes if self.target_passes else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "engine": self.engine, "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_reused": self.prompt_tokens_reused, "n_tokens": self.n_tokens,
+            "target_passes": self.target_passes, "tau": round(self.tau, 4),
+            "accepted_per_depth": list(self.accepted_per_depth),
+            "mean_tree_size": round(float(np.mean(self.tree_sizes)), 2) if self.tree_sizes else 0.0,
+            "prefill_s": round(self.prefill_s, 4), "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "other_s": round(max(self.decode_s - self.draft_s - self.verify_s, 0.0), 4),
+            "total_s": round(self.total_s, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+        }
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: new text, the token ids it came from, and the finish reason on the last chunk."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None
+
+
+class Generator:
+    """Runs generations on one target, optionally with a draft engine; keeps the KV cache between calls."""
+
+    def __init__(self, target: Target, engine: DraftEngine | None = None,
+                 tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None) -> None:
+        self.target = target
+        self.engine = engine
+        self.tree_params = tree_params or TreeParams()
+        self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
+        self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
+        self.last_stats = GenerationStats()
+        if engine is not None:
+            self._check_tree_fits()
+
+    def _check_tree_fits(self) -> None:
+        p = self.tree_params
+        if p.total_tokens > self.target.max_tree_nodes:
+            raise ContextFullError(f"--total-tokens {p.total_tokens} exceeds the batch size "
+                                   f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
+        if p.total_tokens - 1 > self.target.max_leaves:
+            log.debug("trees may have more leaves than sequences; verify() will refuse such trees")
+
+    def reset(self) -> None:
+        """Forget the conversation (empties the KV caches)."""
+        self.target.reset()
+        if self.engine is not None:
+            self.engine.reset()
+        self.tokens = []
+
+    # ------------------------------------------------------------------ public
+    def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
+                 seed: int | None = None, speculative: bool | None = None) -> Iterator[Chunk]:
+        """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached"."""
+        use_draft = self.engine is not None if speculative is None else speculative
+        if use_draft and self.engine is None:
+            raise ValueError("speculative decoding needs a draft engine")
+        rng = np.random.default_rng(seed)
+        emitter = TokenEmitter(self.target.model, max_tokens, tuple(stop), self.stop_tokens)
+        stats = GenerationStats(engine=self.engine.name if use_draft else "plain", prompt_tokens=len(prompt))
+        self.last_stats = stats
+        t0 = time.perf_counter()
+        logits = self._prefill(prompt, stats)
+        self._prompt = list(prompt)
+        stats.prefill_s = time.perf_counter() - t0
+        loop = self._speculative if use_draft else self._plain
+        try:
+            yield from loop(logits, emitter, sampling, rng, stats)
+        finally:
+            self._settle(emitter)
+            stats.n_tokens = len(emitter.tokens)
+            stats.total_s = time.perf_counter() - t0
+
+    def _prefill(self, prompt: list[int], stats: GenerationStats) -> np.ndarray:
+        if len(prompt) == 0:
+            raise ContextFullError("the prompt is empty")
+        if len(prompt) >= self.target.n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
+                                   "shorten it or raise n_ctx")
+        keep = _common_prefix(self.tokens, prompt)
+        keep = min(keep, len(prompt) - 1)  # always evaluate at least one token to get fresh logits
+        self.target.rollback(keep)
+        if self.engine is not None:
+            self.engine.rollback(keep)
+        self.tokens = list(prompt[:keep])
+        stats.prompt_tokens_reused = keep
+        ver = self.target.prefill(prompt[keep:])
+        self.tokens = list(prompt)
+        self._features = ver.features
+        self._features_from = keep
+        return ver.logits[0]
+
+    def _settle(self, emitter: TokenEmitter) -> None:
+        """Trim the KV cache to the prompt plus the emitted tokens (drafted tokens past a stop are dropped)."""
+        self.target.abort_tree()  # only does something if interrupted between verify and commit
+        full = self._prompt + emitter.tokens
+        keep = min(self.target.n_past, len(full))
+        self.target.rollback(keep)
+        if self.engine is not None:
+            self.engine.rollback(keep)
+        self.tokens = full[:keep]
+
+    # ------------------------------------------------------------------ plain
+    def _plain(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
+               rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
+        history = list(self.tokens)
+        while True:
+            token = sampling.choose(logits, np.asarray(history), rng)
+            history.append(token)
+            yield _emit(emitter, [token])
+            if emitter.done:
+                return
+            if self.target.n_past + 1 > self.target.n_ctx - 1:
+                yield Chunk(emitter.finish("length"), [], "length")
+                return
+            stats.target_passes += 1
+            t = time.perf_counter()
+            logits = self.target.decode_one(token).logits[0]
+            stats.verify_s += time.perf_counter() - t
+            self.tokens.append(token)
+
+    # ------------------------------------------------------------------ speculative
+    def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
+                     rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
+        engine = self.engine
+        root = sampling.choose(logits, np.asarray(self.tokens), rng)
+        yield _emit(emitter, [root])
+        features, features_from = self._features, self._features_from
+        while not emitter.done:
+            room = self.target.n_ctx - self.target.n_past - 1
+            if room < 1:
+                yield Chunk(emitter.finish("length"), [], "length")
+                return
+            params = self.tree_params
+            if room < params.depth + 1:
+                params = TreeParams(params.total_tokens, max(1, room - 1), params.top_k)
+            t = time.perf_counter()
+            root_logits = engine.catch_up(np.asarray(self.tokens + [root]), features, features_from)
+            tree = grow_tree(root, root_logits, engine.expand, params)
+            t_draft = time.perf_counter()
+            stats.draft_s += t_draft - t
+            ver = self.target.verify(tree)
+            stats.verify_s += time.perf_counter() - t_draft
+            stats.target_passes += 1
+            stats.tree_sizes.append(len(tree))
+            acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng)
+            self.target.commit(acc.path)
+            engine.commit(tree.cand_ids[acc.path[1:]])
+            _count_depths(stats.accepted_per_depth, acc.n_accepted)
+            features = ver.features[acc.path] if ver.features is not None else None
+            features_from = len(self.tokens)
+            self.tokens.extend(int(x) for x in tree.tokens[acc.path])
+            yield _emit(emitter, [int(x) for x in tree.tokens[acc.path[1:]]] + [acc.bonus])
+            root = acc.bonus
+
+
+def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:
+    """Push tokens until the emitter stops; the chunk lists only the tokens that became output."""
+    n_before = len(emitter.tokens)
+    text = "".join(emitter.push(tok) for tok in tokens if not emitter.done)
+    return Chunk(text, emitter.tokens[n_before:], emitter.finish_reason)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def _count_depths(per_depth: list[int], n_accepted: int) -> None:
+    """Acceptance histogram: per_depth[d-1] counts rounds in which a draft token at depth d was accepted."""
+    while len(per_depth) < n_accepted:
+        per_depth.append(0)
+    for d in range(n_accepted):
+        per_depth[d] += 1

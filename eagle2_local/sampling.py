@@ -1,0 +1,102 @@
+"""Logit warpers and token sampling, shared by plain and speculative decoding.
+
+Lossless speculative sampling means: the speculative loop emits tokens with exactly the distribution the plain
+loop samples from. Both loops therefore call :func:`SamplingParams.probs` on the same logits with the same
+history, so any warper (temperature, top-k, top-p, min-p, repetition penalty) is automatically identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import Eagle2Error
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn target logits into a next-token distribution.
+
+    ``temperature == 0`` means greedy decoding (argmax); all other fields are then ignored.
+    The order of the warpers is: repetition penalty, temperature, top-k, top-p, min-p.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise Eagle2Error(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise Eagle2Error(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise Eagle2Error(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise Eagle2Error(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise Eagle2Error(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def penalized(self, logits: np.ndarray, history: np.ndarray | None) -> np.ndarray:
+        """Apply the repetition penalty (llama.cpp / CTRL style) to the tokens seen recently."""
+        if self.repeat_penalty == 1.0 or history is None or len(history) == 0:
+            return logits
+        recent = np.unique(np.asarray(history[-self.repeat_last_n:], dtype=np.int64))
+        out = logits.astype(np.float64, copy=True)
+        vals = out[recent]
+        out[recent] = np.where(vals > 0, vals / self.repeat_penalty, vals * self.repeat_penalty)
+        return out
+
+    def probs(self, logits: np.ndarray, history: np.ndarray | None = None) -> np.ndarray:
+        """The warped next-token distribution (float64, sums to 1). Greedy gives a one-hot vector."""
+        z = self.penalized(np.asarray(logits), history).astype(np.float64, copy=False)
+        if self.greedy:
+            p = np.zeros(z.shape[-1], dtype=np.float64)
+            p[int(np.argmax(z))] = 1.0
+            return p
+        z = z / self.temperature
+        if 0 < self.top_k < z.shape[-1]:
+            kth = np.partition(z, -self.top_k)[-self.top_k]
+            z = np.where(z >= kth, z, -np.inf)
+        z = z - np.max(z)
+        p = np.exp(z)
+        p /= p.sum()
+        if self.top_p < 1.0:
+            order = np.argsort(-p, kind="stable")
+            cum = np.cumsum(p[order])
+            # keep the smallest prefix whose mass reaches top_p (always at least one token)
+            n_keep = int(np.searchsorted(cum, self.top_p, side="left")) + 1
+            mask = np.zeros_like(p, dtype=bool)
+            mask[order[:n_keep]] = True
+            p = np.where(mask, p, 0.0)
+            p /= p.sum()
+        if self.min_p > 0.0:
+            p = np.where(p >= self.min_p * p.max(), p, 0.0)
+            p /= p.sum()
+        return p
+
+    def choose(self, logits: np.ndarray, history: np.ndarray | None, rng: np.random.Generator) -> int:
+        """Pick the next token: argmax when greedy, else one draw from :meth:`probs`."""
+        if self.greedy:
+            z = self.penalized(np.asarray(logits), history)
+            return int(np.argmax(z))
+        return sample_from(self.probs(logits, history), rng)
+
+
+def sample_from(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector, by inverse CDF (one uniform per draw, so seeds replay exactly)."""
+    cdf = np.cumsum(p)
+    u = rng.random() * cdf[-1]
+    idx = int(np.searchsorted(cdf, u, side="right"))
+    idx = min(idx, len(p) - 1)
+    while p[idx] == 0.0 and idx > 0:  # guard against landing on a zero-mass token through float rounding
+        idx -= 1
+    return idx

@@ -1,0 +1,208 @@
+"""The target model: prefill, plain next-token decode, one-pass tree verification, commit and rollback.
+
+KV layout (one unified KV buffer, see DESIGN §3). The invariant after every public call: cells
+``0 .. n_past-1`` hold the committed text in position order, all in sequence 0, every other cell is free, and
+llama.cpp's search head sits at ``n_past``. That is exactly the layout plain decoding produces, which matters:
+llama.cpp sums attention over cells in cell-index order (and splits the KV range by size on CPU), so any other
+layout changes the float summation order and later logits drift from plain decoding.
+
+* While a tree is verified, sequences ``1..n_leaves`` hold one leaf each (a copy of the committed text, then the
+  leaf's path): each node carries the ids of the leaves in its subtree and position ``n_past + depth``, so every
+  node attends to exactly its ancestors. The tree's cells follow the committed cells in node order.
+* ``commit`` must keep only the accepted cells, and they must end up contiguous right after the committed text.
+  When the accepted nodes are the tree's first nodes they already are; otherwise their K/V rows are saved
+  (through a scratch sequence, only those cells), all tree cells are freed, and the rows are restored into the
+  first free cells. Only the accepted rows are copied, never the prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ContextFullError, TreeError
+from .llama import ContextSettings, LlamaContext, LlamaModel
+from .tree import DraftTree, leaf_membership, node_depths, validate_parents
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Verification:
+    """What one tree decode returns: logits (and features when enabled) for every node, in node order."""
+
+    logits: np.ndarray
+    features: np.ndarray | None
+
+
+class Target:
+    """Owns the target's llama.cpp context and the committed KV sequence."""
+
+    def __init__(self, model: LlamaModel, settings: ContextSettings) -> None:
+        if settings.n_seq_max < 3:
+            raise TreeError("the target needs n_seq_max >= 3 (committed, leaves, scratch)")
+        self.model = model
+        self.ctx = LlamaContext(model, settings)
+        self.scratch = self.ctx.n_seq_max - 1  # used only inside commit()
+        self.max_leaves = self.ctx.n_seq_max - 2
+        self.n_past = 0  # committed tokens in sequence 0 (= used KV cells outside a pending tree)
+        self.n_restored = 0  # commits that had to move accepted rows (statistics)
+        self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
+
+    # ------------------------------------------------------------ sizes
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def max_tree_nodes(self) -> int:
+        return self.ctx.n_batch
+
+    def _ensure_room(self, n_new_cells: int) -> None:
+        if self.n_past + n_new_cells > self.n_ctx:
+            raise ContextFullError(f"context full: {self.n_past} tokens used, {n_new_cells} more do not fit "
+                                   f"n_ctx={self.n_ctx}")
+
+    # ------------------------------------------------------------ plain path
+    def prefill(self, tokens, want_features: bool | None = None) -> Verification:
+        """Evaluate ``tokens`` after the committed text in chunks of n_batch.
+
+        Returns the logits of the last token and, when the context has embeddings on, the features of every
+        token (EAGLE heads need the whole prompt's hidden states).
+        """
+        toks = np.asarray(tokens, dtype=np.int32)
+        if toks.size == 0:
+            raise ContextFullError("nothing to evaluate: empty prompt")
+        self._check_no_pending()
+        self._ensure_room(len(toks))
+        with_features = self.ctx.embeddings if want_features is None else want_features
+        feats = []
+        last_logits = None
+        for start in range(0, len(toks), self.ctx.n_batch):
+            chunk = toks[start:start + self.ctx.n_batch]
+            n = len(chunk)
+            pos = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+            outputs = np.zeros(n, dtype=np.int8)
+            outputs[-1] = 1
+            if self.ctx.embeddings:
+                outputs[:] = 1  # llama.cpp outputs every token when embeddings are on
+            self.ctx.decode(chunk, pos, outputs, seq=0)
+            self.n_past += n
+            n_out = int(outputs.sum())
+            if with_features and self.ctx.embeddings:
+                feats.append(self.ctx.features(n_out))
+            if start + n == len(toks):
+                last_logits = self.ctx.logits(n_out)[-1]
+        features = np.concatenate(feats) if feats else None
+        return Verification(logits=last_logits[None, :], features=features)
+
+    def decode_one(self, token: int) -> Verification:
+        """Plain decoding step: append one token to sequence 0 and return its logits (and feature)."""
+        return self.prefill([token])
+
+    # ------------------------------------------------------------ tree path
+    def verify(self, tree: DraftTree | tuple) -> Verification:
+        """Write the whole tree into the KV cache in ONE decode and return logits (and features) per node.
+
+        ``tree`` is a :class:`DraftTree` or a ``(tokens, parents)`` pair; node 0 is the root, i.e. the last
+        sampled token that is not in the cache yet.
+        """
+        if not isinstance(tree, DraftTree):
+            tree = DraftTree.from_parents(*tree)
+        tokens, parents = tree.tokens, tree.parents
+        validate_parents(parents)
+        n = len(tokens)
+        self._check_no_pending()
+        if n > self.ctx.n_batch:
+            raise TreeError(f"tree of {n} nodes exceeds the batch size {self.ctx.n_batch}")
+        if np.any((tokens < 0) | (tokens >= self.model.n_vocab)):
+            raise TreeError(f"tree holds a token id outside the vocabulary 0..{self.model.n_vocab - 1}")
+        depths = node_depths(parents)
+        leaves, member = leaf_membership(parents)
+        if len(leaves) > self.max_leaves:
+            raise TreeError(f"tree has {len(leaves)} leaves; this context allows {self.max_leaves} "
+                            f"(n_seq_max={self.ctx.n_seq_max} minus 2)")
+        self._ensure_room(n)
+        leaf_seqs = np.arange(1, len(leaves) + 1, dtype=np.int32)
+        for s in leaf_seqs:  # every leaf sequence starts as a view of the committed text
+            self.ctx.seq_rm(int(s))
+            self.ctx.seq_cp(0, int(s))
+        pos = (self.n_past + depths).astype(np.int32)
+        self._pending = (n, len(leaves))
+        self._tree_leaf_of = _deepest_leaf_below(parents, leaves, member)
+        try:
+            self.ctx.decode(tokens, pos, np.ones(n, dtype=np.int8), seq_mask=member, seq_ids=leaf_seqs)
+        except Exception:
+            self._drop_tree_cells()
+            raise
+        logits = self.ctx.logits(n)
+        feats = self.ctx.features(n) if self.ctx.embeddings else None
+        return Verification(logits=logits, features=feats)
+
+    def commit(self, path) -> None:
+        """Keep the root and the accepted nodes (``path``, root first) in sequence 0; free every other tree cell."""
+        if self._pending is None:
+            raise TreeError("commit() without a verified tree")
+        path = np.asarray(path, dtype=np.int64)
+        if len(path) == 0 or path[0] != 0:
+            raise TreeError("an accepted path starts at the root (node 0)")
+        k1 = len(path)
+        base = self.n_past
+        leaf_seq = int(self._tree_leaf_of[path[-1]]) + 1
+        if np.array_equal(path, np.arange(k1)):
+            # the accepted nodes are the tree's first cells: already contiguous after the committed text
+            self.ctx.seq_cp(leaf_seq, 0, base, base + k1)
+            self._drop_tree_cells()
+        else:
+            self.ctx.seq_rm(self.scratch)
+            self.ctx.seq_cp(leaf_seq, self.scratch, base, base + k1)
+            rows = self.ctx.save_seq(self.scratch)
+            self.ctx.seq_rm(self.scratch)
+            self._drop_tree_cells()  # frees every tree cell; llama.cpp's head moves back to the first of them
+            self.ctx.load_seq(rows, self.scratch)  # the accepted rows land in cells base .. base+k
+            self.ctx.seq_cp(self.scratch, 0)
+            self.ctx.seq_rm(self.scratch)
+            self.n_restored += 1
+        self.n_past = base + k1
+
+    def _drop_tree_cells(self) -> None:
+        """Remove the leaf sequences: tree cells not also in sequence 0 become free."""
+        _, n_leaves = self._pending
+        for s in range(1, n_leaves + 1):
+            self.ctx.seq_rm(s)
+        self._pending = None
+
+    def abort_tree(self) -> None:
+        """Drop a verified but uncommitted tree (e.g. after an interrupt); nothing is accepted."""
+        if self._pending is not None:
+            self._drop_tree_cells()
+
+    def _check_no_pending(self) -> None:
+        if self._pending is not None:
+            raise TreeError("the previous tree was verified but not committed")
+
+    # ------------------------------------------------------------ housekeeping
+    def rollback(self, n_past: int) -> None:
+        """Forget committed tokens from position ``n_past`` on (their cells are the last ones, so no hole)."""
+        if not 0 <= n_past <= self.n_past:
+            raise ContextFullError(f"cannot roll back to {n_past}: {self.n_past} tokens are committed")
+        self._check_no_pending()
+        if n_past < self.n_past:
+            self.ctx.seq_rm(0, n_past, -1)
+            self.n_past = n_past
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        self.ctx.clear()
+        self.n_past = 0
+        self._pending = None
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def _deepest_leaf_below(parents: np.ndarray, leaves: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """For each node, the index (into ``leaves``) of one leaf in its subtree: its sequence holds the node's path."""
+    return np.argmax(member, axis=1)

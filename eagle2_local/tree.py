@@ -1,0 +1,219 @@
+"""EAGLE-2 dynamic draft trees as numpy arrays (no llama.cpp here).
+
+The tree is grown the way SafeAILab/EAGLE's ``topK_genrate`` grows it:
+
+* level 1: the top-k tokens of the draft's log-softmax at the root;
+* every deeper level feeds exactly ``top_k`` frontier nodes to the draft; each yields its top-k children, whose
+  score is the *cumulative* log-probability of the path; the next frontier is the global top-k of those k*k
+  children; every child is recorded as a candidate;
+* finally the ``total_tokens - 1`` best-scoring candidates (plus the root) form the tree. A child's score never
+  exceeds its parent's, so the kept set is closed under "parent of" (ties are broken towards earlier
+  candidates, which are always parents before children).
+
+``depth`` here counts draft levels below the root (the number of draft forward passes); EAGLE's own ``depth``
+argument is one less (its first pass is outside the loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import TreeError
+
+MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences; our trees stay well below
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    """Shape limits of one draft tree. Defaults follow EAGLE-2 (total 60 nodes, top-k 10, 6 levels)."""
+
+    total_tokens: int = 60
+    depth: int = 6
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= 64:
+            raise TreeError(f"tree top_k must be in 1..64, got {self.top_k}")
+        if not 1 <= self.depth <= 32:
+            raise TreeError(f"tree depth must be in 1..32, got {self.depth}")
+        if not 2 <= self.total_tokens <= MAX_TREE_NODES:
+            raise TreeError(f"total_tokens must be in 2..{MAX_TREE_NODES}, got {self.total_tokens}")
+
+    @property
+    def max_candidates(self) -> int:
+        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
+
+
+# expand(frontier candidate ids, their tokens, their parent candidate ids (-1 = root), level) -> logits (k, V)
+ExpandFn = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 (the draft's scores; no temperature, as in EAGLE-2)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def top_k_rows(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and values of the k largest entries of each row, best first (ties: lower token id first)."""
+    k = min(k, logp.shape[-1])
+    idx = np.argpartition(-logp, k - 1, axis=-1)[..., :k]
+    vals = np.take_along_axis(logp, idx, axis=-1)
+    order = np.lexsort((idx, -vals), axis=-1)
+    idx = np.take_along_axis(idx, order, axis=-1)
+    return idx, np.take_along_axis(logp, idx, axis=-1)
+
+
+@dataclass
+class DraftTree:
+    """A verified-in-one-pass tree. Node 0 is the root (the last sampled token, not yet in the KV cache).
+
+    ``parents[i] < i`` for every non-root node, so node order is a valid decode order.
+    ``cand_ids`` maps nodes back to the candidate ids the draft engine saw (-1 for the root).
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+    cand_ids: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int32)
+        self.parents = np.asarray(self.parents, dtype=np.int32)
+        self.scores = np.asarray(self.scores, dtype=np.float64)
+        self.cand_ids = np.asarray(self.cand_ids, dtype=np.int64)
+        validate_parents(self.parents)
+        if len(self.tokens) != len(self.parents):
+            raise TreeError("tree tokens and parents differ in length")
+
+    @classmethod
+    def from_parents(cls, tokens, parents) -> "DraftTree":
+        """A tree without draft scores (tests, external drafts): later siblings rank lower."""
+        n = len(tokens)
+        return cls(tokens, parents, -np.arange(n, dtype=np.float64), -np.ones(n, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depths(self) -> np.ndarray:
+        return node_depths(self.parents)
+
+    def children(self, node: int) -> np.ndarray:
+        """Children of ``node``, best draft score first."""
+        kids = np.flatnonzero(self.parents == node)
+        return kids[np.argsort(-self.scores[kids], kind="stable")]
+
+    def leaves(self) -> np.ndarray:
+        return tree_leaves(self.parents)
+
+    def path_to(self, node: int) -> np.ndarray:
+        """Node indices from the root down to ``node`` inclusive."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return np.asarray(path[::-1], dtype=np.int64)
+
+
+def validate_parents(parents: np.ndarray) -> None:
+    """A tree in decode order: node 0 is the only root and every parent precedes its child."""
+    n = len(parents)
+    if n == 0:
+        raise TreeError("a tree needs at least the root node")
+    if n > MAX_TREE_NODES:
+        raise TreeError(f"tree has {n} nodes; at most {MAX_TREE_NODES} are supported")
+    if parents[0] != -1:
+        raise TreeError("node 0 must be the root (parent -1)")
+    rest = parents[1:]
+    bad = np.flatnonzero((rest < 0) | (rest >= np.arange(1, n)))
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise TreeError(f"node {i} has parent {int(parents[i])}, which is not an earlier node")
+
+
+def node_depths(parents: np.ndarray) -> np.ndarray:
+    """Depth of each node (root = 0). Parents precede children, so one forward sweep suffices."""
+    depths = np.zeros(len(parents), dtype=np.int32)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return depths
+
+
+def tree_leaves(parents: np.ndarray) -> np.ndarray:
+    """Nodes without children, in node order."""
+    has_child = np.zeros(len(parents), dtype=bool)
+    has_child[parents[1:]] = True
+    return np.flatnonzero(~has_child)
+
+
+def ancestor_mask(parents: np.ndarray) -> np.ndarray:
+    """``mask[i, j]`` is True when j is i or an ancestor of i (what node i may attend to inside the tree)."""
+    n = len(parents)
+    mask = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+    return mask
+
+
+def leaf_membership(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Leaves and a (n_nodes, n_leaves) mask: True where the leaf lies in the node's subtree.
+
+    Giving each node the KV sequence ids of its subtree's leaves makes llama.cpp's mask let every node see
+    exactly its ancestors and itself.
+    """
+    leaves = tree_leaves(parents)
+    anc = ancestor_mask(parents)
+    return leaves, anc[leaves].T
+
+
+def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params: TreeParams) -> DraftTree:
+    """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
+    k = params.top_k
+    first_tok, first_lp = top_k_rows(log_softmax(root_logits[None, :]), k)
+    cand_tok = [first_tok[0]]
+    cand_score = [first_lp[0]]
+    cand_parent = [np.full(len(first_tok[0]), -1, dtype=np.int64)]
+    frontier = np.arange(len(first_tok[0]), dtype=np.int64)
+    frontier_scores = first_lp[0]
+    n_cand = len(frontier)
+    all_tok = np.concatenate(cand_tok)
+    all_parent = np.concatenate(cand_parent)
+    for level in range(2, params.depth + 1):
+        logits = expand(frontier, all_tok[frontier], all_parent[frontier], level - 1)
+        tok, lp = top_k_rows(log_softmax(logits), k)
+        cum = frontier_scores[:, None] + lp
+        cand_tok.append(tok.reshape(-1))
+        cand_score.append(cum.reshape(-1))
+        cand_parent.append(np.repeat(frontier, tok.shape[1]))
+        flat_best, _ = top_k_rows(cum.reshape(1, -1), k)
+        frontier = n_cand + flat_best[0]
+        frontier_scores = cum.reshape(-1)[flat_best[0]]
+        n_cand += cum.size
+        all_tok = np.concatenate(cand_tok)
+        all_parent = np.concatenate(cand_parent)
+    return select_tree(root_token, all_tok, np.concatenate(cand_score), all_parent, params.total_tokens)
+
+
+def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,
+                total_tokens: int) -> DraftTree:
+    """Keep the best ``total_tokens - 1`` candidates plus the root, in candidate (= decode) order."""
+    n_keep = min(total_tokens - 1, len(cand_tok))
+    order = np.lexsort((np.arange(len(cand_tok)), -cand_score))
+    kept = np.sort(order[:n_keep])
+    node_of = np.full(len(cand_tok), -1, dtype=np.int64)
+    node_of[kept] = np.arange(1, n_keep + 1)
+    parent_cand = cand_parent[kept]
+    parents = np.where(parent_cand < 0, 0, node_of[np.maximum(parent_cand, 0)])
+    if np.any(parents[parent_cand >= 0] < 0):  # cannot happen with cumulative log-probs; guard anyway
+        raise TreeError("re-ranked tree lost a parent")
+    return DraftTree(
+        tokens=np.concatenate([[root_token], cand_tok[kept]]),
+        parents=np.concatenate([[-1], parents]),
+        scores=np.concatenate([[0.0], cand_score[kept]]),
+        cand_ids=np.concatenate([[-1], kept]),
+    )

@@ -1,0 +1,84 @@
+"""Shared fixtures: synthetic GGUF models written on the fly, and the real SmolLM2 model when installed.
+
+SmolLM2 tests are marked ``smollm2``. Outside CI they are skipped when the model wheel is missing; in CI
+(``CI=true``) a missing model is an error, so they can never be skipped silently there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from synthetic_model import write_model  # noqa: E402
+from truncated_model import write_truncated  # noqa: E402
+
+PROMPTS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle_prompts"
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def synth_f32(synth_dir) -> Path:
+    """F32 synthetic target: NOT batch-invariant on CPU (matmul kernels differ by batch size)."""
+    return write_model(synth_dir / "synth-f32.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def synth_q8(synth_dir) -> Path:
+    """Q8_0 synthetic target: batch-invariant on this CPU build, so outputs must be bit-identical."""
+    return write_model(synth_dir / "synth-q8.gguf", seed=0, qtype="q8_0")
+
+
+@pytest.fixture(scope="session")
+def synth_q8_weak(synth_dir) -> Path:
+    """A different (weaker, unrelated) model with the same vocabulary, as a draft."""
+    return write_model(synth_dir / "synth-q8-weak.gguf", seed=7, n_layer=1, qtype="q8_0")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from eagle2_local.errors import ModelError
+    from eagle2_local.models import default_model_path
+    try:
+        return default_model_path()
+    except ModelError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"SmolLM2 must be installed in CI: {exc}")
+        pytest.skip(f"SmolLM2 not installed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_weak(smollm2_path, synth_dir) -> Path:
+    """SmolLM2 cut to its first 8 of 30 layers: a real, weaker same-vocabulary draft model."""
+    return write_truncated(smollm2_path, synth_dir / "smollm2-8layers.gguf", n_layers=8)
+
+
+def load_prompts(n: int) -> list[str]:
+    """The first turns of EAGLE's six prompt sets, interleaved, ``n`` in total."""
+    sets = sorted(PROMPTS_DIR.glob("*.jsonl"))
+    if not sets:
+        pytest.fail(f"prompt sets missing: {PROMPTS_DIR}")
+    per_set = [[_first_turn(json.loads(line)) for line in p.read_text().splitlines() if line.strip()] for p in sets]
+    out = []
+    i = 0
+    while len(out) < n:
+        for prompts in per_set:
+            if i < len(prompts) and len(out) < n:
+                out.append(prompts[i])
+        i += 1
+    return out
+
+
+def _first_turn(rec: dict) -> str:
+    if "turns" in rec:
+        return rec["turns"][0]
+    return rec.get("prompt") or rec.get("text") or rec.get("instruction")

@@ -1,0 +1,112 @@
+"""Write a tiny llama-architecture GGUF with deterministic random weights and a real SentencePiece-style vocab.
+
+Small enough (a few hundred KB) to be written per test session in milliseconds, real enough that llama.cpp loads,
+tokenizes and decodes it exactly as it would any llama model.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+WORDS = ["the", "a", "and", "to", "of", "in", "is", "it", "you", "that", "for", "on", "with", "as", "was", "he",
+         "be", "at", "by", "this", "have", "from", "or", "one", "had", "not", "but", "what", "all", "were", "when",
+         "we", "there", "can", "an", "your", "which", "their", "said", "if", "do", "will", "each", "about", "how",
+         "up", "out", "them", "then", "she", "many", "some", "so", "these", "would", "other", "into", "has", "more",
+         "her", "two", "like", "him", "see", "time", "could", "no", "make", "than", "first", "been", "its", "who",
+         "now", "people", "my", "made", "over", "did", "down", "only", "way", "find", "use", "may", "water", "long",
+         "little", "very", "after", "words", "called", "just", "where", "most", "know", "code", "def", "return"]
+
+
+def vocab() -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of a SentencePiece ('llama') vocabulary with byte fallback."""
+    T = gguf.TokenType
+    tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    types = [T.UNKNOWN, T.CONTROL, T.CONTROL, T.CONTROL, T.CONTROL]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(T.BYTE)
+    pieces = ["\u2581"] + list(string.ascii_letters + string.digits + string.punctuation)
+    pieces += ["\u2581" + c for c in string.ascii_letters]
+    pieces += ["\u2581" + w for w in WORDS] + WORDS
+    seen = set(tokens)
+    for p in pieces:
+        if p not in seen:
+            seen.add(p)
+            tokens.append(p)
+            types.append(T.NORMAL)
+    # SentencePiece BPE merges by score: longer pieces win
+    scores = [0.0 if t != T.NORMAL else float(len(tok)) - i * 1e-4 for i, (tok, t) in enumerate(zip(tokens, types))]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
+                n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 2048, arch: str = "llama",
+                logit_scale: float = 0.6, qtype: str = "f32") -> Path:
+    """Write the model and return its path. ``seed`` changes the weights, never the vocabulary."""
+    path = Path(path)
+    tokens, scores, types = vocab()
+    n_vocab = len(tokens)
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"eagle2-local synthetic test model (seed {seed})")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHATML)
+
+    def t(name: str, shape: tuple[int, ...], std: float) -> None:
+        data = (rng.standard_normal(shape) * std).astype(np.float32)
+        if qtype == "q8_0" and len(shape) == 2 and shape[-1] % 32 == 0 and name != "token_embd.weight":
+            qdata = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, qdata, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, data)
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    t("token_embd.weight", (n_vocab, n_embd), 1.0)
+    for i in range(n_layer):
+        ones(f"blk.{i}.attn_norm.weight", n_embd)
+        t(f"blk.{i}.attn_q.weight", (n_embd, n_embd), n_embd ** -0.5)
+        t(f"blk.{i}.attn_k.weight", (n_head_kv * head_dim, n_embd), n_embd ** -0.5)
+        t(f"blk.{i}.attn_v.weight", (n_head_kv * head_dim, n_embd), n_embd ** -0.5)
+        t(f"blk.{i}.attn_output.weight", (n_embd, n_embd), n_embd ** -0.5)
+        ones(f"blk.{i}.ffn_norm.weight", n_embd)
+        t(f"blk.{i}.ffn_gate.weight", (n_ff, n_embd), n_embd ** -0.5)
+        t(f"blk.{i}.ffn_up.weight", (n_ff, n_embd), n_embd ** -0.5)
+        t(f"blk.{i}.ffn_down.weight", (n_embd, n_ff), n_ff ** -0.5)
+    ones("output_norm.weight", n_embd)
+    t("output.weight", (n_vocab, n_embd), logit_scale)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,118 @@
+"""EAGLE-2 tree growth and tree arrays, checked against a direct transcription of the algorithm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from eagle2_local.errors import TreeError
+from eagle2_local.tree import (DraftTree, TreeParams, ancestor_mask, grow_tree, leaf_membership, log_softmax,
+                               node_depths, tree_leaves)
+
+V = 50
+
+
+def fake_draft(seed: int):
+    """A deterministic 'draft': logits depend on the token and its parent chain (via the candidate path)."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((V, V)) * 3.0
+    calls = []
+
+    def expand(cand_ids, tokens, parent_ids, level):
+        calls.append((cand_ids.copy(), tokens.copy(), parent_ids.copy(), level))
+        return table[tokens] + 0.1 * level
+
+    return table, expand, calls
+
+
+def reference_eagle2(root_logits, table, params):
+    """Slow, literal EAGLE-2 (topK_genrate): lists of (token, parent_cand, score)."""
+    k = params.top_k
+    lp = log_softmax(root_logits)
+    order = sorted(range(V), key=lambda t: (-lp[t], t))[:k]
+    cands = [(t, -1, lp[t]) for t in order]
+    frontier = list(range(len(cands)))
+    for level in range(1, params.depth):
+        children = []
+        for f in frontier:
+            tok, _, score = cands[f]
+            clp = log_softmax(table[tok] + 0.1 * level)
+            best = sorted(range(V), key=lambda t: (-clp[t], t))[:k]
+            children += [(t, f, score + clp[t]) for t in best]
+        base = len(cands)
+        cands += children
+        ranked = sorted(range(len(children)), key=lambda i: (-children[i][2], i))[:k]
+        frontier = [base + i for i in ranked]
+    keep = sorted(sorted(range(len(cands)), key=lambda i: (-cands[i][2], i))[: params.total_tokens - 1])
+    return [cands[i] for i in keep], keep
+
+
+@pytest.mark.parametrize("params", [TreeParams(60, 6, 10), TreeParams(10, 3, 4), TreeParams(5, 5, 1),
+                                    TreeParams(200, 4, 8)])
+def test_grow_tree_matches_reference(params):
+    table, expand, calls = fake_draft(3)
+    root_logits = np.random.default_rng(5).standard_normal(V) * 2
+    tree = grow_tree(7, root_logits, expand, params)
+    ref, keep = reference_eagle2(root_logits, table, params)
+    assert len(tree) == min(params.total_tokens, params.max_candidates + 1)
+    assert tree.tokens[0] == 7 and tree.parents[0] == -1
+    assert tree.cand_ids[1:].tolist() == keep
+    assert tree.tokens[1:].tolist() == [t for t, _, _ in ref]
+    np.testing.assert_allclose(tree.scores[1:], [s for _, _, s in ref])
+    # every expansion feeds exactly k frontier nodes, one level deeper each time
+    assert [c[3] for c in calls] == list(range(1, params.depth))
+    assert all(len(c[0]) == params.top_k for c in calls)
+    # parents precede children and children never outscore parents
+    assert np.all(tree.parents[1:] < np.arange(1, len(tree)))
+    nonroot = np.arange(1, len(tree))
+    par = tree.parents[nonroot]
+    assert np.all(tree.scores[nonroot][par > 0] <= tree.scores[par[par > 0]] + 1e-12)
+
+
+def test_tree_params_validation():
+    for kw in (dict(top_k=0), dict(depth=0), dict(total_tokens=1), dict(total_tokens=1000)):
+        with pytest.raises(TreeError):
+            TreeParams(**kw)
+
+
+def test_malformed_trees_rejected():
+    with pytest.raises(TreeError, match="root"):
+        DraftTree.from_parents([1, 2], [0, -1])
+    with pytest.raises(TreeError, match="not an earlier node"):
+        DraftTree.from_parents([1, 2, 3], [-1, 2, 0])
+    with pytest.raises(TreeError, match="at most"):
+        DraftTree.from_parents(list(range(300)), [-1] + list(range(299)))
+
+
+@st.composite
+def random_parents(draw, max_nodes=64):
+    n = draw(st.integers(1, max_nodes))
+    return [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+
+
+@given(random_parents())
+@settings(max_examples=200, deadline=None)
+def test_masks_and_leaves(parents):
+    parents = np.asarray(parents)
+    n = len(parents)
+    depths = node_depths(parents)
+    anc = ancestor_mask(parents)
+    leaves, member = leaf_membership(parents)
+    for i in range(n):
+        chain = set()
+        j = i
+        while j >= 0:
+            chain.add(j)
+            j = parents[j]
+        assert set(np.flatnonzero(anc[i])) == chain
+        assert depths[i] == len(chain) - 1
+    assert set(leaves.tolist()) == set(range(n)) - set(parents[1:].tolist())
+    assert np.array_equal(tree_leaves(parents), leaves)
+    # node i carries leaf l's id exactly when i is an ancestor-or-self of l; so with the KV mask "cell holds
+    # my first seq id", node i sees node j iff j is an ancestor-or-self of i
+    for i in range(n):
+        first = np.flatnonzero(member[i])[0]
+        visible = member[:, first]
+        visible_before = visible & (depths <= depths[i])
+        assert set(np.flatnonzero(visible_before)) == set(np.flatnonzero(anc[i]))

@@ -1,0 +1,42 @@
+"""Derive a weaker same-vocabulary draft from a real GGUF by keeping only its first N transformer blocks.
+
+This is an early-exit "self-draft": a genuine, cheaper model whose tokens mean the same as the target's, which
+is exactly what the draft-model engine needs to be tested against a draft that is often wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gguf
+
+
+def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
+    """Copy ``src`` to ``dst`` with ``block_count = n_layers`` and only the tensors of those blocks."""
+    dst = Path(dst)
+    if dst.exists():
+        return dst
+    reader = gguf.GGUFReader(str(src), "r")
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if key == f"{arch}.block_count":
+            value = n_layers
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    block = re.compile(r"^blk\.(\d+)\.")
+    for t in reader.tensors:
+        m = block.match(t.name)
+        if m and int(m.group(1)) >= n_layers:
+            continue
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # data.shape is the byte shape
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
