@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import signal
+import threading
 import logging
 import sys
+from pathlib import Path
 
 import click
 
@@ -160,6 +164,75 @@ def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_pen
     run_chat(llm, system_prompt, max_tokens, _sampling(sampling), seed)
 
 
+@main.command()
+@runtime_options
+@click.option("--prompts", "prompt_specs", multiple=True, required=True,
+              help="A .jsonl prompt set or a folder of them (e.g. the six EAGLE sets); repeatable.")
+@click.option("--n", "n_prompts", type=int, default=None, help="Use the first N prompts of each set.")
+@click.option("--max-tokens", "-n", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (outputs compared).")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--repeat", type=int, default=1, show_default=True, help="Runs per prompt and mode (median kept).")
+@click.option("--tie-tolerance", type=float, default=1.0, show_default=True,
+              help="Top-2 logit gap below which a T=0 divergence counts as a near-tie, not a mismatch.")
+@click.option("--no-chat", is_flag=True, help="Do not wrap prompts in the model's chat template.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the full report here.")
+@friendly_errors
+def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
+          json_out, **rt):
+    """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
+
+    Both use the same llama.cpp context (build, model, threads, settings). Reports per set: tokens/s of each,
+    speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
+    and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
+    """
+    from eagle2_local.bench import Bench, file_sha256, load_prompt_sets
+    from eagle2_local.generator import Generator
+    from eagle2_local.sampling import SamplingParams
+
+    if rt["draft_model"] is None and rt["head"] is None:
+        fail("bench compares against a draft: give --draft-model (or --head)")
+    sets = load_prompt_sets(list(prompt_specs), n_prompts)
+    llm = load(**rt, seed=seed)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    b = Bench(plain=Generator(llm.target, None, llm.tree_params), eagle=llm.generator, model=llm.model,
+              sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance, seed=seed,
+              chat=not no_chat)
+    total = sum(len(s.prompts) for s in sets)
+    done = 0
+    for ps in sets:
+        for i, text in enumerate(ps.prompts):
+            r = b.run_prompt(ps.name, i, text)
+            done += 1
+            mark = "=" if r.identical else ("~" if (r.divergence_gap or 0) < tie_tolerance else "!")
+            click.echo(f"[{done}/{total}] {ps.name}#{i}: plain {r.plain['tokens_per_s']:.1f} tok/s, "
+                       f"eagle {r.eagle['tokens_per_s']:.1f} tok/s (x{r.speedup:.2f}, tau {r.eagle['tau']:.2f}) {mark}",
+                       err=True)
+    settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),
+                "model_sha256": file_sha256(llm.model_path), "engine": llm.engine_name,
+                "draft_sha256": file_sha256(llm.draft_model.path) if llm.draft_model is not None else None,
+                "n_ctx": rt["n_ctx"], "threads": llm.settings.threads(), "max_tokens": max_tokens,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "repeat": repeat,
+                "tree": {"total_tokens": rt["total_tokens"], "depth": rt["depth"], "top_k": rt["tree_top_k"]},
+                "tie_tolerance": tie_tolerance, "chat_template": not no_chat}
+    report = b.report(settings)
+    click.echo(f"{'set':<12} {'plain tok/s':>11} {'eagle tok/s':>11} {'speedup':>8} {'tau':>6} {'same':>6} "
+               f"{'ties':>5} {'tree':>5}")
+    for name, s in report["sets"].items():
+        same = "-" if s["identical_outputs"] is None else f"{s['identical_outputs']}/{s['n_prompts']}"
+        ties = "-" if s["near_tie_divergences"] is None else str(s["near_tie_divergences"])
+        click.echo(f"{name:<12} {s['tokens_per_s_plain']:>11.1f} {s['tokens_per_s_eagle']:>11.1f} "
+                   f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f}")
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1))
+        click.echo(f"report written to {json_out}", err=True)
+    if any((s["mismatches"] or 0) > 0 for s in report["sets"].values()):
+        fail("outputs differed from plain decoding beyond near-ties (see the report)")
+
+
 @main.command("verify-cost")
 @click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
@@ -197,6 +270,21 @@ def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats
     click.echo(f"{'nodes':>6} {'ms':>9} {'x one token':>12}")
     for n, c in cost.items():
         click.echo(f"{n:>6} {c * 1e3:>9.2f} {c / one:>12.2f}")
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops():
+    """While answering, Ctrl-C only raises a flag that the loop checks between chunks.
+
+    A KeyboardInterrupt raised at an arbitrary bytecode could land between a llama.cpp call and the Python
+    bookkeeping of the KV cache; stopping at chunk boundaries keeps target and draft consistent.
+    """
+    flag = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
@@ -238,15 +326,18 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
             click.echo(json.dumps(llm.stats(), indent=2))
             continue
         messages.append({"role": "user", "content": line})
-        prompt = llm.chat_tokens(messages)
         answer = ""
         try:
-            for chunk in llm.generator.generate(prompt, max_tokens, sampling, seed=seed):
-                click.echo(chunk.text, nl=False)
-                sys.stdout.flush()
-                answer += chunk.text
-        except KeyboardInterrupt:
-            click.echo(dim(" [stopped]"), nl=False)
+            with _ctrl_c_stops() as interrupted:
+                stream = llm.generator.generate(llm.chat_tokens(messages), max_tokens, sampling, seed=seed)
+                for chunk in stream:
+                    click.echo(chunk.text, nl=False)
+                    sys.stdout.flush()
+                    answer += chunk.text
+                    if interrupted.is_set():
+                        stream.close()  # runs the generator's cleanup: KV cache trimmed to what was shown
+                        click.echo(dim(" [stopped]"), nl=False)
+                        break
         except ContextFullError as exc:
             messages.pop()
             click.echo(f"\nerror: {exc}. Type /reset to start a new conversation.", err=True)

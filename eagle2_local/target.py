@@ -189,9 +189,10 @@ class Target:
         if not 0 <= n_past <= self.n_past:
             raise ContextFullError(f"cannot roll back to {n_past}: {self.n_past} tokens are committed")
         self._check_no_pending()
-        if n_past < self.n_past:
-            self.ctx.seq_rm(0, n_past, -1)
-            self.n_past = n_past
+        # unconditional: also clears rows a commit interrupted by Ctrl-C may have left past n_past
+        self.ctx.seq_rm(0, n_past, -1)
+        self.ctx.seq_rm(self.scratch)
+        self.n_past = n_past
 
     def reset(self) -> None:
         """Empty the KV cache."""

@@ -58,8 +58,8 @@ def smollm2_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_weak(smollm2_path, synth_dir) -> Path:
-    """SmolLM2 cut to its first 8 of 30 layers: a real, weaker same-vocabulary draft model."""
-    return write_truncated(smollm2_path, synth_dir / "smollm2-8layers.gguf", n_layers=8)
+    """SmolLM2 cut to its first 24 of 30 layers: a real, weaker same-vocabulary draft (tau about 1.5-2.5)."""
+    return write_truncated(smollm2_path, synth_dir / "smollm2-24layers.gguf", n_layers=24)
 
 
 def load_prompts(n: int) -> list[str]:

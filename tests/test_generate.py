@@ -87,8 +87,8 @@ def test_lossless_greedy_smollm2_50_prompts(smollm2_path, smollm2_weak):
     model = LlamaModel(smollm2_path)
     weak = LlamaModel(smollm2_weak)
     plain = make(model, None)
-    self_draft = make(model, model)
-    weak_draft = make(model, weak)
+    self_draft = make(model, model, TreeParams(10, 5, 2))
+    weak_draft = make(model, weak, TreeParams(6, 3, 2))
     taus = {"self": [], "weak": []}
     for text in load_prompts(50):
         prompt = chat_prompt(model, text)

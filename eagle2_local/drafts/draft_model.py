@@ -61,9 +61,9 @@ class DraftModelEngine:
 
     def rollback(self, n_tokens: int) -> None:
         self._forget_tree()
-        if n_tokens < self.n_past:
-            self.ctx.seq_rm(0, n_tokens, -1)
-            self.n_past = n_tokens
+        n_tokens = min(n_tokens, self.n_past)
+        self.ctx.seq_rm(0, n_tokens, -1)  # unconditional: also drops rows of an interrupted catch-up
+        self.n_past = n_tokens
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> np.ndarray:
         toks = np.asarray(tokens, dtype=np.int32)[self.n_past:]

@@ -1,0 +1,197 @@
+"""Side-by-side benchmark: plain decoding and eagle2-local on the same target context, alternating per prompt.
+
+Both modes share one :class:`Target` (same llama.cpp build, model, context settings and threads) and are reset
+before every run, so neither profits from the other's KV cache. Speed is tokens per second of decoding (the
+prompt's prefill is the same for both and excluded); the speedup of a set is the median of per-prompt ratios.
+At temperature 0 the outputs are compared token for token; a divergence is reported as a near-tie when the
+target's top-2 logits at that position differ by less than ``tie_tolerance`` (multi-threaded CPU runs are not
+batch-invariant, see NOTES.md), and as a mismatch otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .chat import render_chat
+from .errors import Eagle2Error
+from .generator import GenerationStats, Generator
+from .llama import LlamaModel, system_info
+from .sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptSet:
+    name: str
+    prompts: list[str]
+
+
+def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
+    """Each spec is a JSONL file or a folder of them; records carry ``turns`` (first turn used) or ``prompt``."""
+    sets: list[PromptSet] = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise Eagle2Error(f"no prompt set at {spec} (give a .jsonl file or a folder of them)")
+        for f in files:
+            prompts = []
+            for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise Eagle2Error(f"{f}:{i + 1}: not JSON ({exc.msg})") from None
+                text = rec["turns"][0] if rec.get("turns") else rec.get("prompt")
+                if not isinstance(text, str):
+                    raise Eagle2Error(f"{f}:{i + 1}: record has neither 'turns' nor 'prompt'")
+                prompts.append(text)
+            sets.append(PromptSet(f.stem, prompts[:n] if n else prompts))
+    return sets
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def machine_info() -> dict:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    import llama_cpp
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "llama_cpp_python": llama_cpp.__version__, "llama_cpp_system_info": system_info().strip()}
+
+
+@dataclass
+class PromptResult:
+    set: str
+    index: int
+    plain: dict
+    eagle: dict
+    identical: bool
+    divergence_at: int | None = None
+    divergence_gap: float | None = None
+
+    @property
+    def speedup(self) -> float:
+        return self.eagle["tokens_per_s"] / self.plain["tokens_per_s"] if self.plain["tokens_per_s"] else 0.0
+
+
+@dataclass
+class Bench:
+    """Runs the comparison; ``plain`` and ``eagle`` are generators over the same target."""
+
+    plain: Generator
+    eagle: Generator
+    model: LlamaModel
+    sampling: SamplingParams
+    max_tokens: int
+    repeat: int = 1
+    tie_tolerance: float = 1.0
+    seed: int = 0
+    chat: bool = True
+    results: list[PromptResult] = field(default_factory=list)
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        if self.chat and self.model.info.chat_template:
+            rendered = render_chat(self.model.info.chat_template, [{"role": "user", "content": text}])
+            bos = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
+            return self.model.tokenize(rendered, add_special=not (bos and rendered.startswith(bos)),
+                                       parse_special=True)
+        return self.model.tokenize(text, add_special=True, parse_special=False)
+
+    def _one(self, gen: Generator, prompt: list[int]) -> tuple[list[int], GenerationStats]:
+        gen.reset()
+        tokens: list[int] = []
+        for ch in gen.generate(prompt, self.max_tokens, self.sampling, seed=self.seed):
+            tokens += ch.tokens
+        return tokens, gen.last_stats
+
+    def run_prompt(self, set_name: str, index: int, text: str) -> PromptResult:
+        prompt = self.prompt_tokens(text)
+        runs: dict[str, list[tuple[list[int], GenerationStats]]] = {"plain": [], "eagle": []}
+        order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
+        for _ in range(self.repeat):
+            for mode in order:
+                runs[mode].append(self._one(getattr(self, mode), prompt))
+        plain_tokens = runs["plain"][0][0]
+        eagle_tokens = runs["eagle"][0][0]
+        res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
+                           identical=plain_tokens == eagle_tokens)
+        if not res.identical and self.sampling.greedy:
+            at = next((i for i, (a, b) in enumerate(zip(plain_tokens, eagle_tokens)) if a != b),
+                      min(len(plain_tokens), len(eagle_tokens)))
+            res.divergence_at = at
+            res.divergence_gap = self._top2_gap(prompt + plain_tokens[:at])
+        self.results.append(res)
+        return res
+
+    def _top2_gap(self, tokens: list[int]) -> float:
+        target = self.plain.target
+        target.reset()
+        logits = target.prefill(tokens).logits[0]
+        top = np.sort(logits)[-2:]
+        return float(top[1] - top[0])
+
+    def summary(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for name in dict.fromkeys(r.set for r in self.results):
+            rs = [r for r in self.results if r.set == name]
+            passes = sum(r.eagle["target_passes"] for r in rs)
+            depth = _sum_lists([r.eagle["accepted_per_depth"] for r in rs])
+            n_rounds = passes or 1
+            greedy = self.sampling.greedy
+            near = [r for r in rs if not r.identical and r.divergence_gap is not None
+                    and r.divergence_gap < self.tie_tolerance]
+            out[name] = {
+                "n_prompts": len(rs),
+                "speedup": round(statistics.median(r.speedup for r in rs), 4),
+                "tokens_per_s_plain": round(statistics.median(r.plain["tokens_per_s"] for r in rs), 3),
+                "tokens_per_s_eagle": round(statistics.median(r.eagle["tokens_per_s"] for r in rs), 3),
+                "tau": round(sum(r.eagle["n_tokens"] for r in rs) / n_rounds, 4),
+                "acceptance_per_depth": [round(d / n_rounds, 4) for d in depth],
+                "mean_tree_size": round(statistics.mean(r.eagle["mean_tree_size"] for r in rs), 2),
+                "time_split_eagle": {k: round(sum(r.eagle[k] for r in rs), 3) for k in ("draft_s", "verify_s", "other_s")},
+                "identical_outputs": sum(r.identical for r in rs) if greedy else None,
+                "near_tie_divergences": len(near) if greedy else None,
+                "mismatches": (len(rs) - sum(r.identical for r in rs) - len(near)) if greedy else None,
+            }
+        return out
+
+    def report(self, settings: dict) -> dict:
+        return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "machine": machine_info(), "settings": settings, "sets": self.summary(),
+                "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
+                             "identical": r.identical, "divergence_at": r.divergence_at,
+                             "divergence_gap": r.divergence_gap, "plain": r.plain, "eagle": r.eagle}
+                            for r in self.results]}
+
+
+def _median_stats(runs: list[tuple[list[int], GenerationStats]]) -> dict:
+    """The stats dict of the run with the median decode time (repeats only change timings)."""
+    ordered = sorted(runs, key=lambda r: r[1].decode_s)
+    return ordered[len(ordered) // 2][1].as_dict()
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    n = max((len(x) for x in lists), default=0)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(n)]

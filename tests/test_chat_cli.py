@@ -1,0 +1,67 @@
+"""`eagle2-local chat` driven like a person would: through a pseudo-terminal, and through a pipe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+
+def spawn_chat(*args: str) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, ["-m", "cli", "chat", *args], encoding="utf-8", timeout=120,
+                          dimensions=(40, 200))
+    child.expect("/exit")  # the banner
+    child.expect("> ")
+    return child
+
+
+@pytest.mark.smollm2
+def test_chat_two_turns_ctrl_c_and_ctrl_d(smollm2_path):
+    child = spawn_chat("--model", str(smollm2_path), "--draft-model", str(smollm2_path), "--temperature", "0",
+                       "-n", "600", "--total-tokens", "12", "--depth", "4", "--tree-top-k", "3", "-t", "1")
+    child.sendline("What is the capital of France? Answer in one word.")
+    child.expect("tok/s")  # the stats line after the answer
+    first = child.before
+    assert "Paris" in first
+    child.expect(r", tau \d+\.\d+")  # speculative statistics on the same line
+    child.expect("> ")
+    # a long answer, interrupted
+    child.sendline("Write a very long story about a dragon who learns to cook. Make it at least 500 words.")
+    child.expect("500 words.")  # the terminal's echo of the typed line
+    child.expect(r"\w+ \w+ \w+ \w+")  # some of the answer streamed
+    child.sendintr()
+    child.expect(r"\[stopped\]")
+    child.expect("> ")
+    # the session goes on, and remembers the conversation
+    child.sendline("/stats")
+    child.expect("target_passes")
+    child.expect("> ")
+    child.sendline("Thanks! What city did I ask about first?")
+    child.expect("tok/s")
+    child.expect("> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_chat_piped_stdin_and_commands(synth_q8):
+    proc = subprocess.run([sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--temperature", "0",
+                           "-n", "8"], input="the cat sat\n/reset\nhello there\n/exit\nnever read\n",
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "conversation reset" in proc.stdout
+    assert proc.stdout.count("tok/s") == 2  # two answers, then /exit stopped reading
+    assert "Traceback" not in proc.stderr
+
+
+def test_chat_context_full_offers_reset(synth_q8):
+    long_line = "the cat sat on the mat " * 60
+    proc = subprocess.run([sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--n-ctx", "256",
+                           "--temperature", "0", "-n", "4"], input=f"{long_line}\nhi\n", capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0
+    assert "/reset" in proc.stderr and "context" in proc.stderr
+    assert proc.stdout.count("tok/s") == 1  # the short message after the error was still answered

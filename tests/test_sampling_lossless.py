@@ -1,0 +1,110 @@
+"""Speculative sampling keeps the target's distribution: a chi-square test over thousands of seeded runs cannot
+tell it from plain sampling, while the same test does catch a biased acceptance rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+import eagle2_local.generator as generator_mod
+from eagle2_local.acceptance import Acceptance, _walk
+from eagle2_local.llama import LlamaModel
+from eagle2_local.sampling import SamplingParams, sample_from
+from eagle2_local.tree import TreeParams
+from test_generate import make
+
+N_RUNS = 1500
+PROMPT = [1, 40, 41, 42, 43]
+
+
+def token_counts(gen, sampling: SamplingParams, position: int) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for seed in range(N_RUNS):
+        toks = []
+        for ch in gen.generate(PROMPT, position + 1, sampling, seed=seed):
+            toks += ch.tokens
+        counts[toks[position]] = counts.get(toks[position], 0) + 1
+    return counts
+
+
+def chi2_pvalue(a: dict[int, int], b: dict[int, int]) -> float:
+    """Two-sample chi-square on token counts; tokens rarer than 10 in total are pooled."""
+    keys = sorted(set(a) | set(b))
+    big = [k for k in keys if a.get(k, 0) + b.get(k, 0) >= 10]
+    rows = [[a.get(k, 0) for k in big], [b.get(k, 0) for k in big]]
+    rest = [sum(a.get(k, 0) for k in keys if k not in big), sum(b.get(k, 0) for k in keys if k not in big)]
+    if sum(rest) > 0:
+        rows[0].append(rest[0])
+        rows[1].append(rest[1])
+    return float(chi2_contingency(np.array(rows))[1])
+
+
+def over_accepting(tree, logits, params, history, rng):
+    """A plausible bug: accept a drafted child with probability 2*p(x) instead of p(x)."""
+    node, path = 0, [0]
+    hist = np.asarray(history, dtype=np.int64)
+    while True:
+        p = params.probs(logits[node], np.concatenate([hist, tree.tokens[path].astype(np.int64)]))
+        chosen = -1
+        for child in tree.children(node):
+            x = int(tree.tokens[child])
+            if rng.random() < min(1.0, 2.0 * p[x]):
+                chosen = int(child)
+                break
+            p = p.copy()
+            p[x] = 0.0
+            if p.sum() <= 0:
+                break
+            p /= p.sum()
+        if chosen < 0:
+            return Acceptance(np.asarray(path), sample_from(p, rng))
+        node = chosen
+        path.append(node)
+
+
+@pytest.fixture(scope="module")
+def model(synth_q8):
+    return LlamaModel(synth_q8)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0),
+                                      SamplingParams(temperature=0.7, top_p=0.9)], ids=["T1", "T0.7-top_p0.9"])
+def test_speculative_sampling_matches_plain(model, sampling):
+    plain = make(model, None)
+    spec = make(model, model, TreeParams(12, 4, 3))
+    for position in (1, 2):  # tokens that come out of tree acceptance (position 0 comes from the prefill)
+        p = chi2_pvalue(token_counts(plain, sampling, position), token_counts(spec, sampling, position))
+        assert p > 0.01, f"position {position}: speculative differs from plain (p={p:.2e})"
+    assert spec.last_stats.target_passes >= 1
+
+
+def test_chi_square_catches_biased_acceptance(model):
+    sampling = SamplingParams(temperature=1.0)
+    plain = make(model, None)
+    spec = make(model, model, TreeParams(12, 4, 3))
+    original = generator_mod.accept
+    generator_mod.accept = over_accepting
+    try:
+        biased = token_counts(spec, sampling, 1)
+    finally:
+        generator_mod.accept = original
+    p = chi2_pvalue(token_counts(plain, sampling, 1), biased)
+    assert p < 1e-4, f"the biased rule went unnoticed (p={p:.2e})"
+
+
+def test_tree_rejection_sampling_exact_distribution():
+    """Without llama.cpp: over many draws the accepted-or-bonus first token follows p exactly."""
+    from eagle2_local.tree import DraftTree
+    rng = np.random.default_rng(0)
+    V = 6
+    logits = np.log(np.array([[0.05, 0.4, 0.3, 0.1, 0.1, 0.05]] * 4))
+    tree = DraftTree(tokens=[0, 1, 3, 5], parents=[-1, 0, 0, 0], scores=[0, -0.1, -0.2, -0.3], cand_ids=[-1, 0, 1, 2])
+    params = SamplingParams(temperature=1.0)
+    counts = np.zeros(V)
+    n = 40000
+    for _ in range(n):
+        acc = _walk(tree, logits, params, None, rng)
+        first = tree.tokens[acc.path[1]] if len(acc.path) > 1 else acc.bonus
+        counts[first] += 1
+    np.testing.assert_allclose(counts / n, np.exp(logits[0]), atol=0.01)
