@@ -179,16 +179,20 @@ def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_pen
               help="Top-2 logit gap below which a T=0 divergence counts as a near-tie, not a mismatch.")
 @click.option("--no-chat", is_flag=True, help="Do not wrap prompts in the model's chat template.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the full report here.")
+@click.option("--llama-cpp-bin", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder with llama.cpp's llama-completion and llama-speculative-simple: time them too.")
+@click.option("--spec-draft-n-max", type=int, default=4, show_default=True,
+              help="Draft length for llama.cpp's draft-simple (with --llama-cpp-bin).")
 @friendly_errors
 def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
-          json_out, **rt):
+          json_out, llama_cpp_bin, spec_draft_n_max, **rt):
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
 
     Both use the same llama.cpp context (build, model, threads, settings). Reports per set: tokens/s of each,
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
-    from eagle2_local.bench import Bench, file_sha256, load_prompt_sets
+    from eagle2_local.bench import Bench, LlamaCppTools, file_sha256, load_prompt_sets
     from eagle2_local.generator import Generator
     from eagle2_local.sampling import SamplingParams
 
@@ -200,6 +204,11 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     b = Bench(plain=Generator(llm.target, None, llm.tree_params), eagle=llm.generator, model=llm.model,
               sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance, seed=seed,
               chat=not no_chat)
+    if llama_cpp_bin:
+        if llm.draft_model is None:
+            fail("--llama-cpp-bin compares against llama.cpp's draft-simple and needs --draft-model")
+        b.tools = LlamaCppTools(Path(llama_cpp_bin), llm.model_path, llm.draft_model.path, llm.settings.threads(),
+                                rt["n_ctx"], spec_draft_n_max)
     total = sum(len(s.prompts) for s in sets)
     done = 0
     for ps in sets:
@@ -216,7 +225,8 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
                 "n_ctx": rt["n_ctx"], "threads": llm.settings.threads(), "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": top_p, "top_k": top_k, "repeat": repeat,
                 "tree": {"total_tokens": rt["total_tokens"], "depth": rt["depth"], "top_k": rt["tree_top_k"]},
-                "tie_tolerance": tie_tolerance, "chat_template": not no_chat}
+                "tie_tolerance": tie_tolerance, "chat_template": not no_chat,
+                "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None}
     report = b.report(settings)
     click.echo(f"{'set':<12} {'plain tok/s':>11} {'eagle tok/s':>11} {'speedup':>8} {'tau':>6} {'same':>6} "
                f"{'ties':>5} {'tree':>5}")
@@ -225,6 +235,10 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
         ties = "-" if s["near_tie_divergences"] is None else str(s["near_tie_divergences"])
         click.echo(f"{name:<12} {s['tokens_per_s_plain']:>11.1f} {s['tokens_per_s_eagle']:>11.1f} "
                    f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f}")
+        if "llama_cpp" in s:
+            t = s["llama_cpp"]
+            click.echo(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
+                       f"{t['tokens_per_s_draft_simple']:.1f} tok/s (accept {t['draft_simple_accept_rate']:.0%})")
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1))
@@ -262,7 +276,8 @@ def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats
     cost = verify_cost(target, ns, context_tokens, repeats)
     one = cost.get(1) or next(iter(cost.values()))
     if as_json:
-        click.echo(json.dumps({"model": str(path), "threads": target.ctx.settings.threads(),
+        click.echo(json.dumps({"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(path),
+                               "threads": target.ctx.settings.threads(),
                                "context_tokens": context_tokens, "seconds": cost,
                                "relative_to_one_token": {n: c / one for n, c in cost.items()}}))
         return

@@ -38,12 +38,12 @@ def accept_greedy(tree: DraftTree, logits: np.ndarray, params: SamplingParams | 
     """Longest root path whose tokens equal the target's (penalised) argmax at each parent."""
     if params is not None and params.repeat_penalty != 1.0:
         return _walk(tree, logits, params, history, None)
-    best = np.argmax(logits, axis=-1)
     node, path = 0, [0]
     while True:
-        kids = np.flatnonzero((tree.parents == node) & (tree.tokens == best[node]))
+        best = int(np.argmax(logits[node]))  # only the rows on the accepted path are read
+        kids = np.flatnonzero((tree.parents == node) & (tree.tokens == best))
         if kids.size == 0:
-            return Acceptance(np.asarray(path, dtype=np.int64), int(best[node]))
+            return Acceptance(np.asarray(path, dtype=np.int64), best)
         node = int(kids[0])
         path.append(node)
 

@@ -90,6 +90,7 @@ class PromptResult:
     identical: bool
     divergence_at: int | None = None
     divergence_gap: float | None = None
+    llama_cpp: dict | None = None
 
     @property
     def speedup(self) -> float:
@@ -109,15 +110,19 @@ class Bench:
     tie_tolerance: float = 1.0
     seed: int = 0
     chat: bool = True
+    tools: "LlamaCppTools | None" = None
     results: list[PromptResult] = field(default_factory=list)
 
-    def prompt_tokens(self, text: str) -> list[int]:
+    def prompt_text(self, text: str) -> str:
+        """What the model is given: the chat template applied to one user turn (when the model has one)."""
         if self.chat and self.model.info.chat_template:
-            rendered = render_chat(self.model.info.chat_template, [{"role": "user", "content": text}])
-            bos = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace")
-            return self.model.tokenize(rendered, add_special=not (bos and rendered.startswith(bos)),
-                                       parse_special=True)
-        return self.model.tokenize(text, add_special=True, parse_special=False)
+            return render_chat(self.model.info.chat_template, [{"role": "user", "content": text}])
+        return text
+
+    def prompt_tokens(self, rendered: str) -> list[int]:
+        bos = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace") \
+            if self.model.bos >= 0 else ""
+        return self.model.tokenize(rendered, add_special=not (bos and rendered.startswith(bos)), parse_special=True)
 
     def _one(self, gen: Generator, prompt: list[int]) -> tuple[list[int], GenerationStats]:
         gen.reset()
@@ -127,7 +132,8 @@ class Bench:
         return tokens, gen.last_stats
 
     def run_prompt(self, set_name: str, index: int, text: str) -> PromptResult:
-        prompt = self.prompt_tokens(text)
+        rendered = self.prompt_text(text)
+        prompt = self.prompt_tokens(rendered)
         runs: dict[str, list[tuple[list[int], GenerationStats]]] = {"plain": [], "eagle": []}
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
         for _ in range(self.repeat):
@@ -142,6 +148,8 @@ class Bench:
                       min(len(plain_tokens), len(eagle_tokens)))
             res.divergence_at = at
             res.divergence_gap = self._top2_gap(prompt + plain_tokens[:at])
+        if self.tools is not None:
+            res.llama_cpp = self.tools.run(rendered, self.max_tokens)
         self.results.append(res)
         return res
 
@@ -175,6 +183,17 @@ class Bench:
                 "near_tie_divergences": len(near) if greedy else None,
                 "mismatches": (len(rs) - sum(r.identical for r in rs) - len(near)) if greedy else None,
             }
+            tools = [r.llama_cpp for r in rs if r.llama_cpp]
+            if tools:
+                out[name]["llama_cpp"] = {
+                    "tokens_per_s_completion": round(statistics.median(t["completion_tokens_per_s"] for t in tools), 3),
+                    "tokens_per_s_draft_simple": round(statistics.median(t["draft_simple_tokens_per_s"] for t in tools), 3),
+                    "draft_simple_accept_rate": round(sum(t["accepted"] for t in tools) / max(1, sum(t["drafted"] for t in tools)), 4),
+                    "speedup_draft_simple": round(statistics.median(
+                        t["draft_simple_tokens_per_s"] / t["completion_tokens_per_s"] for t in tools), 4),
+                    "speedup_eagle_vs_completion": round(statistics.median(
+                        r.eagle["tokens_per_s"] / r.llama_cpp["completion_tokens_per_s"] for r in rs if r.llama_cpp), 4),
+                }
         return out
 
     def report(self, settings: dict) -> dict:
@@ -182,7 +201,8 @@ class Bench:
                 "machine": machine_info(), "settings": settings, "sets": self.summary(),
                 "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
                              "identical": r.identical, "divergence_at": r.divergence_at,
-                             "divergence_gap": r.divergence_gap, "plain": r.plain, "eagle": r.eagle}
+                             "divergence_gap": r.divergence_gap, "plain": r.plain, "eagle": r.eagle,
+                             "llama_cpp": r.llama_cpp}
                             for r in self.results]}
 
 
@@ -195,3 +215,24 @@ def _median_stats(runs: list[tuple[list[int], GenerationStats]]) -> dict:
 def _sum_lists(lists: list[list[int]]) -> list[int]:
     n = max((len(x) for x in lists), default=0)
     return [sum(x[i] for x in lists if i < len(x)) for i in range(n)]
+
+
+@dataclass
+class LlamaCppTools:
+    """llama.cpp's own binaries timed on the same rendered prompts (what users would run instead)."""
+
+    bin_dir: Path
+    model: Path
+    draft: Path
+    threads: int
+    n_ctx: int
+    n_draft: int = 4
+
+    def run(self, rendered: str, max_tokens: int) -> dict:
+        from .llamacpp_tools import run_completion, run_speculative
+        plain = run_completion(self.bin_dir, self.model, rendered, max_tokens, self.threads, self.n_ctx)
+        spec = run_speculative(self.bin_dir, self.model, self.draft, rendered, max_tokens, self.threads, self.n_ctx,
+                               self.n_draft)
+        return {"completion_tokens_per_s": round(plain.tokens_per_s, 3),
+                "draft_simple_tokens_per_s": round(spec.tokens_per_s, 3),
+                "drafted": spec.drafted or 0, "accepted": spec.accepted or 0}

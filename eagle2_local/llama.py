@@ -280,10 +280,15 @@ class LlamaContext:
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc}: {last_llama_errors()}")
 
-    def logits(self, n_out: int) -> np.ndarray:
-        """Logits of the last batch's output tokens, in batch order (copied)."""
+    def logits(self, n_out: int, copy: bool = True) -> np.ndarray:
+        """Logits of the last batch's output tokens, in batch order.
+
+        ``copy=False`` returns a view of llama.cpp's buffer (n_out x vocab floats, megabytes for large
+        vocabularies): valid only until the next decode on this context or its release.
+        """
         ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+        view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        return view.copy() if copy else view
 
     def features(self, n_out: int) -> np.ndarray:
         """Post-final-norm hidden states of the last batch's outputs (needs ``embeddings=True``)."""

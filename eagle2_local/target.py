@@ -103,11 +103,12 @@ class Target:
         return self.prefill([token])
 
     # ------------------------------------------------------------ tree path
-    def verify(self, tree: DraftTree | tuple) -> Verification:
+    def verify(self, tree: DraftTree | tuple, copy: bool = True) -> Verification:
         """Write the whole tree into the KV cache in ONE decode and return logits (and features) per node.
 
         ``tree`` is a :class:`DraftTree` or a ``(tokens, parents)`` pair; node 0 is the root, i.e. the last
-        sampled token that is not in the cache yet.
+        sampled token that is not in the cache yet. With ``copy=False`` the logits are a view of llama.cpp's
+        buffer, valid until the next call on this target (the generation loop reads them right away).
         """
         if not isinstance(tree, DraftTree):
             tree = DraftTree.from_parents(*tree)
@@ -137,7 +138,7 @@ class Target:
         except Exception:
             self._drop_tree_cells()
             raise
-        logits = self.ctx.logits(n)
+        logits = self.ctx.logits(n, copy=copy)
         feats = self.ctx.features(n) if self.ctx.embeddings else None
         return Verification(logits=logits, features=feats)
 

@@ -93,7 +93,7 @@ class DraftModelEngine:
         pos = np.full(k, self.n_past - 1 + level, dtype=np.int32)
         self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8),
                         seq_mask=np.eye(k, dtype=bool), seq_ids=seqs)
-        return self.ctx.logits(k)
+        return self.ctx.logits(k, copy=False)  # consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self._seq_of]
