@@ -17,7 +17,8 @@ from .errors import Eagle2Error
 
 log = logging.getLogger(__name__)
 
-_EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) (?:runs|tokens)")
+# the generation line, not "prompt eval time" (a batched prefill)
+_EVAL = re.compile(r"(?:^|[:\s])(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs", re.M)
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+).*?n_accept\s*=\s*(\d+)", re.S)
 

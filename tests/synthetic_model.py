@@ -26,8 +26,10 @@ WORDS = ["the", "a", "and", "to", "of", "in", "is", "it", "you", "that", "for", 
          "little", "very", "after", "words", "called", "just", "where", "most", "know", "code", "def", "return"]
 
 
-def vocab() -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of a SentencePiece ('llama') vocabulary with byte fallback."""
+def vocab(rename: dict[int, str] | None = None) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and token types of a SentencePiece ('llama') vocabulary with byte fallback.
+
+    ``rename`` replaces the text of some token ids (to build an incompatible vocabulary in tests)."""
     T = gguf.TokenType
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     types = [T.UNKNOWN, T.CONTROL, T.CONTROL, T.CONTROL, T.CONTROL]
@@ -44,16 +46,18 @@ def vocab() -> tuple[list[str], list[float], list[int]]:
             tokens.append(p)
             types.append(T.NORMAL)
     # SentencePiece BPE merges by score: longer pieces win
+    for tok_id, text in (rename or {}).items():
+        tokens[tok_id] = text
     scores = [0.0 if t != T.NORMAL else float(len(tok)) - i * 1e-4 for i, (tok, t) in enumerate(zip(tokens, types))]
     return tokens, scores, [int(t) for t in types]
 
 
 def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                 n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 2048, arch: str = "llama",
-                logit_scale: float = 0.6, qtype: str = "f32") -> Path:
+                logit_scale: float = 0.6, qtype: str = "f32", rename: dict[int, str] | None = None) -> Path:
     """Write the model and return its path. ``seed`` changes the weights, never the vocabulary."""
     path = Path(path)
-    tokens, scores, types = vocab()
+    tokens, scores, types = vocab(rename)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head

@@ -104,3 +104,24 @@ def test_stop_strings_and_head_errors(synth_q8):
         assert cut["choices"][0]["finish_reason"] == "stop"
     with pytest.raises(Eagle2Error, match="either a head or a draft model"):
         Eagle2(synth_q8, head_path=synth_q8, draft_model_path=synth_q8)
+
+
+@pytest.mark.smollm2
+def test_chat_lossless_through_template_and_kv_reuse(smollm2_path):
+    """Two-turn chats at T=0: speculative answers equal plain answers, with the KV cache reused across turns."""
+    turns = ["Name three fruits.", "Which of them is the sweetest? Explain briefly."]
+    answers = {}
+    for mode in ("plain", "eagle"):
+        kw = {"draft_model_path": smollm2_path} if mode == "eagle" else {}
+        with Eagle2(smollm2_path, n_ctx=2048, n_threads=1, total_tokens=10, depth=5, tree_top_k=2, **kw) as llm:
+            msgs, outs = [], []
+            for t in turns:
+                msgs.append({"role": "user", "content": t})
+                r = llm.create_chat_completion(msgs, max_tokens=96, temperature=0)
+                outs.append(r["choices"][0]["message"]["content"])
+                msgs.append(r["choices"][0]["message"])
+            assert llm.stats()["prompt_tokens_reused"] > 0
+            if mode == "eagle":
+                assert llm.stats()["tau"] > 2
+            answers[mode] = outs
+    assert answers["plain"] == answers["eagle"]

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pexpect
 import pytest
+
+
+def read_stats(child: pexpect.spawn) -> dict:
+    """Type /stats and parse the JSON it prints."""
+    child.sendline("/stats")
+    child.expect(r"\{.*?\}\r?\n> ")
+    return json.loads(child.after.rsplit("}", 1)[0] + "}")
 
 
 def spawn_chat(*args: str) -> pexpect.spawn:
@@ -34,13 +42,23 @@ def test_chat_two_turns_ctrl_c_and_ctrl_d(smollm2_path):
     child.sendintr()
     child.expect(r"\[stopped\]")
     child.expect("> ")
-    # the session goes on, and remembers the conversation
-    child.sendline("/stats")
-    child.expect("target_passes")
-    child.expect("> ")
-    child.sendline("Thanks! What city did I ask about first?")
+    # the session goes on; the next turn prefills only the new message (plus the template's glue)
+    question = "Thanks! What city did I ask about first?"
+    child.sendline(question)
     child.expect("tok/s")
     child.expect("> ")
+    stats = read_stats(child)
+    new_tokens = stats["prompt_tokens"] - stats["prompt_tokens_reused"]
+    assert stats["prompt_tokens_reused"] > 40
+    assert new_tokens <= 12 + 15, stats  # the question is ~12 tokens; <|im_end|>, role headers ~10
+    # /reset forgets everything: the next prompt is prefilled from scratch
+    child.sendline("/reset")
+    child.expect("conversation reset")
+    child.expect("> ")
+    child.sendline("Hello!")
+    child.expect("tok/s")
+    child.expect("> ")
+    assert read_stats(child)["prompt_tokens_reused"] == 0
     child.sendeof()
     child.expect(pexpect.EOF)
     child.close()
