@@ -247,6 +247,22 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
         fail("outputs differed from plain decoding beyond near-ties (see the report)")
 
 
+@main.command("layer-draft")
+@click.argument("model", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Where to write the draft GGUF.")
+@click.option("--layers", type=int, required=True, help="How many of the model's first blocks to keep.")
+@friendly_errors
+def layer_draft(model, out, layers):
+    """Make a same-vocabulary draft model from MODEL by keeping its first N blocks (early exit)."""
+    from eagle2_local.layer_draft import write_truncated
+    from eagle2_local.models import read_gguf_info
+
+    read_gguf_info(model)  # clear errors for non-GGUF or truncated input
+    if Path(out).exists():
+        fail(f"{out} exists; not overwriting")
+    click.echo(f"wrote {write_truncated(model, out, layers)}")
+
+
 @main.command("verify-cost")
 @click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")

@@ -96,8 +96,6 @@ class Generator:
         if p.total_tokens > self.target.max_tree_nodes:
             raise ContextFullError(f"--total-tokens {p.total_tokens} exceeds the batch size "
                                    f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
-        if p.total_tokens - 1 > self.target.max_leaves:
-            log.debug("trees may have more leaves than sequences; verify() will refuse such trees")
 
     def reset(self) -> None:
         """Forget the conversation (empties the KV caches)."""

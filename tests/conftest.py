@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic_model import write_model  # noqa: E402
-from truncated_model import write_truncated  # noqa: E402
+from eagle2_local.layer_draft import write_truncated  # noqa: E402
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle_prompts"
 

@@ -1,7 +1,8 @@
-"""Derive a weaker same-vocabulary draft from a real GGUF by keeping only its first N transformer blocks.
+"""Derive a same-vocabulary draft from a GGUF by keeping only its first N transformer blocks (early exit).
 
-This is an early-exit "self-draft": a genuine, cheaper model whose tokens mean the same as the target's, which
-is exactly what the draft-model engine needs to be tested against a draft that is often wrong.
+The result is a genuine, cheaper model whose token ids mean exactly what the target's mean, so the draft-model
+engine can use it with any target that has no smaller sibling. It is a weak draft (the last blocks matter a
+lot: SmolLM2 cut to 24 of 30 blocks reaches tau ~1.5-2.5), useful for tests and as a baseline.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import gguf
 
+from .errors import Eagle2Error
+
 
 def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
     """Copy ``src`` to ``dst`` with ``block_count = n_layers`` and only the tensors of those blocks."""
@@ -19,6 +22,9 @@ def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
         return dst
     reader = gguf.GGUFReader(str(src), "r")
     arch = reader.fields["general.architecture"].contents()
+    n_total = reader.fields[f"{arch}.block_count"].contents()
+    if not 1 <= n_layers < n_total:
+        raise Eagle2Error(f"--layers must be in 1..{n_total - 1} for this {n_total}-block model, got {n_layers}")
     writer = gguf.GGUFWriter(str(dst), arch)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
