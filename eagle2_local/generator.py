@@ -15,7 +15,7 @@ import numpy as np
 
 from .acceptance import accept
 from .drafts.base import DraftEngine
-from .errors import ContextFullError
+from .errors import ContextFullError, Eagle2Error
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import Target
@@ -113,6 +113,8 @@ class Generator:
             raise ValueError("speculative decoding needs a draft engine")
         rng = np.random.default_rng(seed)
         emitter = TokenEmitter(self.target.model, max_tokens, tuple(stop), self.stop_tokens)
+        call = object()  # identifies this call: a newer one owns the KV cache from its start
+        self._active = call
         stats = GenerationStats(engine=self.engine.name if use_draft else "plain", prompt_tokens=len(prompt))
         self.last_stats = stats
         t0 = time.perf_counter()
@@ -121,9 +123,13 @@ class Generator:
         stats.prefill_s = time.perf_counter() - t0
         loop = self._speculative if use_draft else self._plain
         try:
-            yield from loop(logits, emitter, sampling, rng, stats)
+            for chunk in loop(logits, emitter, sampling, rng, stats):
+                yield chunk
+                if self._active is not call:
+                    raise Eagle2Error("a newer generation started on this model; an older stream cannot go on")
         finally:
-            self._settle(emitter)
+            if self._active is call:  # an abandoned older stream must not touch the newer call's cache
+                self._settle(emitter)
             stats.n_tokens = len(emitter.tokens)
             stats.total_s = time.perf_counter() - t0
 
@@ -166,7 +172,7 @@ class Generator:
             yield _emit(emitter, [token])
             if emitter.done:
                 return
-            if self.target.n_past + 1 > self.target.n_ctx - 1:
+            if self.target.n_past + 1 > self.target.n_ctx:  # no cell left for this token
                 yield Chunk(emitter.finish("length"), [], "length")
                 return
             stats.target_passes += 1
@@ -183,16 +189,20 @@ class Generator:
         yield _emit(emitter, [root])
         features, features_from = self._features, self._features_from
         while not emitter.done:
-            room = self.target.n_ctx - self.target.n_past - 1
+            # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
+            # end of the context the tree shrinks to stop exactly where plain decoding stops.
+            room = self.target.n_ctx - self.target.n_past
             if room < 1:
                 yield Chunk(emitter.finish("length"), [], "length")
                 return
-            params = self.tree_params
-            if room < params.depth + 1:
-                params = TreeParams(params.total_tokens, max(1, room - 1), params.top_k)
             t = time.perf_counter()
-            root_logits = engine.catch_up(np.asarray(self.tokens + [root]), features, features_from)
-            tree = grow_tree(root, root_logits, engine.expand, params)
+            if room == 1:
+                tree = DraftTree.from_parents([root], [-1])  # only the root fits: a plain step
+            else:
+                p = self.tree_params
+                params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
+                root_logits = engine.catch_up(np.asarray(self.tokens + [root]), features, features_from)
+                tree = grow_tree(root, root_logits, engine.expand, params)
             t_draft = time.perf_counter()
             stats.draft_s += t_draft - t
             ver = self.target.verify(tree, copy=False)

@@ -47,8 +47,8 @@ class SamplingParams:
 
     def penalized(self, logits: np.ndarray, history: np.ndarray | None) -> np.ndarray:
         """Apply the repetition penalty (llama.cpp / CTRL style) to the tokens seen recently."""
-        if self.repeat_penalty == 1.0 or history is None or len(history) == 0:
-            return logits
+        if self.repeat_penalty == 1.0 or self.repeat_last_n <= 0 or history is None or len(history) == 0:
+            return logits  # repeat_last_n <= 0 means off, as in llama.cpp
         recent = np.unique(np.asarray(history[-self.repeat_last_n:], dtype=np.int64))
         out = logits.astype(np.float64, copy=True)
         vals = out[recent]

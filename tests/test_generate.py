@@ -199,3 +199,38 @@ def test_stops_inside_accepted_path_cut_like_plain(synth_q8):
         a = run(make(model, None), prompt, n)
         b = run(make(model, model, TreeParams(24, 8, 3)), prompt, n)
         assert a == b and len(b[0]) == n and b[2] == "length"
+
+
+def test_context_end_cuts_like_plain(synth_q8):
+    """Near a full context the tree shrinks; both loops stop with "length" after the same tokens."""
+    model = LlamaModel(synth_q8)
+    settings = ContextSettings(n_ctx=256, n_batch=64, n_seq_max=32, n_threads=1)
+    plain = make(model, None, settings=settings)
+    spec = make(model, model, TreeParams(24, 6, 4), settings=settings)
+    n_ctx = plain.target.n_ctx
+    rng = np.random.default_rng(5)
+    for left in (1, 2, 3, 7, 20):
+        prompt = [1] + list(rng.integers(5, model.n_vocab, n_ctx - left - 1))
+        ref, _, ref_reason = run(plain, prompt, 100)
+        out, _, reason = run(spec, prompt, 100)
+        assert ref_reason == reason == "length"
+        assert out == ref and len(out) == n_ctx - len(prompt) + 1
+
+
+def test_abandoned_stream_does_not_corrupt_the_next_call(synth_q8):
+    model = LlamaModel(synth_q8)
+    for draft in (None, model):
+        gen = make(model, draft, TreeParams(12, 4, 3))
+        a = gen.generate([1, 40, 41, 42], 50, GREEDY)
+        next(a)
+        next(a)
+        b, _, _ = run(gen, [1, 60, 61, 62, 63], 30)  # a newer call takes over the cache
+        a.close()  # the abandoned stream must leave it alone
+        c, _, _ = run(gen, [1, 60, 61, 62, 63] + b[:10], 30)  # reuses the prefix of b's KV
+        fresh = make(model, None)
+        assert c == run(fresh, [1, 60, 61, 62, 63] + b[:10], 30)[0]
+        a2 = gen.generate([1, 40, 41, 42], 50, GREEDY)
+        next(a2)
+        run(gen, [1, 70], 5)
+        with pytest.raises(Exception, match="newer generation"):
+            next(a2)

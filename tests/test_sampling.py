@@ -53,3 +53,9 @@ def test_sample_from_matches_distribution():
 def test_invalid_params(kw):
     with pytest.raises(Eagle2Error):
         SamplingParams(**kw)
+
+
+def test_repeat_last_n_zero_means_off():
+    logits = np.array([2.0, 1.0])
+    off = SamplingParams(temperature=1, repeat_penalty=2.0, repeat_last_n=0)
+    np.testing.assert_allclose(off.probs(logits, history=np.array([0])), SamplingParams(temperature=1).probs(logits))

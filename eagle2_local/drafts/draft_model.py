@@ -47,8 +47,10 @@ class DraftModelEngine:
                             f"llama.cpp allows {MAX_SEQ}")
         self.model = model
         self.name = f"draft-model:{model.path.name}"
+        # beyond the text, a round's tree holds up to max_width cells per expanded level
         self.ctx = LlamaContext(model, ContextSettings(
-            n_ctx=settings.n_ctx, n_batch=max(settings.n_batch, max_width), n_seq_max=max(n_seq, 2),
+            n_ctx=settings.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(settings.n_batch, max_width),
+            n_seq_max=max(n_seq, 2),
             n_threads=settings.n_threads, embeddings=False))
         self.n_past = 0  # tokens in sequence 0
         self._seq_of: dict[int, int] = {}  # candidate id -> sequence holding its path
