@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Iterator
 
-from .chat import render_chat
+from .chat import render_for_model, rendered_prompt_tokens
 from .drafts import DraftModelEngine, check_same_vocab
 from .errors import Eagle2Error
 from .generator import Generator
@@ -124,28 +124,17 @@ class Eagle2:
 
     def render_chat(self, messages: list[dict]) -> str:
         """The prompt text the chat template makes of ``messages`` (with the generation prompt)."""
-        m = self.model
-        return render_chat(self.model.info.chat_template, messages,
-                           bos_token=m.token_bytes(m.bos, special=True).decode("utf-8", "replace") if m.bos >= 0 else "",
-                           eos_token=m.token_bytes(m.eos, special=True).decode("utf-8", "replace") if m.eos >= 0 else "")
+        return render_for_model(self.model, messages)
 
     def chat_tokens(self, messages: list[dict]) -> list[int]:
         """Prompt tokens for ``messages``: the rendered template, with BOS unless the template wrote one."""
-        prompt = self.render_chat(messages)
-        return self.tokenize(prompt, add_bos=not self._template_adds_bos(prompt), special=True)
+        return rendered_prompt_tokens(self.model, self.render_chat(messages))
 
     def stats(self) -> dict:
         """Statistics of the last generation (the ``eagle`` field of results)."""
         return self.generator.last_stats.as_dict()
 
     # ------------------------------------------------------------------ internals
-    def _template_adds_bos(self, prompt: str) -> bool:
-        m = self.model
-        if m.bos < 0:
-            return True
-        bos_text = m.token_bytes(m.bos, special=True).decode("utf-8", "replace")
-        return bool(bos_text) and prompt.startswith(bos_text)
-
     def _run(self, tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed, speculative):
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty)

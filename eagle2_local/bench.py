@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat import render_chat
+from .chat import render_for_model, rendered_prompt_tokens
 from .errors import Eagle2Error
 from .generator import GenerationStats, Generator
 from .llama import LlamaModel, system_info
@@ -113,16 +113,13 @@ class Bench:
     tools: "LlamaCppTools | None" = None
     results: list[PromptResult] = field(default_factory=list)
 
-    def prompt_text(self, text: str) -> str:
-        """What the model is given: the chat template applied to one user turn (when the model has one)."""
+    def prompt(self, text: str) -> tuple[str, list[int]]:
+        """What the model is given, as text and tokens: the chat template applied to one user turn when the
+        model has one (special tokens parsed), else the raw text."""
         if self.chat and self.model.info.chat_template:
-            return render_chat(self.model.info.chat_template, [{"role": "user", "content": text}])
-        return text
-
-    def prompt_tokens(self, rendered: str) -> list[int]:
-        bos = self.model.token_bytes(self.model.bos, special=True).decode("utf-8", "replace") \
-            if self.model.bos >= 0 else ""
-        return self.model.tokenize(rendered, add_special=not (bos and rendered.startswith(bos)), parse_special=True)
+            rendered = render_for_model(self.model, [{"role": "user", "content": text}])
+            return rendered, rendered_prompt_tokens(self.model, rendered)
+        return text, self.model.tokenize(text, add_special=True, parse_special=False)
 
     def _one(self, gen: Generator, prompt: list[int]) -> tuple[list[int], GenerationStats]:
         gen.reset()
@@ -132,8 +129,7 @@ class Bench:
         return tokens, gen.last_stats
 
     def run_prompt(self, set_name: str, index: int, text: str) -> PromptResult:
-        rendered = self.prompt_text(text)
-        prompt = self.prompt_tokens(rendered)
+        rendered, prompt = self.prompt(text)
         runs: dict[str, list[tuple[list[int], GenerationStats]]] = {"plain": [], "eagle": []}
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
         for _ in range(self.repeat):

@@ -62,3 +62,20 @@ def render_fallback(messages: list[dict], add_generation_prompt: bool = True) ->
     if add_generation_prompt:
         text += "Assistant:"
     return text
+
+
+def special_text(model, token: int) -> str:
+    """The text of a special token (e.g. BOS), or "" when the model has none."""
+    return model.token_bytes(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+
+def render_for_model(model, messages: list[dict]) -> str:
+    """``messages`` rendered with ``model``'s own template (or the fallback), ready for a reply."""
+    return render_chat(model.info.chat_template, messages, bos_token=special_text(model, model.bos),
+                       eos_token=special_text(model, model.eos))
+
+
+def rendered_prompt_tokens(model, rendered: str) -> list[int]:
+    """Tokens of a rendered chat prompt: special tokens parsed, BOS added unless the template already wrote it."""
+    bos = special_text(model, model.bos)
+    return model.tokenize(rendered, add_special=not (bos and rendered.startswith(bos)), parse_special=True)
