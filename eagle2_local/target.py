@@ -50,6 +50,7 @@ class Target:
         self.n_past = 0  # committed tokens in sequence 0 (= used KV cells outside a pending tree)
         self.n_restored = 0  # commits that had to move accepted rows (statistics)
         self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
+        self._tree_leaf_of = np.zeros(0, dtype=np.int64)  # per node of the pending tree: index of a leaf below it
 
     # ------------------------------------------------------------ sizes
     @property
@@ -132,7 +133,7 @@ class Target:
             self.ctx.seq_cp(0, int(s))
         pos = (self.n_past + depths).astype(np.int32)
         self._pending = (n, len(leaves))
-        self._tree_leaf_of = _deepest_leaf_below(parents, leaves, member)
+        self._tree_leaf_of = np.argmax(member, axis=1)  # per node, one leaf below it: its sequence holds the path
         try:
             self.ctx.decode(tokens, pos, np.ones(n, dtype=np.int8), seq_mask=member, seq_ids=leaf_seqs)
         except Exception:
@@ -203,8 +204,3 @@ class Target:
 
     def close(self) -> None:
         self.ctx.close()
-
-
-def _deepest_leaf_below(parents: np.ndarray, leaves: np.ndarray, member: np.ndarray) -> np.ndarray:
-    """For each node, the index (into ``leaves``) of one leaf in its subtree: its sequence holds the node's path."""
-    return np.argmax(member, axis=1)
