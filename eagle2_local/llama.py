@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import llama_cpp
 
+from . import llama_ext
 from .errors import ContextFullError, DecodeError, ModelError, TreeError
 from .models import GGUFInfo, check_tree_capable, read_gguf_info
 
@@ -95,6 +96,7 @@ class LlamaModel:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
         self.bos = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos = int(llama_cpp.llama_vocab_eos(self._vocab))
         self.eot = int(llama_cpp.llama_vocab_eot(self._vocab))
@@ -164,6 +166,7 @@ class ContextSettings:
     n_threads: int | None = None
     embeddings: bool = False  # post-norm hidden states for EAGLE heads; costs an output per token
     flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.cpp's flash_attn_type)
+    layer_inputs: tuple[int, ...] = ()  # layers whose residual inputs every decode copies out (EAGLE-3 features)
 
     def threads(self) -> int:
         return self.n_threads or max(1, os.cpu_count() or 1)
@@ -252,6 +255,23 @@ class LlamaContext:
         self.n_embd = model.n_embd
         self.embeddings = settings.embeddings
         self._closed = False
+        self.layer_ids = tuple(settings.layer_inputs)
+        if self.layer_ids:
+            self._enable_layer_inputs()
+
+    def _enable_layer_inputs(self) -> None:
+        """Validate then switch on layer-input extraction (llama.cpp aborts on a layer its graph lacks)."""
+        arch = self.model.architecture
+        if arch not in llama_ext.LAYER_INPUT_ARCHS:
+            self.close()
+            raise ModelError(f"llama.cpp cannot expose layer inputs of a {arch!r} model (EAGLE-3 features); "
+                             f"supported: {', '.join(sorted(llama_ext.LAYER_INPUT_ARCHS))}")
+        bad = [i for i in self.layer_ids if not 0 <= i < self.model.n_layer]
+        if bad:
+            self.close()
+            raise ModelError(f"layer ids {bad} are outside 0..{self.model.n_layer - 1} of {self.model.path.name}")
+        for il in self.layer_ids:
+            llama_ext.set_layer_input(self._ctx, il, True)
 
     @property
     def ptr(self):
@@ -296,6 +316,15 @@ class LlamaContext:
             raise DecodeError("features need a context created with embeddings=True")
         ptr = llama_cpp.llama_get_embeddings(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy()
+
+    def layer_inputs(self, n_tokens: int) -> np.ndarray:
+        """Residual inputs of the configured layers for every token of the last batch, concatenated per token
+        in ``layer_ids`` order: (n_tokens, len(layer_ids) * n_embd). Unlike logits, these exist for all
+        tokens, output or not."""
+        if not self.layer_ids:
+            raise DecodeError("layer inputs need a context created with ContextSettings.layer_inputs")
+        return np.concatenate([llama_ext.layer_input(self._ctx, il, n_tokens, self.n_embd) for il in self.layer_ids],
+                              axis=1)
 
     # ------------------------------------------------------------ memory
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:

@@ -1,0 +1,96 @@
+"""Bindings for llama.cpp's staging API (``src/llama-ext.h``) that llama-cpp-python does not bind.
+
+These functions are compiled as C++ (no ``extern "C"``), so the shared library exports them under mangled names;
+we look each one up under its Itanium (Linux/macOS) and MSVC (Windows) spelling, the way
+``llama_cpp.llama_cpp_ext`` binds its own symbols. A missing symbol raises :class:`ModelError` on first use
+instead of at import, so builds without these symbols can still run plain decoding and draft models.
+
+Why they matter: EAGLE-3 heads read the *residual inputs* of three target layers. llama.cpp computes them in the
+target's decode and copies them out (one row per batch token, batch order) only for layers switched on here.
+Switching a layer on for an architecture whose graph does not record layer inputs aborts the process, so
+:data:`LAYER_INPUT_ARCHS` lists the architectures whose graphs do (read from ``src/models/*.cpp``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import llama_cpp
+
+from .errors import ModelError
+
+# Architectures whose llama.cpp graph stores ``res->t_layer_inp[il]`` (llama-cpp-python 0.3.36).
+LAYER_INPUT_ARCHS = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen4exp", "gemma4", "gpt-oss", "minimax-m2", "mimo2", "deepseek4",
+    "nanbeige", "hunyuan_vl", "bailingmoe3", "muse-glimmer",
+})
+
+_ctx_p = llama_cpp.llama_context_p_ctypes
+_model_p = llama_cpp.llama_model_p_ctypes
+
+# name -> (mangled spellings, argtypes, restype)
+_SYMBOLS: dict[str, tuple[tuple[str, ...], list[Any], Any]] = {
+    "llama_set_embeddings_layer_inp": (
+        ("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+         "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z"),
+        [_ctx_p, ctypes.c_uint32, ctypes.c_bool], None),
+    "llama_get_embeddings_layer_inp": (
+        ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+         "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"),
+        [_ctx_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+    "llama_model_target_layer_ids": (
+        ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
+         "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"),
+        [_model_p], ctypes.POINTER(ctypes.c_int32)),
+    "llama_model_target_layer_ids_n": (
+        ("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
+         "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z"),
+        [_model_p], ctypes.c_uint32),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _function(name: str) -> Callable:
+    spellings, argtypes, restype = _SYMBOLS[name]
+    lib = llama_cpp.llama_cpp._lib
+    for spelling in spellings:
+        fn = getattr(lib, spelling, None)
+        if fn is not None:
+            fn.argtypes = argtypes
+            fn.restype = restype
+            return fn
+    raise ModelError(f"this llama.cpp build does not export {name} (needed for EAGLE-3 heads); "
+                     f"llama-cpp-python {llama_cpp.__version__} from source exports it")
+
+
+def has_symbols() -> bool:
+    """Whether every staging symbol EAGLE-3 needs is exported by the loaded libllama."""
+    try:
+        for name in _SYMBOLS:
+            _function(name)
+    except ModelError:
+        return False
+    return True
+
+
+def set_layer_input(ctx, layer: int, enable: bool) -> None:
+    """Switch extraction of layer ``layer``'s residual input on or off (takes effect at the next decode)."""
+    _function("llama_set_embeddings_layer_inp")(ctx, layer, enable)
+
+
+def layer_input(ctx, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
+    """Copy of the residual inputs of ``layer`` for the last decode's ``n_tokens`` tokens, in batch order."""
+    ptr = _function("llama_get_embeddings_layer_inp")(ctx, layer)
+    if not ptr:
+        raise ModelError(f"llama.cpp returned no layer input for layer {layer}")
+    return np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd)).copy()
+
+
+def model_target_layers(model) -> list[int]:
+    """The target layer ids an ``eagle3`` draft model declares (``eagle3.target_layers``)."""
+    n = int(_function("llama_model_target_layer_ids_n")(model))
+    ptr = _function("llama_model_target_layer_ids")(model)
+    return [int(ptr[i]) for i in range(n)] if n and ptr else []
