@@ -141,9 +141,12 @@ class Generator:
                                    "shorten it or raise n_ctx")
         keep = _common_prefix(self.tokens, prompt)
         keep = min(keep, len(prompt) - 1)  # always evaluate at least one token to get fresh logits
-        self.target.rollback(keep)
         if self.engine is not None:
             self.engine.rollback(keep)
+            if self.engine.needs_features:
+                # a head needs the target's features from the first position it lacks: re-evaluate from there
+                keep = min(keep, self.engine.n_past)
+        self.target.rollback(keep)
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep
         ver = self.target.prefill(prompt[keep:])

@@ -30,6 +30,9 @@ RECURRENT_ARCHS = frozenset({
 })
 
 
+VOCAB_COUNT_KEY = "eagle2_local.n_tokens"  # synthetic key: length of tokenizer.ggml.tokens
+
+
 @dataclass
 class GGUFInfo:
     """The few metadata fields the runtime needs before it hands a file to llama.cpp."""
@@ -49,6 +52,19 @@ class GGUFInfo:
     @property
     def chat_template(self) -> str | None:
         return self.metadata.get("tokenizer.chat_template")
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.arch_get("block_count", 0))
+
+    @property
+    def n_embd(self) -> int:
+        return int(self.arch_get("embedding_length", 0))
+
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size: the token list's length (``vocab_size`` is optional in GGUF)."""
+        return int(self.metadata.get(VOCAB_COUNT_KEY) or self.arch_get("vocab_size", 0))
 
 
 def default_model_path() -> Path:
@@ -115,6 +131,8 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
                 f"{path} is truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
             )
     metadata: dict = {}
+    if "tokenizer.ggml.tokens" in reader.fields:
+        metadata[VOCAB_COUNT_KEY] = len(reader.fields["tokenizer.ggml.tokens"].data)
     for key, fld in reader.fields.items():
         if key.startswith("GGUF.") or len(fld.data) > 64:
             continue  # skip the header and large arrays (token lists, merges): llama.cpp reads those itself
