@@ -303,6 +303,44 @@ def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats
         click.echo(f"{n:>6} {c * 1e3:>9.2f} {c / one:>12.2f}")
 
 
+@main.command("draft-cost")
+@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@click.option("--head", type=click.Path(dir_okay=False), default=None, help="Draft head GGUF to time.")
+@click.option("--draft-model", type=click.Path(dir_okay=False), default=None, help="Draft model GGUF to time.")
+@click.option("--prompts", "prompt_specs", multiple=True, required=True,
+              help="Prompt set(s): .jsonl files or a folder of them.")
+@click.option("--n", "n_prompts", type=int, default=2, show_default=True, help="Prompts per set.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
+@click.option("--tree-top-k", type=int, default=10, show_default=True, help="Nodes decoded per tree level.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@friendly_errors
+def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens, threads, tree_top_k, as_json):
+    """Time the draft per tree level against one target token, during real generations.
+
+    A draft pays off only if a level costs a small fraction of a target token; this prints both, measured in
+    the same process on the same prompts (greedy, default tree).
+    """
+    from eagle2_local.api import Eagle2
+    from eagle2_local.bench import load_prompt_sets
+    from eagle2_local.microbench import draft_cost
+
+    if (head is None) == (draft_model is None):
+        fail("give exactly one of --head or --draft-model")
+    sets = load_prompt_sets(prompt_specs, n_prompts)
+    prompts = [p for s in sets for p in s.prompts]
+    with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
+                n_ctx=2048) as llm:
+        res = draft_cost(llm, prompts, max_tokens)
+    res["command"] = "eagle2-local " + " ".join(sys.argv[1:])
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"{res['engine']}: catch-up {res['catch_up_ms']:.2f} ms, one level of {res['width']} nodes "
+               f"{res['level_ms']:.2f} ms; one target token {res['target_token_ms']:.2f} ms "
+               f"(level = {res['level_over_target_token']:.3f} x target token)")
+
+
 @contextlib.contextmanager
 def _ctrl_c_stops():
     """While answering, Ctrl-C only raises a flag that the loop checks between chunks.
