@@ -30,7 +30,8 @@ def runtime_options(fn):
         click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
                      help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself)."),
         click.option("--head", type=click.Path(dir_okay=False), default=None,
-                     help="An EAGLE draft head GGUF (not supported by this version yet)."),
+                     help="An EAGLE draft head GGUF (`eagle2-local convert` / `train` make one). Without --model, "
+                          "the default model's shipped head is used."),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
@@ -110,8 +111,8 @@ def main() -> None:
 def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
     """Generate a continuation of PROMPT and print it (streamed) or as JSON."""
     llm = load(**rt, seed=seed)
-    if rt["draft_model"] is None and rt["head"] is None and not rt["plain"] and not as_json:
-        click.echo("note: no draft given (--draft-model); running plain decoding", err=True)
+    if not llm.speculative and not rt["plain"] and not as_json:
+        click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
     text = llm.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
     tokens = llm.tokenize(text, add_bos=True, special=True)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
@@ -370,7 +371,8 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
                    " Ctrl-C stops an answer.")
     if not llm.speculative:
         sys.stdout.flush()
-        click.echo(dim("note: no draft head ships with this version yet; chatting with plain decoding"), err=True)
+        click.echo(dim("note: no draft head or draft model for this model; chatting with plain decoding "
+                       "(--head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
     while True:
         try:
             line = input("> ") if interactive else sys.stdin.readline()

@@ -24,7 +24,7 @@ from .drafts.open_head import open_head, read_head_info, target_settings_for
 from .errors import Eagle2Error
 from .generator import Generator
 from .llama import ContextSettings, LlamaModel
-from .models import resolve_model
+from .models import default_head_path, resolve_model
 from .sampling import SamplingParams
 from .target import Target
 from .tree import TreeParams
@@ -42,6 +42,8 @@ class Eagle2:
                  verbose: bool = False) -> None:
         if head_path is not None and draft_model_path is not None:
             raise Eagle2Error("give either a head or a draft model, not both")
+        if model_path is None and head_path is None and draft_model_path is None:
+            head_path = default_head_path()  # the default model comes with its trained head
         head_info = read_head_info(head_path) if head_path is not None and not plain else None
         self.model_path = resolve_model(model_path)
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)

