@@ -100,6 +100,7 @@ def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
             "target_hidden_size": int(cfg.get("target_hidden_size") or h),
             "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
             "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+            "feature_source": str((cfg.get("eagle2_local") or {}).get("feature_source", "layer_inputs")),
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"EAGLE-3 config.json lacks or mangles a field: {exc}") from exc
@@ -108,6 +109,8 @@ def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
         layers = [2, target_layers_n // 2, target_layers_n - 3]
     if len(layers) != 3:
         raise ModelError(f"eagle_aux_hidden_state_layer_ids must list 3 layers, got {layers}")
+    if hp["feature_source"] not in ("layer_inputs", "final_norm"):
+        raise ModelError(f"unknown eagle2_local.feature_source {hp['feature_source']!r}")
     hp["target_layers"] = [int(x) for x in layers]
     return hp
 
@@ -254,6 +257,7 @@ def _write_hparams(w: gguf.GGUFWriter, hp: dict, head_dir: Path, target: Path, p
     w.add_uint32(f"{ARCH}.target_hidden_size", hp["target_hidden_size"])
     w.add_bool(f"{ARCH}.norm_before_residual", hp["norm_before_residual"])
     w.add_bool(f"{ARCH}.norm_before_fc", hp["norm_before_fc"])
+    w.add_string("eagle2_local.feature_source", hp["feature_source"])
     w.add_string("eagle2_local.source", str(head_dir.name))
     w.add_string("eagle2_local.target", target.name)
     w.add_string("eagle2_local.target_sha256", file_sha256(target))

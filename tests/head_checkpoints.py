@@ -28,7 +28,8 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
 
 def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int,
                   vocab: int, draft_vocab: int, layers: list[int], rope_theta: float = 10000.0, seed: int = 0,
-                  scale: float = 0.05, norm_before_fc: bool = False) -> tuple[Path, dict, dict]:
+                  scale: float = 0.05, norm_before_fc: bool = False,
+                  feature_source: str = "layer_inputs") -> tuple[Path, dict, dict]:
     """An EAGLE-3 checkpoint folder with random weights (HF names, rotate-half RoPE) for a given target.
 
     Returns ``(folder, tensors, config)`` so tests can compute with the weights without reading them back."""
@@ -68,6 +69,6 @@ def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int
               "head_dim": hd, "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
               "max_position_embeddings": 8192, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
               "target_hidden_size": target_hidden, "eagle_aux_hidden_state_layer_ids": layers,
-              "norm_before_fc": norm_before_fc}
+              "norm_before_fc": norm_before_fc, "eagle2_local": {"feature_source": feature_source}}
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
     return out_dir, t, config

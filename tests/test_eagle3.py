@@ -34,7 +34,7 @@ def head(tmp_path_factory, target4):
                                        n_head=4, n_head_kv=2, ffn=128, vocab=604, draft_vocab=300, layers=LAYERS,
                                        scale=0.15, norm_before_fc=True)
     out = convert_eagle3(d, d.parent / "head-f32.gguf", target4, outtype="f32")
-    return out, tensors, config
+    return out, tensors, config, d
 
 
 def token_embd(path) -> np.ndarray:
@@ -44,7 +44,7 @@ def token_embd(path) -> np.ndarray:
 
 
 def test_convert_round_trip(head):
-    path, tensors, config = head
+    path, tensors, config, _ = head
     r = gguf.GGUFReader(str(path))
     got = {t.name: np.array(t.data) for t in r.tensors}
     np.testing.assert_array_equal(got["fc.weight"].reshape(64, -1), tensors["fc.weight"])
@@ -60,7 +60,7 @@ def test_convert_round_trip(head):
 
 def test_engine_matches_reference_on_tree(head, target4):
     """Root, level-1 and level-3 logits of the llama.cpp engine equal the float64 reference (tree masks included)."""
-    path, tensors, config = head
+    path, tensors, config, _ = head
     model = LlamaModel(target4)
     target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
                                            layer_inputs=tuple(LAYERS)))
@@ -134,3 +134,32 @@ def test_converter_refuses_bad_folders(tmp_path, target4):
     with pytest.raises(ModelError, match="vocabulary"):
         convert_eagle3(d, tmp_path / "x.gguf", target4)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head):
+    """qwen2's llama.cpp graph exposes no layer inputs: such heads are refused with a pointer to the fallback,
+    and a head trained on the final_norm convention runs (numerics checked, output lossless)."""
+    qwen = write_model(synth_dir / "synth-qwen2.gguf", seed=1, n_layer=4, arch="qwen2", qtype="q8_0")
+    with pytest.raises(IncompatibleDraftError, match="final_norm"):
+        Eagle2(qwen, head_path=convert_eagle3(head[3], tmp_path / "li.gguf", qwen, outtype="f32"),
+               n_threads=1)
+    d, tensors, config = random_eagle3(tmp_path / "fn", hidden=64, target_hidden=64, n_head=4, n_head_kv=2,
+                                       ffn=128, vocab=604, draft_vocab=300, layers=[1, 1, 1], scale=0.15,
+                                       feature_source="final_norm")
+    path = convert_eagle3(d, tmp_path / "fn.gguf", qwen, outtype="f32")
+    with Eagle2(qwen, head_path=path, n_threads=1, n_ctx=256, total_tokens=8, depth=3, tree_top_k=3) as llm:
+        prompt = llm.tokenize("the water is long")
+        ver = llm.target.prefill(prompt)
+        assert ver.features.shape == (len(prompt), 64)  # post-norm hidden states
+        got = llm.generator.engine.catch_up(np.asarray(prompt + [7]), ver.features, 0)
+        ref = Eagle3Reference(tensors, config, token_embd(qwen))
+        g = ref.encode(np.tile(ver.features, (1, 3)))
+        for p in range(len(prompt)):
+            want, _, _ = ref.entry((prompt + [7])[p + 1], g[p], p, list(range(p)))
+        fin = np.isfinite(want)
+        assert np.abs(got[fin] - want[fin]).max() < 2e-3 * np.abs(want[fin]).max()
+        llm.reset()
+        spec = llm.create_completion("the water is long and", max_tokens=24, temperature=0)
+    with Eagle2(qwen, n_threads=1, n_ctx=256) as llm:
+        plain = llm.create_completion("the water is long and", max_tokens=24, temperature=0)
+    assert spec["choices"][0]["text"] == plain["choices"][0]["text"]

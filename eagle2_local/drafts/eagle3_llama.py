@@ -27,6 +27,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from ..errors import IncompatibleDraftError, TreeError
+from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
 from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
 from ..models import GGUFInfo
@@ -72,6 +73,11 @@ def check_head_fits(info: GGUFInfo, target: LlamaModel) -> None:
     if info.n_vocab != target.n_vocab:
         raise IncompatibleDraftError(f"head {info.path.name} has a {info.n_vocab}-token vocabulary; "
                                      f"{target.path.name} has {target.n_vocab}")
+    if feature_source(info) == "layer_inputs" and target.architecture not in LAYER_INPUT_ARCHS:
+        raise IncompatibleDraftError(
+            f"head {info.path.name} reads target layer inputs, which llama.cpp does not expose for "
+            f"{target.architecture!r} models; use a head trained on the final_norm feature convention "
+            "(its config.json sets eagle2_local.feature_source = final_norm)")
     bad = [i for i in head_target_layers(info) if not 0 <= i < target.n_layer]
     if bad:
         raise IncompatibleDraftError(f"head {info.path.name} reads target layers {list(head_target_layers(info))}; "
