@@ -30,7 +30,7 @@ def runtime_options(fn):
         click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
                      help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself)."),
         click.option("--head", type=click.Path(dir_okay=False), default=None,
-                     help="An EAGLE draft head GGUF (not supported by this version yet)."),
+                     help="An EAGLE-1/2 draft head GGUF (made by `eagle2-local convert`); drafts in numpy, exact."),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
@@ -377,6 +377,14 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
         click.echo()
         click.echo(dim(_stats_line(llm.stats())))
 
+
+def _add_convert() -> None:
+    """``eagle2-local convert``: the converter package's own click command (also ``python -m convert``)."""
+    from convert.command import convert_command
+    main.add_command(convert_command, "convert")
+
+
+_add_convert()
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ import uuid
 from typing import Iterator
 
 from .chat import render_for_model, rendered_prompt_tokens
-from .drafts import DraftModelEngine, check_same_vocab
+from .drafts import DraftModelEngine, check_same_vocab, open_head
 from .errors import Eagle2Error
 from .generator import Generator
 from .llama import ContextSettings, LlamaModel
@@ -40,17 +40,18 @@ class Eagle2:
                  verbose: bool = False) -> None:
         if head_path is not None and draft_model_path is not None:
             raise Eagle2Error("give either a head or a draft model, not both")
-        if head_path is not None:
-            raise Eagle2Error("EAGLE draft heads are not supported by this version yet; use --draft-model")
         self.model_path = resolve_model(model_path)
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
         n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
-        self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,
-                                        n_threads=n_threads)
         self.model = LlamaModel(self.model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
-        self.target = Target(self.model, self.settings)
         self.draft_model: LlamaModel | None = None
         engine = None
+        if head_path is not None and not plain:  # before the target: heads need its features (embeddings on)
+            engine = open_head(head_path, self.model)
+        self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,
+                                        n_threads=n_threads,
+                                        embeddings=bool(engine is not None and engine.needs_features))
+        self.target = Target(self.model, self.settings)
         if draft_model_path is not None and not plain:
             path = resolve_model(draft_model_path)
             self.draft_model = self.model if path.resolve() == self.model_path.resolve() else \
