@@ -192,7 +192,7 @@ def _add_tensor(w, name: str, arr: np.ndarray, outtype: str) -> None:
         w.add_tensor(name, arr.astype(np.float16))
     elif arr.shape[-1] % 32 == 0:
         q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-        w.add_tensor(name, q, raw_shape=arr.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     else:  # Q8_0 blocks are 32 wide; a row that does not divide stays f16
         w.add_tensor(name, arr.astype(np.float16))
 

@@ -19,6 +19,7 @@ import logging
 
 import numpy as np
 
+from ..blas_threads import single_blas_thread
 from ..errors import TreeError
 from ..head_format import HeadFile
 
@@ -111,12 +112,13 @@ class Eagle1NumpyEngine:
         start = min(self.n_done, need - 1)  # always recompute the last pair: its token is the new root
         self._k.n = self._v.n = start
         y = None
-        for s in range(start, need, CHUNK):
-            e = min(need, s + CHUNK)
-            y = self._run_committed(tokens[s + 1:e + 1], self._feats.view()[s:e], s)
-        self.n_done = need
-        self._root_y = y[-1]
-        return self._logits(y[-1:])[0]
+        with single_blas_thread():
+            for s in range(start, need, CHUNK):
+                e = min(need, s + CHUNK)
+                y = self._run_committed(tokens[s + 1:e + 1], self._feats.view()[s:e], s)
+            self.n_done = need
+            self._root_y = y[-1]
+            return self._logits(y[-1:])[0]
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         if self._root_y is None:
@@ -133,14 +135,16 @@ class Eagle1NumpyEngine:
                 r = self._tree_parent[r]
             mask[i, self.n_done + first + i] = True
         pos = np.full(len(cand_ids), self.n_done - 1 + level, dtype=np.int64)
-        y, k, v = self._layer(np.asarray(tokens, dtype=np.int64), feats, pos, self._tree_keys(), mask)
+        with single_blas_thread():
+            y, k, v = self._layer(np.asarray(tokens, dtype=np.int64), feats, pos, self._tree_keys(), mask)
+            logits = self._logits(y)
         for i, (cid, r) in enumerate(zip(np.asarray(cand_ids).tolist(), parent_rows)):
             self._row_of[cid] = first + i
             self._tree_parent.append(r)
         self._tree_k.append(k)
         self._tree_v.append(v)
         self._tree_y = np.concatenate([self._tree_y, y]) if len(self._tree_y) else y
-        return self._logits(y)
+        return logits
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Drop the tree: accepted tokens are recomputed next round with the target's real features."""
