@@ -166,7 +166,7 @@ def read_head(path: str | os.PathLike) -> HeadFile:
                         rms_eps=float(values["rms_eps"]), rope_base=float(values["rope_base"]),
                         fc_bias=bool(values["fc_bias"]), qkv_bias=bool(values["qkv_bias"]))
     reader = GGUFReader(info.path, "r")
-    tensors = {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+    tensors = {t.name: np.asarray(dequantize(np.array(t.data), t.tensor_type), dtype=np.float32).reshape(
         tuple(int(d) for d in reversed(t.shape))) for t in reader.tensors}
     check_tensors(params, tensors, str(info.path))
     provenance = {k: str(info.arch_get(k, "")) for k in PROVENANCE_KEYS}

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import Eagle2Error, ModelError
+from ..gguf_tensors import load_tensor, tensor_index
 from ..head_format import ARCH as EAGLE1_ARCH, check_head_fits, head_architecture, read_head
 from ..llama import LlamaModel
 from .base import DraftEngine
@@ -38,24 +39,14 @@ def target_matrices(target_path: Path, need_embedding: bool = True) -> tuple[np.
 
     Tied models (SmolLM2) have no ``output.weight``: the embedding is the LM head.
     """
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    reader = GGUFReader(target_path, "r")
-    by_name = {t.name: t for t in reader.tensors}
+    index = tensor_index(target_path)
 
     def load(name: str) -> np.ndarray:
-        t = by_name[name]
-        shape = tuple(int(d) for d in reversed(t.shape))
-        try:
-            return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        except NotImplementedError as exc:
-            raise ModelError(f"{target_path.name}: cannot dequantize {name} ({t.tensor_type.name}) for the numpy "
-                             f"head engine: {exc}") from None
+        return load_tensor(target_path, index[name])
 
-    if "token_embd.weight" not in by_name:
+    if "token_embd.weight" not in index:
         raise ModelError(f"{target_path.name} has no token_embd.weight")
-    lm_name = "output.weight" if "output.weight" in by_name else "token_embd.weight"
+    lm_name = "output.weight" if "output.weight" in index else "token_embd.weight"
     lm_head = load(lm_name)
     embedding = None
     if need_embedding:
