@@ -87,3 +87,51 @@ def test_generate_head_on_smollm2_is_lossless(tmp_path, smollm2_path):
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["stats"]["engine"].startswith("eagle1-numpy:")
     assert len(out["tokens"]) == 8 and want[0].startswith(out["text"])
+
+
+def test_cli_refuses_mismatched_head_in_one_line(tmp_path, synth_q8):
+    from test_bad_input import assert_one_line_error, run_cli
+
+    head = synthetic_head(tmp_path, "h32", hidden=32, vocab=SYNTH_VOCAB)
+    proc = run_cli("generate", "--model", str(synth_q8), "--head", head, "-p", "the cat", "-n", "4")
+    assert_one_line_error(proc, "hidden size is 32")
+    assert proc.stdout == ""
+
+
+def test_kv_reuse_across_plain_and_speculative_calls_keeps_head_features(tmp_path, synth_q8):
+    """Calls that reuse the previous text (chat turns), alternating plain and speculative: output stays lossless
+    and the head holds (or will be handed) the target's features of every committed position, none lost."""
+    import numpy as np
+
+    from eagle2_local.llama import ContextSettings, LlamaModel
+    from eagle2_local.sampling import SamplingParams
+    from eagle2_local.target import Target
+
+    head = synthetic_head(tmp_path, "h", hidden=64, vocab=SYNTH_VOCAB)
+    greedy = SamplingParams(temperature=0)
+    outputs = {}
+    for mode in ("plain", "eagle"):
+        kw = {"head_path": head} if mode == "eagle" else {}
+        with Eagle2(synth_q8, n_ctx=512, n_threads=1, total_tokens=12, depth=4, tree_top_k=3, **kw) as llm:
+            prompt, outs = llm.tokenize("the cat sat"), []
+            for speculative in (True, False, True, True):
+                out = [t for ch in llm.generator.generate(prompt, 12, greedy,
+                                                          speculative=speculative and mode == "eagle")
+                       for t in ch.tokens]
+                outs.append(out)
+                prompt = prompt + out + llm.tokenize(" and the", add_bos=False)
+            assert llm.stats()["prompt_tokens_reused"] > 20
+            outputs[mode] = outs
+            if mode == "eagle":
+                gen = llm.generator
+                text = gen.tokens
+                # what the head holds, then what the generator keeps for it (the last round's rows)
+                held = np.concatenate([gen.engine._feats.view()[:gen._features_from], gen._features])
+    assert outputs["eagle"] == outputs["plain"]
+    model = LlamaModel(synth_q8)
+    target = Target(model, ContextSettings(n_ctx=512, n_batch=32, n_seq_max=4, n_threads=1, embeddings=True))
+    fresh = target.prefill(text).features
+    target.close()
+    model.close()
+    assert len(held) == len(text)
+    np.testing.assert_allclose(held, fresh, rtol=0, atol=1e-4)
