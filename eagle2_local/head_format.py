@@ -18,7 +18,6 @@ runtime borrows the target's. The LM head is always the target's.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,14 +106,6 @@ class HeadFile:
     @property
     def own_embedding(self) -> np.ndarray | None:
         return self.tensors.get("token_embd.weight")
-
-    @property
-    def target_config(self) -> dict:
-        """The head's config.json as converted (bos/eos ids etc.), or {} if absent."""
-        try:
-            return json.loads(self.provenance.get("source.config") or "{}")
-        except json.JSONDecodeError:
-            return {}
 
 
 def check_tensors(params: HeadParams, tensors: dict[str, np.ndarray], where: str) -> None:

@@ -64,6 +64,8 @@ def test_lossless_greedy_synthetic_target(tmp_path, synth_q8, variant):
         assert llm.target.ctx.embeddings
         got = greedy_texts(llm, prompts, 40)
         assert llm.stats()["target_passes"] > 0
+        sampled = llm.create_completion(prompts[0], max_tokens=20, temperature=0.9, seed=1)  # sampling path runs
+        assert sampled["usage"]["completion_tokens"] > 0
     assert got == want
 
 
