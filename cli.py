@@ -30,8 +30,9 @@ def runtime_options(fn):
         click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
                      help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself)."),
         click.option("--head", type=click.Path(dir_okay=False), default=None,
-                     help="An EAGLE draft head GGUF (`eagle2-local convert` / `train` make one). Without --model, "
-                          "the default model's shipped head is used."),
+                     help="An EAGLE draft head GGUF (`eagle2-local convert` / `train` make one): EAGLE-3 heads "
+                          "draft inside llama.cpp, EAGLE-1/2 heads in exact numpy. Without --model, the default "
+                          "model's shipped head is used."),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
@@ -417,6 +418,14 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
         click.echo()
         click.echo(dim(_stats_line(llm.stats())))
 
+
+def _add_convert() -> None:
+    """``eagle2-local convert``: the converter package's own click command (also ``python -m convert``)."""
+    from convert.command import convert_command
+    main.add_command(convert_command, "convert")
+
+
+_add_convert()
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import gguf
@@ -41,12 +40,11 @@ from eagle2_local.errors import ModelError
 from eagle2_local.gguf_fields import copy_tokenizer
 from eagle2_local.models import read_gguf_info
 
-from .checkpoint import load_checkpoint
+from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
 
 log = logging.getLogger(__name__)
 
 ARCH = "eagle3"
-OUTTYPES = ("f32", "f16", "q8_0")
 
 # checkpoint suffix (after the layer prefix) -> GGUF name
 _LAYER_MAP = {
@@ -80,10 +78,16 @@ def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, half, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+def is_eagle3_config(config: dict) -> bool:
+    """EAGLE-3 checkpoints declare a draft vocabulary and one layer (llama.cpp's converter tests the same)."""
+    cfg = {**config, **config.get("transformer_layer_config", {})}
+    return "draft_vocab_size" in cfg and cfg.get("num_hidden_layers", 1) == 1
+
+
 def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
     """Hyper-parameters from an EAGLE-3 ``config.json`` (nested ``transformer_layer_config`` flattened)."""
     cfg = {**config, **config.get("transformer_layer_config", {})}
-    if "draft_vocab_size" not in cfg or cfg.get("num_hidden_layers", 1) != 1:
+    if not is_eagle3_config(config):
         raise ModelError("config.json is not an EAGLE-3 head (needs draft_vocab_size and num_hidden_layers = 1)")
     try:
         h = int(cfg["hidden_size"])
@@ -179,30 +183,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _encode(name: str, arr: np.ndarray, outtype: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
-    """Norm vectors stay F32 (llama.cpp multiplies them in F32); matrices take ``outtype``."""
-    if arr.ndim == 1 or outtype == "f32":
-        return arr.astype(np.float32), gguf.GGMLQuantizationType.F32
-    if outtype == "f16":
-        return arr.astype(np.float16), gguf.GGMLQuantizationType.F16
-    if arr.shape[-1] % 32:
-        return arr.astype(np.float16), gguf.GGMLQuantizationType.F16
-    q = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-    return q, gguf.GGMLQuantizationType.Q8_0
-
-
 def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str | Path, outtype: str = "f16",
-                   progress: Callable[[int, int, str], None] | None = None,
-                   provenance: dict | None = None) -> Path:
+                   progress: Progress | None = None, provenance: dict | None = None) -> Path:
     """Convert an EAGLE-3 checkpoint folder into an ``eagle3`` GGUF for ``target_gguf``; returns the path.
 
-    ``progress(done, total, tensor_name)`` is called per tensor written. Nothing is written unless every check
+    ``progress(tensor_name, done, total)`` is called per tensor prepared. Nothing is written unless every check
     passes, so a bad head never leaves a half-written file behind.
     """
     if outtype not in OUTTYPES:
         raise ModelError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     head_dir, out_path, target_gguf = Path(head_dir), Path(out_path), Path(target_gguf)
-    config, raw = load_checkpoint(head_dir)
+    ckpt = load_checkpoint(head_dir)
+    config, raw = ckpt.config, ckpt.tensors
     target = read_gguf_info(target_gguf)
     hp = eagle3_hparams(config, target.n_layer)
     tensors = map_tensors(raw, hp)
@@ -221,19 +213,16 @@ def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str 
     _write_hparams(writer, hp, head_dir, target_gguf, provenance)
     copy_tokenizer(reader, writer)
     names = sorted(tensors)
-    encoded = {}
-    for name in names:
-        data, qtype = _encode(name, tensors[name], outtype) if name != "d2t" else \
-            (tensors[name], gguf.GGMLQuantizationType.I64)
-        encoded[name] = (data, qtype)
-        writer.add_tensor(name, data, raw_dtype=qtype)
+    for i, name in enumerate(names):
+        if name == "d2t":
+            writer.add_tensor(name, tensors[name], raw_dtype=gguf.GGMLQuantizationType.I64)
+        else:
+            add_tensor(writer, name, tensors[name], outtype)
+        if progress is not None:
+            progress(name, i + 1, len(names))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for i, name in enumerate(names):
-        writer.write_tensor_data(encoded[name][0])
-        if progress is not None:
-            progress(i + 1, len(names), name)
+    writer.write_tensors_to_file()
     writer.close()
     tmp.replace(out_path)
     log.info("wrote %s (%d tensors, %s)", out_path, len(names), outtype)

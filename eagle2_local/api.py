@@ -19,8 +19,7 @@ from typing import Iterator
 
 from .chat import render_for_model, rendered_prompt_tokens
 from .drafts import DraftModelEngine, check_same_vocab
-from .drafts.eagle3_llama import check_head_fits
-from .drafts.open_head import open_head, read_head_info, target_settings_for
+from .drafts.open_head import check_head_fits, open_head, read_head_info, target_settings_for
 from .errors import Eagle2Error
 from .generator import Generator
 from .llama import ContextSettings, LlamaModel

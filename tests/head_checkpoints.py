@@ -3,27 +3,11 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
 
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64",
-           np.dtype(np.bool_): "BOOL"}
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """A minimal safetensors writer (header JSON + contiguous little-endian data), independent of convert/."""
-    header, blobs, offset = {}, [], 0
-    for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
-        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": _DTYPES[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+from convert.safetensors_file import save_safetensors
 
 
 def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int,
@@ -63,7 +47,7 @@ def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int
     if norm_before_fc:
         t["input_norm.weight"] = norm(3 * target_hidden)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out_dir / "model.safetensors", t)
+    save_safetensors(out_dir / "model.safetensors", t)
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
               "intermediate_size": ffn, "num_attention_heads": n_head, "num_key_value_heads": n_head_kv,
               "head_dim": hd, "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,

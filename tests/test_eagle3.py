@@ -15,6 +15,7 @@ from eagle2_local.errors import IncompatibleDraftError, ModelError
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
 from eagle3_reference import Eagle3Reference
+from eagle_heads import chat_turn_outputs
 from head_checkpoints import random_eagle3
 from synthetic_model import write_model
 from conftest import load_prompts
@@ -163,3 +164,10 @@ def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head):
     with Eagle2(qwen, n_threads=1, n_ctx=256) as llm:
         plain = llm.create_completion("the water is long and", max_tokens=24, temperature=0)
     assert spec["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
+def test_chat_reuse_mixing_plain_and_speculative_calls(head, target4):
+    """Chat-like calls that extend the previous text, alternating plain and speculative: every answer equals
+    plain decoding's, and the head is never short of features (it re-reads what it lacks)."""
+    outputs = chat_turn_outputs(target4, head[0], total_tokens=10, depth=4, tree_top_k=3)
+    assert outputs["eagle"] == outputs["plain"]

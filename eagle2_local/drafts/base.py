@@ -26,7 +26,7 @@ class DraftEngine(Protocol):
 
     name: str
     needs_features: bool
-    n_past: int  # engines that need features: the first position whose target feature they still lack
+    n_past: int  # feature-fed engines: the first position whose target feature they still lack
 
     def reset(self) -> None:
         """Forget all text (new conversation)."""

@@ -26,7 +26,7 @@ import logging
 import numpy as np
 from llama_cpp import llama_cpp_ext
 
-from ..errors import IncompatibleDraftError, TreeError
+from ..errors import IncompatibleDraftError, ModelError, TreeError
 from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
 from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
@@ -35,6 +35,8 @@ from ..models import GGUFInfo
 log = logging.getLogger(__name__)
 
 ARCH = "eagle3"
+REQUIRED_KEYS = ("eagle3.target_layers", "eagle3.target_hidden_size", "eagle3.embedding_length",
+                 "eagle3.block_count")
 
 
 FEATURE_SOURCES = ("layer_inputs", "final_norm")
@@ -66,6 +68,10 @@ def check_head_fits(info: GGUFInfo, target: LlamaModel) -> None:
     """Refuse a head trained for another target: hidden size, vocabulary and layer ids must fit."""
     if info.architecture != ARCH:
         raise IncompatibleDraftError(f"{info.path.name} is a {info.architecture!r} model, not an eagle3 head")
+    missing = [k for k in REQUIRED_KEYS if info.get(k) is None]
+    if missing or not info.n_vocab:
+        raise ModelError(f"{info.path.name} is not a complete eagle3 head: missing "
+                         f"{', '.join(missing) or 'tokenizer'} (convert heads with `eagle2-local convert`)")
     hidden = int(info.get("eagle3.target_hidden_size") or 0)
     if hidden != target.n_embd:
         raise IncompatibleDraftError(f"head {info.path.name} expects target hidden size {hidden}; "
