@@ -50,11 +50,14 @@ class _Cursor:
         self.pos += n
         return s
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, keep_upto: int = 0):
+        """Read one value; arrays longer than ``keep_upto`` are skipped (returned as their length only)."""
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             itype, n = self.take("<I"), self.take("<Q")
+            if n <= keep_upto:
+                return [self.value(itype) for _ in range(n)]
             if itype == _STRING:
                 for _ in range(n):
                     length = self.take("<Q")  # read first: `pos += take()` would use the old pos
@@ -64,14 +67,26 @@ class _Cursor:
             else:
                 for _ in range(n):
                     self.value(itype)
-            return None
+            return SkippedArray(n)
         if vtype not in _SCALAR:
             raise ModelError(f"{self.path}: unknown GGUF value type {vtype}")
         return self.take(_SCALAR[vtype])
 
 
+@dataclass(frozen=True)
+class SkippedArray:
+    """A metadata array too long to be worth decoding (token lists, merges): only its length is kept."""
+
+    length: int
+
+
 def tensor_index(path: str | Path) -> dict[str, TensorEntry]:
     """Name -> where the tensor lies, checked against the file size (truncated downloads are common)."""
+    return read_header(path)[1]
+
+
+def read_header(path: str | Path, keep_arrays_upto: int = 64) -> tuple[dict, dict[str, TensorEntry]]:
+    """Metadata (arrays longer than ``keep_arrays_upto`` as :class:`SkippedArray`) and the tensor index."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     path = Path(path)
@@ -84,28 +99,32 @@ def tensor_index(path: str | Path) -> dict[str, TensorEntry]:
         version, n_tensors, n_kv = cur.take("<I"), cur.take("<Q"), cur.take("<Q")
         if version < 2:
             raise ModelError(f"{path}: GGUF version {version} is too old")
-        alignment = 32
+        metadata = {}
         for _ in range(n_kv):
             key, vtype = cur.string(), cur.take("<I")
-            value = cur.value(vtype)
-            if key == "general.alignment":
-                alignment = int(value)
+            metadata[key] = cur.value(vtype, keep_arrays_upto)
+        alignment = int(metadata.get("general.alignment", 32))
         infos = []
         for _ in range(n_tensors):
             name, n_dims = cur.string(), cur.take("<I")
+            if n_dims > 8:
+                raise ModelError(f"{path} is truncated or corrupt: tensor {name!r} claims {n_dims} dimensions")
             dims = [cur.take("<Q") for _ in range(n_dims)]
             infos.append((name, dims, cur.take("<I"), cur.take("<Q")))
         data_start = -(-cur.pos // alignment) * alignment
     out = {}
     for name, dims, qtype, rel in infos:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        except (ValueError, KeyError):
+            raise ModelError(f"{path}: tensor {name} has unknown type {qtype}") from None
         n_bytes = int(np.prod(dims)) // block * type_size
         entry = TensorEntry(name, qtype, tuple(int(d) for d in reversed(dims)), data_start + rel, n_bytes)
         if entry.offset + n_bytes > size:
             raise ModelError(f"{path} is truncated: tensor {name} ends at byte {entry.offset + n_bytes} but the file "
                              f"has {size} bytes")
         out[name] = entry
-    return out
+    return metadata, out
 
 
 def load_tensor(path: str | Path, entry: TensorEntry) -> np.ndarray:

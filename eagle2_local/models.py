@@ -120,33 +120,24 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     """Parse GGUF metadata and check that every tensor's data lies inside the file.
 
     llama.cpp would otherwise fail deep inside loading (or read past the end of a truncated download); a
-    truncated file is the most common corrupt GGUF, so it gets its own message.
+    truncated file is the most common corrupt GGUF, so it gets its own message. Parsing skips the long arrays
+    (token lists, merges) that llama.cpp reads itself: gguf-py's reader takes seconds on them.
     """
-    from gguf import GGUFReader  # local import: gguf pulls in numpy memmaps we only want on demand
+    from .gguf_tensors import SkippedArray, read_header
 
     path = Path(path)
     check_gguf_file(path)
-    size = path.stat().st_size
     try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError / struct errors / IndexError on garbage
+        raw, _ = read_header(path)
+    except ModelError:
+        raise
+    except Exception as exc:  # struct / unicode / overflow errors on garbage
         raise ModelError(f"{path} is truncated or corrupt: cannot parse GGUF header ({exc})") from None
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > size:
-            raise ModelError(
-                f"{path} is truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
-            )
     metadata: dict = {}
-    if "tokenizer.ggml.tokens" in reader.fields:
-        metadata[VOCAB_COUNT_KEY] = len(reader.fields["tokenizer.ggml.tokens"].data)
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF.") or len(fld.data) > 64:
-            continue  # skip the header and large arrays (token lists, merges): llama.cpp reads those itself
-        try:
-            metadata[key] = fld.contents()
-        except Exception:  # pragma: no cover - exotic field types are irrelevant to us
-            continue
+    tokens = raw.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        metadata[VOCAB_COUNT_KEY] = tokens.length if isinstance(tokens, SkippedArray) else len(tokens)
+    metadata.update({k: v for k, v in raw.items() if not isinstance(v, SkippedArray)})
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path} has no general.architecture key; is it a model GGUF?")
