@@ -11,12 +11,14 @@ import time
 
 import numpy as np
 
+from .costs import CostModel
 from .target import Target
-from .tree import DraftTree
+from .tree import DraftTree, TreeParams, grow_candidates
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 60, 64)
+CALIBRATION_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 60)
 
 
 def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 6) -> DraftTree:
@@ -49,3 +51,43 @@ def verify_cost(target: Target, sizes=DEFAULT_SIZES, context_tokens: int = 128, 
         out[n] = float(np.median(times[1:]))
         log.info("verify %d nodes: %.2f ms", n, out[n] * 1e3)
     return out
+
+
+def draft_cost(engine, n_vocab: int, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
+               seed: int = 0) -> tuple[float, float]:
+    """Median seconds of a draft round's root (``catch_up`` of one new token) and of one deeper level.
+
+    Runs real rounds of the tree builder on random text; the engine is reset afterwards.
+    """
+    rng = np.random.default_rng(seed)
+    text = rng.integers(0, n_vocab, context_tokens)
+    engine.reset()
+    engine.catch_up(text)
+    roots, levels = [], []
+    for i in range(repeats + 1):  # the first round warms up; dropped
+        text = np.concatenate([text, rng.integers(0, n_vocab, 1)])
+        marks: list[float] = []
+        t0 = time.perf_counter()
+        root_logits = engine.catch_up(text)
+        grow_candidates(root_logits, engine.expand, params, lambda *_: marks.append(time.perf_counter()) or True)
+        engine.commit(np.zeros(0, dtype=np.int64))
+        if i:
+            roots.append(marks[0] - t0)
+            levels.extend(np.diff(marks).tolist())
+    engine.reset()
+    level_s = float(np.median(levels)) if levels else 0.0
+    log.info("draft root %.2f ms, level %.2f ms", np.median(roots) * 1e3, level_s * 1e3)
+    return float(np.median(roots)), level_s
+
+
+def measure_costs(target: Target, engine, params: TreeParams, progress=None) -> CostModel:
+    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens`` and the
+    draft's root/level times; a few seconds on SmolLM2. Leaves target and engine empty."""
+    say = progress or log.info
+    sizes = sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
+    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes")
+    verify = verify_cost(target, sizes, context_tokens=64, repeats=2)
+    target.reset()
+    say("timing the draft")
+    root_s, level_s = draft_cost(engine, target.model.n_vocab, params)
+    return CostModel(sizes, [verify[n] for n in sizes], root_s, level_s)
