@@ -271,3 +271,27 @@ def test_lossless_greedy_with_budget_synthetic(synth_q8, synth_q8_weak):
             plain_steps += stats["plain_steps"]
             assert stats["budget"]["mode"] == "auto"
     assert len(sizes) >= 4 and plain_steps > 0, (sizes, plain_steps)
+
+
+def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
+    """Engines that read target features (EAGLE heads) must get every committed position's features, also
+    those of plain steps taken while the draft was not run."""
+    from dataclasses import replace
+
+    settings = replace(ONE_THREAD, embeddings=True)
+    model = LlamaModel(synth_q8)
+    params = TreeParams(24, 6, 4)
+    seen = []
+
+    class FeatureCheckingEngine(DraftModelEngine):
+        def catch_up(self, tokens, features=None, features_from=0):
+            seen.append(len(tokens))
+            assert features is not None and len(features) == len(tokens) - 1 - features_from
+            return super().catch_up(tokens, features, features_from)
+
+    weak = FeatureCheckingEngine(model, ONE_THREAD, params.top_k, params.depth)
+    spec = Generator(Target(model, settings), weak, params, budget=forced_budget(24, 6))
+    spec.budget.tree_rate = 0.0  # trees "lose": plain steps with periodic probes
+    run(spec, [1, 50, 60, 70], 60)
+    assert spec.last_stats.plain_steps > 20 and len(seen) >= 2
+    assert max(np.diff(seen)) > params.depth + 1  # some catch-up came after plain steps
