@@ -59,16 +59,18 @@ def verify_section(path: Path, rep: dict) -> list[str]:
 def budget_section(reports: list[tuple[Path, dict]]) -> list[str]:
     """`--budget auto` against a sweep of fixed tree sizes from the same model and draft (bench-budget-*.json):
     per set, the speedup over plain decoding of each, and how close auto comes to the best fixed size."""
-    auto = [(p, r) for p, r in reports if r["settings"]["tree"].get("budget") == "auto"]
-    fixed = sorted(((p, r) for p, r in reports if r["settings"]["tree"].get("budget") != "auto"),
-                   key=lambda pr: pr[1]["settings"]["tree"]["total_tokens"])
     lines = []
-    for path, rep in auto:
+    for path, rep in [(p, r) for p, r in reports if r["settings"]["tree"].get("budget") == "auto"]:
+        same = (rep["settings"]["model_sha256"], rep["settings"]["draft_sha256"])
+        fixed = sorted(((p, r) for p, r in reports if r["settings"]["tree"].get("budget") != "auto"
+                        and (r["settings"]["model_sha256"], r["settings"]["draft_sha256"]) == same),
+                       key=lambda pr: pr[1]["settings"]["tree"]["total_tokens"])
         sizes = [r["settings"]["tree"]["total_tokens"] for _, r in fixed]
         lines += [f"### {path.stem}: auto vs fixed tree sizes", "", f"- command: `{rep['settings']['command']}`"]
         lines += [f"- fixed sizes from: " + ", ".join(f"`{p.stem}`" for p, _ in fixed)] if fixed else []
         if rep.get("note"):
             lines.append(f"- note: {rep['note']}")
+        lines += budget_state_lines(rep)
         lines += ["", "| set | auto speedup | auto tree (mean) | auto plain steps | "
                   + " | ".join(f"fixed {n}" for n in sizes) + " | best fixed | auto / best fixed |",
                   "|---|---|---|---|" + "---|" * len(sizes) + "---|---|"]
@@ -80,6 +82,19 @@ def budget_section(reports: list[tuple[Path, dict]]) -> list[str]:
                          + (f" | {best:.2f}x | {s['speedup'] / best:.2f} |" if best else " | - | - |"))
         lines.append("")
     return lines
+
+
+def budget_state_lines(rep: dict) -> list[str]:
+    """The auto budget's calibration and learned state after the last prompt of a report."""
+    b = rep["prompts"][-1]["eagle"].get("budget") if rep["prompts"] else None
+    if not b:
+        return []
+    cal, now = b["calibration"], b["costs_now"]
+    return [f"- calibration ({cal['source']}{', %.1f s' % cal['seconds'] if 'seconds' in cal else ''}): verify ms by "
+            f"nodes {cal['verify_ms']}, draft root {cal['draft_root_ms']:.1f} ms, draft level {cal['draft_level_ms']:.1f} ms",
+            f"- after the run: load factor {now['load']}, plain {b['plain_tokens_per_s']} tok/s, best conceivable "
+            f"tree {b['ceiling_tokens_per_s']} tok/s, trees realised {b['tree_tokens_per_s']} tok/s "
+            f"({b['nodes_observed']} drafted nodes observed)"]
 
 
 def main() -> None:
