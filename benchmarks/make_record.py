@@ -67,7 +67,7 @@ def budget_section(reports: list[tuple[Path, dict]]) -> list[str]:
                        key=lambda pr: pr[1]["settings"]["tree"]["total_tokens"])
         sizes = [r["settings"]["tree"]["total_tokens"] for _, r in fixed]
         lines += [f"### {path.stem}: auto vs fixed tree sizes", "", f"- command: `{rep['settings']['command']}`"]
-        lines += [f"- fixed sizes from: " + ", ".join(f"`{p.stem}`" for p, _ in fixed)] if fixed else []
+        lines += ["- fixed sizes from: " + ", ".join(f"`{p.stem}`" for p, _ in fixed)] if fixed else []
         if rep.get("note"):
             lines.append(f"- note: {rep['note']}")
         lines += budget_state_lines(rep)
