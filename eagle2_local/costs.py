@@ -58,7 +58,10 @@ class CostModel:
         if self.sizes[0] != 1:
             raise ValueError("the verify curve must include n=1 (the plain decoding step)")
         self._xs = np.asarray(self.sizes, dtype=np.float64)
-        self._ys = np.maximum.accumulate(np.asarray(self.verify, dtype=np.float64))  # monotone in n
+        # Monotone in n, and never above n plain steps (the n nodes could be decoded one by one): a timing
+        # spoiled by other processes (2 threads on 2 busy cores can stall a pass for seconds) stays bounded.
+        ys = np.maximum.accumulate(np.asarray(self.verify, dtype=np.float64))
+        self._ys = np.minimum(ys, self._xs * ys[0])
         tail = (self._ys[-1] - self._ys[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
         self._slope = max(tail, 0.0)
 

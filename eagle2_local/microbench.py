@@ -88,8 +88,10 @@ def measure_costs(target: Target, engine, params: TreeParams, progress=None) -> 
     say = progress or log.info
     sizes = sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
     say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes")
-    verify = verify_cost(target, sizes, context_tokens=64, repeats=3, reduce=np.min)  # min: see draft_cost
+    verify = verify_cost(target, sizes, context_tokens=64, repeats=2, reduce=np.min)  # min: see draft_cost
     target.reset()
     say("timing the draft")
-    root_s, level_s = draft_cost(engine, target.model.n_vocab, params)
+    # every level costs the same (k frontier nodes), so three levels time it as well as six
+    short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
+    root_s, level_s = draft_cost(engine, target.model.n_vocab, short, repeats=2)
     return CostModel(sizes, [verify[n] for n in sizes], root_s, level_s)

@@ -149,6 +149,8 @@ def test_cost_model_interpolates_and_learns_online():
     assert cm.draft_s(3) == pytest.approx(3 * (cm.draft_root_s + 2 * cm.draft_level_s))
     with pytest.raises(ValueError):
         CostModel([2, 4], [0.1, 0.2], 0.0, 0.0)  # no n=1 anchor: no plain rate
+    spoiled = CostModel([1, 2, 8, 16], [0.010, 0.011, 3.0, 0.1], 0.0, 0.0)  # one pass stalled by other load
+    assert spoiled.verify_s(8) == pytest.approx(0.080) and spoiled.verify_s(16) == pytest.approx(0.160)
 
 
 def test_budget_decisions_do_not_flip_when_the_machine_gets_busier():
