@@ -38,8 +38,17 @@ def runtime_options(fn):
         click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
         click.option("--n-gpu-layers", type=int, default=0, show_default=True,
                      help="Layers to offload on CUDA/Metal builds (-1 = all)."),
-        click.option("--total-tokens", type=int, default=60, show_default=True,
-                     help="Draft-tree nodes verified per target pass, root included (EAGLE-2 total_token)."),
+        click.option("--total-tokens", type=int, default=None,
+                     help="Verify exactly N draft-tree nodes per target pass, root included (EAGLE-2's fixed "
+                          "total_token; implies --budget fixed). With --budget auto: the most nodes it may pick "
+                          "[default: 60]."),
+        click.option("--budget", type=click.Choice(["auto", "fixed"]), default=None,
+                     help="auto: size each tree by what verifying and drafting cost on this machine and by the "
+                          "draft's confidence, down to plain decoding steps when no tree pays [default: auto, "
+                          "fixed when --total-tokens is given]."),
+        click.option("--recalibrate", is_flag=True,
+                     help="Re-measure the costs --budget auto uses instead of reading them from the cache "
+                          "($EAGLE2_LOCAL_CACHE or ~/.cache/eagle2-local)."),
         click.option("--depth", type=int, default=6, show_default=True,
                      help="Draft levels below the root (draft passes per round)."),
         click.option("--tree-top-k", type=int, default=10, show_default=True,
@@ -80,14 +89,15 @@ def friendly_errors(fn):
     return wrapper
 
 
-def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, depth, tree_top_k,
-         verbose, seed=None):
+def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
+         tree_top_k, verbose, seed=None):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
     from eagle2_local.api import Eagle2
     return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
                   n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
-                  plain=plain, verbose=verbose, seed=seed)
+                  plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate,
+                  progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -146,6 +156,8 @@ def _stats_line(stats: dict) -> str:
     line = f"{stats['n_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s"
     if stats["engine"] != "plain":
         line += f", tau {stats['tau']:.2f} ({stats['target_passes']} target passes)"
+        if stats.get("budget"):
+            line += f", tree {stats['mean_tree_size']:.1f} nodes, {stats['plain_steps']} plain steps"
     return line
 
 
@@ -185,9 +197,10 @@ def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_pen
               help="Folder with llama.cpp's llama-completion and llama-speculative-simple: time them too.")
 @click.option("--spec-draft-n-max", type=int, default=4, show_default=True,
               help="Draft length for llama.cpp's draft-simple (with --llama-cpp-bin).")
+@click.option("--note", default=None, help="A remark stored in the JSON report (e.g. what else loaded the machine).")
 @friendly_errors
 def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
-          json_out, llama_cpp_bin, spec_draft_n_max, **rt):
+          json_out, llama_cpp_bin, spec_draft_n_max, note, **rt):
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
 
     Both use the same llama.cpp context (build, model, threads, settings). Reports per set: tokens/s of each,
@@ -226,10 +239,13 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
                 "draft_sha256": file_sha256(llm.draft_model.path) if llm.draft_model is not None else None,
                 "n_ctx": rt["n_ctx"], "threads": llm.settings.threads(), "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": top_p, "top_k": top_k, "repeat": repeat,
-                "tree": {"total_tokens": rt["total_tokens"], "depth": rt["depth"], "top_k": rt["tree_top_k"]},
+                "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": rt["depth"], "top_k": rt["tree_top_k"],
+                         "budget": llm.budget_mode},
                 "tie_tolerance": tie_tolerance, "chat_template": not no_chat,
                 "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None}
     report = b.report(settings)
+    if note:
+        report["note"] = note
     click.echo(f"{'set':<12} {'plain tok/s':>11} {'eagle tok/s':>11} {'speedup':>8} {'tau':>6} {'same':>6} "
                f"{'ties':>5} {'tree':>5}")
     for name, s in report["sets"].items():
@@ -325,7 +341,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     """
     from eagle2_local.api import Eagle2
     from eagle2_local.bench import load_prompt_sets
-    from eagle2_local.microbench import draft_cost
+    from eagle2_local.microbench import drafting_profile
 
     if (head is None) == (draft_model is None):
         fail("give exactly one of --head or --draft-model")
@@ -333,7 +349,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     prompts = [p for s in sets for p in s.prompts]
     with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
                 n_ctx=2048) as llm:
-        res = draft_cost(llm, prompts, max_tokens)
+        res = drafting_profile(llm, prompts, max_tokens)
     res["command"] = "eagle2-local " + " ".join(sys.argv[1:])
     if as_json:
         click.echo(json.dumps(res))

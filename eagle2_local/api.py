@@ -15,14 +15,17 @@ import logging
 import os
 import time
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator
 
+from .budget import TreeBudget
 from .chat import render_for_model, rendered_prompt_tokens
 from .drafts import DraftModelEngine, check_same_vocab
 from .drafts.open_head import check_head_fits, open_head, read_head_info, target_settings_for
 from .errors import Eagle2Error
 from .generator import Generator
-from .llama import ContextSettings, LlamaModel
+from .costs import CostKey, cached_or_measured, file_identity
+from .llama import ContextSettings, LlamaModel, system_info
+from .microbench import measure_costs
 from .models import default_head_path, resolve_model
 from .sampling import SamplingParams
 from .target import Target
@@ -37,8 +40,18 @@ class Eagle2:
     def __init__(self, model_path: str | os.PathLike | None = None, head_path: str | os.PathLike | None = None,
                  draft_model_path: str | os.PathLike | None = None, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
-                 total_tokens: int = 60, depth: int = 6, tree_top_k: int = 10, plain: bool = False,
-                 verbose: bool = False) -> None:
+                 total_tokens: int | None = None, depth: int = 6, tree_top_k: int = 10, plain: bool = False,
+                 verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
+                 progress: Callable[[str], None] | None = None) -> None:
+        """``budget``: "auto" sizes each round's tree by measured cost and expected acceptance (at most
+        ``total_tokens`` nodes, default 60); "fixed" verifies ``total_tokens`` nodes every round (EAGLE-2).
+        Default: "fixed" when ``total_tokens`` is given, else "auto". ``recalibrate`` re-measures the costs
+        instead of reading them from the cache; ``progress`` receives the calibration's progress lines."""
+        mode = budget or ("fixed" if total_tokens is not None else "auto")
+        if mode not in ("auto", "fixed"):
+            raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
+        total_tokens = 60 if total_tokens is None else total_tokens
+        self.budget_mode = mode
         if head_path is not None and draft_model_path is not None:
             raise Eagle2Error("give either a head or a draft model, not both")
         if model_path is None and head_path is None and draft_model_path is None:
@@ -64,8 +77,27 @@ class Eagle2:
                 LlamaModel(path, n_gpu_layers=n_gpu_layers, verbose=verbose)
             check_same_vocab(self.model, self.draft_model)
             engine = DraftModelEngine(self.draft_model, self.settings, tree_top_k, depth)
-        self.generator = Generator(self.target, engine, self.tree_params)
+        tree_budget = None
+        if engine is not None and mode == "auto":
+            tree_budget = self._tree_budget(engine, n_gpu_layers, recalibrate, progress)
+        self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget)
         self.seed = seed
+
+    def _tree_budget(self, engine, n_gpu_layers: int, recalibrate: bool,
+                     progress: Callable[[str], None] | None) -> TreeBudget:
+        """The auto budget, with costs from the on-disk cache or a fresh calibration (a few seconds)."""
+        import llama_cpp
+
+        p = self.tree_params
+        key = CostKey(model=file_identity(self.model_path),
+                      draft=file_identity(getattr(engine, "weights_path", None)) or engine.name,
+                      build=f"{llama_cpp.__version__} {system_info().strip()}", threads=self.settings.threads(),
+                      n_gpu_layers=n_gpu_layers, tree_top_k=p.top_k,
+                      extra={"engine": engine.name, "max_nodes": p.total_tokens, "depth": p.depth})
+        costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
+                                         refresh=recalibrate)
+        return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
+                          calibration={**info, **costs.summary()})
 
     # ------------------------------------------------------------------ info
     @property

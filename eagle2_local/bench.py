@@ -174,6 +174,7 @@ class Bench:
                 "tau": round(sum(r.eagle["n_tokens"] for r in rs) / n_rounds, 4),
                 "acceptance_per_depth": [round(d / n_rounds, 4) for d in depth],
                 "mean_tree_size": round(statistics.mean(r.eagle["mean_tree_size"] for r in rs), 2),
+                "plain_steps": sum(r.eagle.get("plain_steps", 0) for r in rs),
                 "time_split_eagle": {k: round(sum(r.eagle[k] for r in rs), 3) for k in ("draft_s", "verify_s", "other_s")},
                 "identical_outputs": sum(r.identical for r in rs) if greedy else None,
                 "near_tie_divergences": len(near) if greedy else None,

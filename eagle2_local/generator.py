@@ -14,12 +14,13 @@ from typing import Iterator
 import numpy as np
 
 from .acceptance import accept
+from .budget import TreeBudget
 from .drafts.base import DraftEngine
 from .errors import ContextFullError, Eagle2Error
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import Target
-from .tree import DraftTree, TreeParams, grow_tree
+from .tree import DraftTree, TreeParams, grow_candidates, grow_tree, select_tree
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,9 @@ class GenerationStats:
     n_tokens: int = 0
     target_passes: int = 0
     accepted_per_depth: list[int] = field(default_factory=list)
-    tree_sizes: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)  # nodes verified per drafted round
+    plain_steps: int = 0  # rounds the budget (or a full context) turned into plain decoding steps
+    budget: dict | None = None  # the tree budget's state after this generation (None: fixed tree)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -61,6 +64,8 @@ class GenerationStats:
             "target_passes": self.target_passes, "tau": round(self.tau, 4),
             "accepted_per_depth": list(self.accepted_per_depth),
             "mean_tree_size": round(float(np.mean(self.tree_sizes)), 2) if self.tree_sizes else 0.0,
+            "tree_size_hist": {int(n): int(c) for n, c in zip(*np.unique(self.tree_sizes, return_counts=True))},
+            "plain_steps": self.plain_steps, "budget": self.budget,
             "prefill_s": round(self.prefill_s, 4), "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
             "other_s": round(max(self.decode_s - self.draft_s - self.verify_s, 0.0), 4),
@@ -81,10 +86,12 @@ class Generator:
     """Runs generations on one target, optionally with a draft engine; keeps the KV cache between calls."""
 
     def __init__(self, target: Target, engine: DraftEngine | None = None,
-                 tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None) -> None:
+                 tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None,
+                 budget: TreeBudget | None = None) -> None:
         self.target = target
         self.engine = engine
         self.tree_params = tree_params or TreeParams()
+        self.budget = budget  # None: every round verifies tree_params.total_tokens nodes (EAGLE-2's fixed size)
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.last_stats = GenerationStats()
@@ -99,6 +106,9 @@ class Generator:
         if p.total_tokens > self.target.max_tree_nodes:
             raise ContextFullError(f"--total-tokens {p.total_tokens} exceeds the batch size "
                                    f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
+        if self.budget is not None and self.budget.max_nodes > p.total_tokens:
+            raise ContextFullError(f"the tree budget allows {self.budget.max_nodes} nodes but the tree is capped "
+                                   f"at {p.total_tokens}")
 
     def reset(self) -> None:
         """Forget the conversation (empties the KV caches)."""
@@ -136,6 +146,8 @@ class Generator:
                 self._settle(emitter)
             stats.n_tokens = len(emitter.tokens)
             stats.total_s = time.perf_counter() - t0
+            if use_draft and self.budget is not None:
+                stats.budget = self.budget.summary()
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> np.ndarray:
         if len(prompt) == 0:
@@ -202,10 +214,10 @@ class Generator:
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
                      rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
-        engine = self.engine
         root = sampling.choose(logits, np.asarray(self.tokens), rng)
         yield _emit(emitter, [root])
         features, features_from = self._features, self._features_from
+        offered = self._features_from  # the engine has seen tokens[:offered] (rolled back to it in _prefill)
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
             # end of the context the tree shrinks to stop exactly where plain decoding stops.
@@ -213,31 +225,76 @@ class Generator:
             if room < 1:
                 yield Chunk(emitter.finish("length"), [], "length")
                 return
-            t = time.perf_counter()
-            if room == 1:
-                tree = DraftTree.from_parents([root], [-1])  # only the root fits: a plain step
+            # A plain step (the draft not run) when only the root fits or the budget finds that no tree beats
+            # plain decoding now; the engine catches up on those tokens in its next catch_up.
+            if room > 1 and (self.budget is None or self.budget.wants_tree()):
+                fresh = len(self.tokens) + 1 - offered
+                accepted, bonus, new_features = self._tree_round(root, features, features_from, fresh, room,
+                                                                 sampling, rng, stats)
+                features, features_from = new_features, len(self.tokens)
+                offered = len(self.tokens) + 1
             else:
-                p = self.tree_params
-                params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
-                root_logits = engine.catch_up(np.asarray(self.tokens + [root]), features, features_from)
-                tree = grow_tree(root, root_logits, engine.expand, params)
-            t_draft = time.perf_counter()
-            stats.draft_s += t_draft - t
-            ver = self.target.verify(tree, copy=False)
-            stats.verify_s += time.perf_counter() - t_draft
-            stats.target_passes += 1
-            stats.tree_sizes.append(len(tree))
-            acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng)
-            self.target.commit(acc.path)
-            engine.commit(tree.cand_ids[acc.path[1:]])
-            _count_depths(stats.accepted_per_depth, acc.n_accepted)
-            features = ver.features[acc.path] if ver.features is not None else None
-            features_from = len(self.tokens)
+                bonus, new_features = self._plain_step(root, sampling, rng, stats)
+                accepted = []
+                if features is not None:  # the engine has not seen these features yet: keep them for it
+                    features = np.concatenate([features, new_features])
+            self.tokens.extend([root] + accepted)
             # not delivered until the next catch_up: a later call that reuses this text needs them
             self._features, self._features_from = features, features_from
-            self.tokens.extend(int(x) for x in tree.tokens[acc.path])
-            yield _emit(emitter, [int(x) for x in tree.tokens[acc.path[1:]]] + [acc.bonus])
-            root = acc.bonus
+            yield _emit(emitter, accepted + [bonus])
+            root = bonus
+
+    def _tree_round(self, root: int, features: np.ndarray | None, features_from: int, fresh: int, room: int,
+                    sampling: SamplingParams, rng: np.random.Generator,
+                    stats: GenerationStats) -> tuple[list[int], int, np.ndarray | None]:
+        """Draft a tree, verify it in one pass, accept, commit. Returns the accepted draft tokens, the target's
+        own next token and the features of the committed root + accepted nodes."""
+        engine, budget = self.engine, self.budget
+        t = time.perf_counter()
+        if budget is not None:
+            budget.start_round(fresh)
+        root_logits = engine.catch_up(np.asarray(self.tokens + [root]), features, features_from)
+        tree = self._draft_tree(root, root_logits, room)
+        t_draft = time.perf_counter()
+        ver = self.target.verify(tree, copy=False)
+        t_verify = time.perf_counter()
+        acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng)
+        self.target.commit(acc.path)
+        engine.commit(tree.cand_ids[acc.path[1:]])
+        stats.draft_s += t_draft - t
+        stats.verify_s += t_verify - t_draft
+        stats.target_passes += 1
+        stats.tree_sizes.append(len(tree))
+        _count_depths(stats.accepted_per_depth, acc.n_accepted)
+        if budget is not None:
+            on_path = np.isin(np.arange(1, len(tree)), acc.path)
+            budget.observe_tree(tree.scores[1:], on_path, t_verify - t_draft, len(acc.path))
+        new_features = ver.features[acc.path] if ver.features is not None else None
+        return [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus, new_features
+
+    def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
+                    stats: GenerationStats) -> tuple[int, np.ndarray | None]:
+        """One step of plain decoding inside the speculative loop (the same calls as the plain loop)."""
+        t = time.perf_counter()
+        ver = self.target.decode_one(root)
+        verify_s = time.perf_counter() - t
+        stats.verify_s += verify_s
+        stats.target_passes += 1
+        stats.plain_steps += 1
+        if self.budget is not None:
+            self.budget.observe_plain(verify_s)
+        token = sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
+        return token, ver.features
+
+    def _draft_tree(self, root: int, root_logits: np.ndarray, room: int) -> DraftTree:
+        """Grow this round's tree: EAGLE-2's fixed size, or as many levels and nodes as the budget finds pay."""
+        p = self.tree_params
+        params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
+        if self.budget is None:
+            return grow_tree(root, root_logits, self.engine.expand, params)
+        cands = grow_candidates(root_logits, self.engine.expand, params, self.budget.keep_expanding)
+        n_nodes = min(self.budget.choose_size(cands.scores), params.total_tokens)
+        return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes)
 
 
 def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:

@@ -12,12 +12,14 @@ import time
 
 import numpy as np
 
+from .costs import CostModel
 from .target import Target
-from .tree import DraftTree
+from .tree import DraftTree, TreeParams, grow_candidates
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 60, 64)
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 60)
 
 
 def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 6) -> DraftTree:
@@ -33,8 +35,9 @@ def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 
 
 
 def verify_cost(target: Target, sizes=DEFAULT_SIZES, context_tokens: int = 128, repeats: int = 5,
-                seed: int = 0) -> dict[int, float]:
-    """Median seconds of one ``verify`` of an n-node tree after ``context_tokens`` of context, per size."""
+                seed: int = 0, reduce=np.median) -> dict[int, float]:
+    """Seconds of one ``verify`` of an n-node tree after ``context_tokens`` of context, per size (the median
+    of ``repeats`` runs, or ``reduce`` of them)."""
     rng = np.random.default_rng(seed)
     target.reset()
     target.prefill(rng.integers(0, target.model.n_vocab, context_tokens))
@@ -47,7 +50,7 @@ def verify_cost(target: Target, sizes=DEFAULT_SIZES, context_tokens: int = 128, 
             target.verify(tree)
             times.append(time.perf_counter() - t0)
             target.abort_tree()
-        out[n] = float(np.median(times[1:]))
+        out[n] = float(reduce(times[1:]))
         log.info("verify %d nodes: %.2f ms", n, out[n] * 1e3)
     return out
 
@@ -76,7 +79,7 @@ class _TimedEngine:
         return out
 
 
-def draft_cost(llm, prompts: list[str], max_tokens: int = 64) -> dict:
+def drafting_profile(llm, prompts: list[str], max_tokens: int = 64) -> dict:
     """Per-call cost of the attached draft engine during real greedy generations, against the target's cost
     of one plain decoding step measured on the same prompts in the same process.
 
@@ -109,3 +112,54 @@ def draft_cost(llm, prompts: list[str], max_tokens: int = 64) -> dict:
         "level_over_target_token": round(level_ms / target_ms, 4) if target_ms else None,
         "rounds": len(timed.catch_up_s),
     }
+
+
+def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
+               seed: int = 0) -> tuple[float, float]:
+    """Fastest seconds of a draft round's root (``catch_up`` of one new token) and of one deeper level.
+
+    Runs real rounds of the tree builder on random text, fed with the target's real features when the engine
+    needs them (the target decodes each new token between rounds, untimed); engine and target are reset
+    afterwards. The minimum, not the median: other processes on the cores only ever add time, and the budget
+    learns the current load online.
+    """
+    rng = np.random.default_rng(seed)
+    n_vocab = target.model.n_vocab
+    text = [int(t) for t in rng.integers(0, n_vocab, context_tokens)]
+    target.reset()
+    engine.reset()
+    feats = target.prefill(text).features if engine.needs_features else None
+    roots, levels = [], []
+    for i in range(repeats + 1):  # the first round ingests the context and warms up; dropped
+        new = int(rng.integers(0, n_vocab))
+        marks: list[float] = []
+        t0 = time.perf_counter()
+        root_logits = engine.catch_up(np.asarray(text + [new]), feats, 0)
+        grow_candidates(root_logits, engine.expand, params, lambda *_: marks.append(time.perf_counter()) or True)
+        engine.commit(np.zeros(0, dtype=np.int64))
+        if i:
+            roots.append(marks[0] - t0)
+            levels.extend(np.diff(marks).tolist())
+        if feats is not None:
+            feats = np.concatenate([feats, target.decode_one(new).features])
+        text.append(new)
+    engine.reset()
+    target.reset()
+    level_s = float(np.min(levels)) if levels else 0.0
+    log.info("draft root %.2f ms, level %.2f ms", np.min(roots) * 1e3, level_s * 1e3)
+    return float(np.min(roots)), level_s
+
+
+def measure_costs(target: Target, engine, params: TreeParams, progress=None) -> CostModel:
+    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens`` and the
+    draft's root/level times; a few seconds on SmolLM2. Leaves target and engine empty."""
+    say = progress or log.info
+    sizes = sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
+    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes")
+    verify = verify_cost(target, sizes, context_tokens=64, repeats=2, reduce=np.min)  # min: see draft_cost
+    target.reset()
+    say("timing the draft")
+    # every level costs the same (k frontier nodes), so three levels time it as well as six
+    short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
+    root_s, level_s = draft_cost(engine, target, short, repeats=2)
+    return CostModel(sizes, [verify[n] for n in sizes], root_s, level_s)

@@ -202,8 +202,24 @@ def leaf_membership(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return leaves, anc[leaves].T
 
 
-def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params: TreeParams) -> DraftTree:
-    """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
+@dataclass
+class Candidates:
+    """Every draft candidate of one round (ids = positions here), before re-ranking into a tree."""
+
+    tokens: np.ndarray
+    scores: np.ndarray  # cumulative log-probabilities of the paths (EAGLE-2's ranking score)
+    parents: np.ndarray  # candidate id of the parent, -1 = the root
+    levels: int  # draft levels grown (1 = only the root's children)
+
+
+# keep_going(all candidate scores so far, frontier scores, levels grown) -> grow another level?
+KeepGoingFn = Callable[[np.ndarray, np.ndarray, int], bool]
+
+
+def grow_candidates(root_logits: np.ndarray, expand: ExpandFn, params: TreeParams,
+                    keep_going: KeepGoingFn | None = None) -> Candidates:
+    """Grow EAGLE-2's candidate levels; ``keep_going`` may stop early (the tree budget stops levels that
+    cannot pay for their draft and verify time)."""
     k = params.top_k
     first_tok, first_lp = top_k_log_probs(root_logits[None, :], k)
     cand_tok = [first_tok[0]]
@@ -214,7 +230,10 @@ def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params
     n_cand = len(frontier)
     all_tok = np.concatenate(cand_tok)
     all_parent = np.concatenate(cand_parent)
+    levels = 1
     for level in range(2, params.depth + 1):
+        if keep_going is not None and not keep_going(np.concatenate(cand_score), frontier_scores, levels):
+            break
         logits = expand(frontier, all_tok[frontier], all_parent[frontier], level - 1)
         tok, lp = top_k_log_probs(logits, k)
         cum = frontier_scores[:, None] + lp
@@ -227,7 +246,16 @@ def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params
         n_cand += cum.size
         all_tok = np.concatenate(cand_tok)
         all_parent = np.concatenate(cand_parent)
-    return select_tree(root_token, all_tok, np.concatenate(cand_score), all_parent, params.total_tokens)
+        levels = level
+    if keep_going is not None and levels == params.depth:
+        keep_going(np.concatenate(cand_score), frontier_scores, levels)  # lets the caller time the last level
+    return Candidates(all_tok, np.concatenate(cand_score), all_parent, levels)
+
+
+def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params: TreeParams) -> DraftTree:
+    """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
+    c = grow_candidates(root_logits, expand, params)
+    return select_tree(root_token, c.tokens, c.scores, c.parents, params.total_tokens)
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

@@ -21,6 +21,18 @@ from eagle2_local.layer_draft import write_truncated  # noqa: E402
 PROMPTS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle_prompts"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_cost_cache(tmp_path_factory):
+    """Tree-budget calibrations go to a per-run folder, never the user's ~/.cache (subprocesses inherit it)."""
+    old = os.environ.get("EAGLE2_LOCAL_CACHE")
+    os.environ["EAGLE2_LOCAL_CACHE"] = str(tmp_path_factory.mktemp("cost-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EAGLE2_LOCAL_CACHE", None)
+    else:
+        os.environ["EAGLE2_LOCAL_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")

@@ -57,6 +57,17 @@ def top2_gap(model: LlamaModel, settings: ContextSettings, tokens: list[int]) ->
     return float(top[1] - top[0])
 
 
+def random_prompts(model: LlamaModel, n: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[1] + list(rng.integers(5, model.n_vocab, int(rng.integers(2, 40)))) for _ in range(n)]
+
+
+def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_tokens: int, label) -> None:
+    ref, _, _ = run(plain, prompt, max_tokens)
+    out, _, _ = run(spec, prompt, max_tokens)
+    assert out == ref, f"prompt {label}: diverged at {first_divergence(out, ref)}"
+
+
 # ------------------------------------------------------------------ plain baseline
 @pytest.mark.smollm2
 def test_plain_greedy_equals_llama_cpp_python(smollm2_path):
@@ -107,12 +118,8 @@ def test_lossless_greedy_synthetic_bit_identical(synth_q8, synth_q8_weak, draft_
     draft = model if draft_kind == "self" else LlamaModel(synth_q8_weak)
     plain = make(model, None)
     spec = make(model, draft, TreeParams(24, 6, 4))
-    rng = np.random.default_rng(0)
-    for i in range(50):
-        prompt = [1] + list(rng.integers(5, model.n_vocab, int(rng.integers(2, 40))))
-        ref, _, _ = run(plain, prompt, 128)
-        out, _, _ = run(spec, prompt, 128)
-        assert out == ref, f"prompt {i}: diverged at {first_divergence(out, ref)}"
+    for i, prompt in enumerate(random_prompts(model, 50, seed=0)):
+        assert_lossless(plain, spec, prompt, 128, i)
     if draft_kind == "self":
         assert spec.last_stats.tau > 3.0
 
@@ -234,3 +241,57 @@ def test_abandoned_stream_does_not_corrupt_the_next_call(synth_q8):
         run(gen, [1, 70], 5)
         with pytest.raises(Exception, match="newer generation"):
             next(a2)
+
+
+# ------------------------------------------------------------------ lossless with the tree budget on
+def forced_budget(max_nodes: int, depth: int):
+    """A budget on a fixed, moderately steep cost curve (no online timing updates, a frozen clock), so its
+    choices depend only on the draft's confidence and observed acceptance: trees of many sizes, plain steps."""
+    from eagle2_local.budget import TreeBudget
+    from eagle2_local.costs import CostModel
+
+    sizes = [1, 2, 4, 8, 16, 32]
+    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, alpha=0.0)
+    return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, probe_every=2, clock=lambda: 0.0)
+
+
+def test_lossless_greedy_with_budget_synthetic(synth_q8, synth_q8_weak):
+    model = LlamaModel(synth_q8)
+    plain = make(model, None)
+    params = TreeParams(24, 6, 4)
+    sizes: set[int] = set()
+    plain_steps = 0
+    for draft in (model, LlamaModel(synth_q8_weak)):
+        engine = DraftModelEngine(draft, ONE_THREAD, params.top_k, params.depth)
+        spec = Generator(Target(model, ONE_THREAD), engine, params, budget=forced_budget(24, 6))
+        for i, prompt in enumerate(random_prompts(model, 12, seed=3)):
+            assert_lossless(plain, spec, prompt, 96, i)
+            stats = spec.last_stats.as_dict()
+            sizes |= set(stats["tree_size_hist"])
+            plain_steps += stats["plain_steps"]
+            assert stats["budget"]["mode"] == "auto"
+    assert len(sizes) >= 4 and plain_steps > 0, (sizes, plain_steps)
+
+
+def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
+    """Engines that read target features (EAGLE heads) must get every committed position's features, also
+    those of plain steps taken while the draft was not run."""
+    from dataclasses import replace
+
+    settings = replace(ONE_THREAD, embeddings=True)
+    model = LlamaModel(synth_q8)
+    params = TreeParams(24, 6, 4)
+    seen = []
+
+    class FeatureCheckingEngine(DraftModelEngine):
+        def catch_up(self, tokens, features=None, features_from=0):
+            seen.append(len(tokens))
+            assert features is not None and len(features) == len(tokens) - 1 - features_from
+            return super().catch_up(tokens, features, features_from)
+
+    weak = FeatureCheckingEngine(model, ONE_THREAD, params.top_k, params.depth)
+    spec = Generator(Target(model, settings), weak, params, budget=forced_budget(24, 6))
+    spec.budget.tree_rate = 0.0  # trees "lose": plain steps with periodic probes
+    run(spec, [1, 50, 60, 70], 60)
+    assert spec.last_stats.plain_steps > 20 and len(seen) >= 2
+    assert max(np.diff(seen)) > params.depth + 1  # some catch-up came after plain steps

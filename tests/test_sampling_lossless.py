@@ -108,3 +108,35 @@ def test_tree_rejection_sampling_exact_distribution():
         first = tree.tokens[acc.path[1]] if len(acc.path) > 1 else acc.bonus
         counts[first] += 1
     np.testing.assert_allclose(counts / n, np.exp(logits[0]), atol=0.01)
+
+
+def test_speculative_sampling_with_budget_matches_plain(model):
+    """With the tree budget on, tokens come from trees of varying size and from plain steps; still exact."""
+    from eagle2_local.drafts import DraftModelEngine
+    from eagle2_local.generator import Generator
+    from eagle2_local.target import Target
+    from test_generate import ONE_THREAD, forced_budget
+
+    sampling = SamplingParams(temperature=1.0)
+    spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(model, ONE_THREAD, 3, 4), TreeParams(12, 4, 3),
+                     budget=forced_budget(12, 4))
+    sizes, plain_steps = set(), 0
+    counts: list[dict[int, int]] = [{}, {}]
+    for seed in range(N_RUNS):
+        spec.budget = forced_budget(12, 4)
+        if seed % 2:  # trees "lose": this run's first round is a plain step, then a probe tree, then plain again
+            spec.budget.probe_every = spec.budget.max_probe_every = 1
+            spec.budget.tree_rate = 0.0
+            spec.budget.wants_tree()  # the probe falls before the run: it starts with a plain step
+        toks = []
+        for ch in spec.generate(PROMPT, 3, sampling, seed=seed):
+            toks += ch.tokens
+        for i in (0, 1):
+            counts[i][toks[i + 1]] = counts[i].get(toks[i + 1], 0) + 1
+        sizes |= set(spec.last_stats.tree_sizes)
+        plain_steps += spec.last_stats.plain_steps
+    plain = make(model, None)
+    for i, position in enumerate((1, 2)):
+        p = chi2_pvalue(token_counts(plain, sampling, position), counts[i])
+        assert p > 0.01, f"position {position}: speculative with budget differs from plain (p={p:.2e})"
+    assert plain_steps >= N_RUNS // 2 and len(sizes) >= 3, (plain_steps, sizes)

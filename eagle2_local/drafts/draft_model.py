@@ -48,6 +48,7 @@ class DraftModelEngine:
                             f"llama.cpp allows {MAX_SEQ}")
         self.model = model
         self.name = f"draft-model:{model.path.name}"
+        self.weights_path = model.path  # optional DraftEngine attribute: keys the tree budget's cost cache
         # beyond the text, a round's tree holds up to max_width cells per expanded level
         self.ctx = LlamaContext(model, ContextSettings(
             n_ctx=settings.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(settings.n_batch, max_width),
