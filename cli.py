@@ -350,6 +350,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
                 n_ctx=2048, budget="fixed") as llm:
         res = drafting_profile(llm, prompts, max_tokens)
+        res["threads"] = llm.settings.threads()
     res["command"] = "eagle2-local " + " ".join(sys.argv[1:])
     if as_json:
         click.echo(json.dumps(res))

@@ -74,6 +74,17 @@ def eagle1_draft_section(path: Path, rep: dict) -> list[str]:
     return lines + [""]
 
 
+def draft_cost_section(reports: list[tuple[Path, dict]]) -> list[str]:
+    """One row per `draft-cost --json` report: the draft's cost per level against one target token."""
+    lines = ["| report | engine | threads | nodes per level | catch-up ms | level ms | target token ms | "
+             "level / target token |", "|---|---|---|---|---|---|---|---|"]
+    for path, r in reports:
+        lines.append(f"| {path.stem} | `{r['engine']}` | {r.get('threads', '-')} | {r['width']} | {r['catch_up_ms']:.2f} | "
+                     f"{r['level_ms']:.2f} | {r['target_token_ms']:.2f} | {r['level_over_target_token']:.3f} |")
+    lines += [""] + [f"- {path.stem}: `{r['command']}`" for path, r in reports] + [""]
+    return lines
+
+
 def budget_section(reports: list[tuple[Path, dict]]) -> list[str]:
     """`--budget auto` against a sweep of fixed tree sizes from the same model and draft (bench-budget-*.json):
     per set, the speedup over plain decoding of each, and how close auto comes to the best fixed size."""
@@ -135,8 +146,10 @@ def main() -> None:
         out += ["## Numpy EAGLE-1/2 engine: draft time per tree level", ""]
         for p in drafts:
             out += eagle1_draft_section(p, json.loads(p.read_text()))
-
-
+    costs = sorted(RESULTS.glob("draft-cost-*.json"))
+    if costs:
+        out += ["## Draft cost per tree level during real generations (`eagle2-local draft-cost`)", ""]
+        out += draft_cost_section([(p, json.loads(p.read_text())) for p in costs])
     budget = sorted(RESULTS.glob("bench-budget-*.json"))
     if budget:
         out += ["## Tree budget: auto vs fixed tree sizes", ""]
