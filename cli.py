@@ -147,6 +147,13 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
         click.echo(_stats_line(stats), err=True)
 
 
+def _draft_sha256(llm) -> str | None:
+    """Hash of the draft's weights file (draft model or head), so reports name exactly what drafted."""
+    from eagle2_local.bench import file_sha256
+    path = getattr(llm.generator.engine, "weights_path", None)
+    return file_sha256(path) if path is not None else None
+
+
 def _sampling(kw: dict):
     from eagle2_local.sampling import SamplingParams
     return SamplingParams(**kw)
@@ -211,10 +218,11 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     from eagle2_local.generator import Generator
     from eagle2_local.sampling import SamplingParams
 
-    if rt["draft_model"] is None and rt["head"] is None:
-        fail("bench compares against a draft: give --draft-model (or --head)")
     sets = load_prompt_sets(list(prompt_specs), n_prompts)
     llm = load(**rt, seed=seed)
+    if not llm.speculative:
+        fail("bench compares against a draft: give --head or --draft-model (the default model uses its shipped "
+             "head when there is one)")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     b = Bench(plain=Generator(llm.target, None, llm.tree_params), eagle=llm.generator, model=llm.model,
               sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance, seed=seed,
@@ -236,7 +244,7 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
                        err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),
                 "model_sha256": file_sha256(llm.model_path), "engine": llm.engine_name,
-                "draft_sha256": file_sha256(llm.draft_model.path) if llm.draft_model is not None else None,
+                "draft_sha256": _draft_sha256(llm),
                 "n_ctx": rt["n_ctx"], "threads": llm.settings.threads(), "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": top_p, "top_k": top_k, "repeat": repeat,
                 "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": rt["depth"], "top_k": rt["tree_top_k"],
