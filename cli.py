@@ -316,6 +316,36 @@ def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, 
     click.echo(json.dumps(summary, indent=2))
 
 
+@main.command("eval-head")
+@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@click.option("--head-dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="An HF EAGLE-3 folder written by `train` (its work directory's hf/).")
+@click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Prompt JSONL files, one category each (repeatable).")
+@click.option("--n", "n_prompts", type=int, default=10, show_default=True, help="Prompts per file.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Greedy answer length per prompt.")
+@click.option("--depth", type=int, default=6, show_default=True, help="Drafted chain length.")
+@click.option("--threads", "-t", type=int, default=None)
+@friendly_errors
+def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, threads):
+    """Estimate a trained head's τ per prompt category, in torch (teacher-forced greedy chains on the target's
+    own greedy answers): a lower bound of the runtime's tree τ, available without the runtime."""
+    try:
+        import torch
+    except ImportError:
+        fail("evaluating a head needs torch: pip install 'eagle2-local[train]'")
+    from eagle2_local.models import resolve_model
+    from eagle2_local.train.evaluate import evaluate_sets
+
+    if threads:
+        torch.set_num_threads(threads)
+    taus = evaluate_sets(resolve_model(model), Path(head_dir), [Path(p) for p in prompt_files], n_prompts,
+                         max_tokens, depth, threads)
+    for name, tau in taus.items():
+        click.echo(f"{name:<16} chain tau {tau:.3f}")
+    click.echo(f"{'mean':<16} chain tau {sum(taus.values()) / len(taus):.3f}")
+
+
 class ProgressLine:
     """One self-updating terminal line per phase: done/total, rate and ETA."""
 

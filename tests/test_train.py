@@ -123,3 +123,28 @@ def test_extraction_matches_decoding_and_resumes(tiny, tmp_path):
     # generation decodes one token at a time, extraction in batches: llama.cpp's kernels differ slightly for
     # batches of >= 64 tokens (NOTES.md), which may flip a near-tie
     assert (a == b).mean() >= 0.97 and np.median(np.abs(lp_a - lp_b)) < 0.01
+
+
+def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
+    """The exported folder loads back into the same head, and eval-head reports a τ per prompt file."""
+    from click.testing import CliRunner
+    from cli import main
+    from eagle2_local.train.evaluate import load_head
+
+    head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)
+    folder = export_folder(head, tmp_path / "hf", default_layers(4), {})
+    again, layers = load_head(folder, tiny["path"])
+    assert layers == default_layers(4)
+    for (name, a), b in zip(head.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+    prompts = []
+    for cat in ("alpha", "beta"):
+        p = tmp_path / f"{cat}.jsonl"
+        p.write_text("\n".join(json.dumps({"turns": [f"{cat} {w}"]}) for w in WORDS[:3]))
+        prompts += ["--prompts", str(p)]
+    res = CliRunner().invoke(main, ["eval-head", "-m", str(tiny["path"]), "--head-dir", str(folder), "--n", "2",
+                                    "--max-tokens", "12", "--depth", "3", "-t", "1"] + prompts)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert [line.split()[0] for line in lines] == ["alpha", "beta", "mean"]
+    assert all(1.0 <= float(line.split()[-1]) <= 4.0 for line in lines)

@@ -232,13 +232,15 @@ class Trainer:
 
 
 @torch.no_grad()
-def chain_acceptance(head: Eagle3Head, data: FeatureSet, depth: int, batch_tokens: int = 4096) -> float:
+def chain_acceptance(head: Eagle3Head, data: FeatureSet, depth: int, batch_tokens: int = 4096,
+                     count_from: np.ndarray | None = None) -> float:
     """Teacher-forced estimate of τ for a greedy draft *chain* of ``depth`` tokens (1 + accepted per position).
 
     At each position the head drafts ``depth`` tokens, step j fed the text's token and its own previous output
     (as at run time). Step j counts as accepted when it and all earlier steps equal the target's argmax and
     the text follows that argmax (so the fed token is the accepted one). Positions too close to the end
-    cannot accept the missing steps, so this slightly underestimates on short texts."""
+    cannot accept the missing steps, so this slightly underestimates on short texts. ``count_from[d]``: the
+    first row of document d to count (e.g. the last prompt row, to score only the answer as at run time)."""
     head.eval()
     starts = data.starts
     accepted, positions = 0.0, 0
@@ -247,6 +249,9 @@ def chain_acceptance(head: Eagle3Head, data: FeatureSet, depth: int, batch_token
         batch = make_batch(data, docs, starts, str(head.d2t.device))
         logits = head.unroll(batch.feats, batch.tokens, cfg.ttt_steps)
         alive = step_rows(batch, 0)[0]
+        if count_from is not None:
+            first = torch.from_numpy(count_from[docs].astype(np.int64)).to(alive.device)
+            alive &= torch.arange(alive.shape[1], device=alive.device)[None, :] >= first[:, None]
         base = alive.clone()
         T = batch.tokens.shape[1]
         for j, lg in enumerate(logits):
