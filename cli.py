@@ -284,12 +284,14 @@ def layer_draft(model, out, layers):
 @click.option("--batch-tokens", type=int, default=1024, show_default=True, help="Padded tokens per step.")
 @click.option("--ttt-steps", type=int, default=3, show_default=True, help="Unrolled draft steps (training-time test).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--heldout-docs", type=int, default=4, show_default=True,
+              help="Documents per data source kept out of training for the held-out chain-tau estimate.")
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads for llama.cpp and torch.")
 @click.option("--outtype", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", show_default=True)
 @click.option("--verbose", "-v", is_flag=True)
 @friendly_errors
 def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, draft_vocab, device, resume,
-              work_dir, lr, batch_tokens, ttt_steps, seed, threads, outtype, verbose):
+              work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
     """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
     try:
@@ -307,6 +309,7 @@ def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, 
                    work_dir=Path(work_dir) if work_dir else out_path.with_suffix(".work"), data=data,
                    max_tokens=max_tokens, self_generate=self_generate, draft_vocab=draft_vocab, device=device,
                    resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
+                   heldout_docs=heldout_docs,
                    command=" ".join(["eagle2-local"] + sys.argv[1:]),
                    train=TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
                                      seed=seed, max_minutes=max_minutes))
