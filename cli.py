@@ -30,7 +30,9 @@ def runtime_options(fn):
         click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
                      help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself)."),
         click.option("--head", type=click.Path(dir_okay=False), default=None,
-                     help="An EAGLE draft head GGUF (not supported by this version yet)."),
+                     help="An EAGLE draft head GGUF (`eagle2-local convert` / `train` make one): EAGLE-3 heads "
+                          "draft inside llama.cpp, EAGLE-1/2 heads in exact numpy. Without --model, the default "
+                          "model's shipped head is used."),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
@@ -110,8 +112,8 @@ def main() -> None:
 def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
     """Generate a continuation of PROMPT and print it (streamed) or as JSON."""
     llm = load(**rt, seed=seed)
-    if rt["draft_model"] is None and rt["head"] is None and not rt["plain"] and not as_json:
-        click.echo("note: no draft given (--draft-model); running plain decoding", err=True)
+    if not llm.speculative and not rt["plain"] and not as_json:
+        click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
     text = llm.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
     tokens = llm.tokenize(text, add_bos=True, special=True)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
@@ -439,6 +441,44 @@ def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats
         click.echo(f"{n:>6} {c * 1e3:>9.2f} {c / one:>12.2f}")
 
 
+@main.command("draft-cost")
+@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@click.option("--head", type=click.Path(dir_okay=False), default=None, help="Draft head GGUF to time.")
+@click.option("--draft-model", type=click.Path(dir_okay=False), default=None, help="Draft model GGUF to time.")
+@click.option("--prompts", "prompt_specs", multiple=True, required=True,
+              help="Prompt set(s): .jsonl files or a folder of them.")
+@click.option("--n", "n_prompts", type=int, default=2, show_default=True, help="Prompts per set.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
+@click.option("--tree-top-k", type=int, default=10, show_default=True, help="Nodes decoded per tree level.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@friendly_errors
+def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens, threads, tree_top_k, as_json):
+    """Time the draft per tree level against one target token, during real generations.
+
+    A draft pays off only if a level costs a small fraction of a target token; this prints both, measured in
+    the same process on the same prompts (greedy, default tree).
+    """
+    from eagle2_local.api import Eagle2
+    from eagle2_local.bench import load_prompt_sets
+    from eagle2_local.microbench import draft_cost
+
+    if (head is None) == (draft_model is None):
+        fail("give exactly one of --head or --draft-model")
+    sets = load_prompt_sets(prompt_specs, n_prompts)
+    prompts = [p for s in sets for p in s.prompts]
+    with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
+                n_ctx=2048) as llm:
+        res = draft_cost(llm, prompts, max_tokens)
+    res["command"] = "eagle2-local " + " ".join(sys.argv[1:])
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"{res['engine']}: catch-up {res['catch_up_ms']:.2f} ms, one level of {res['width']} nodes "
+               f"{res['level_ms']:.2f} ms; one target token {res['target_token_ms']:.2f} ms "
+               f"(level = {res['level_over_target_token']:.3f} x target token)")
+
+
 @contextlib.contextmanager
 def _ctrl_c_stops():
     """While answering, Ctrl-C only raises a flag that the loop checks between chunks.
@@ -468,7 +508,8 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
                    " Ctrl-C stops an answer.")
     if not llm.speculative:
         sys.stdout.flush()
-        click.echo(dim("note: no draft head ships with this version yet; chatting with plain decoding"), err=True)
+        click.echo(dim("note: no draft head or draft model for this model; chatting with plain decoding "
+                       "(--head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
     while True:
         try:
             line = input("> ") if interactive else sys.stdin.readline()
@@ -513,6 +554,14 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
         click.echo()
         click.echo(dim(_stats_line(llm.stats())))
 
+
+def _add_convert() -> None:
+    """``eagle2-local convert``: the converter package's own click command (also ``python -m convert``)."""
+    from convert.command import convert_command
+    main.add_command(convert_command, "convert")
+
+
+_add_convert()
 
 if __name__ == "__main__":
     main()

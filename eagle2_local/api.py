@@ -19,10 +19,11 @@ from typing import Iterator
 
 from .chat import render_for_model, rendered_prompt_tokens
 from .drafts import DraftModelEngine, check_same_vocab
+from .drafts.open_head import check_head_fits, open_head, read_head_info, target_settings_for
 from .errors import Eagle2Error
 from .generator import Generator
 from .llama import ContextSettings, LlamaModel
-from .models import resolve_model
+from .models import default_head_path, resolve_model
 from .sampling import SamplingParams
 from .target import Target
 from .tree import TreeParams
@@ -40,17 +41,23 @@ class Eagle2:
                  verbose: bool = False) -> None:
         if head_path is not None and draft_model_path is not None:
             raise Eagle2Error("give either a head or a draft model, not both")
-        if head_path is not None:
-            raise Eagle2Error("EAGLE draft heads are not supported by this version yet; use --draft-model")
+        if model_path is None and head_path is None and draft_model_path is None:
+            head_path = default_head_path()  # the default model comes with its trained head
+        head_info = read_head_info(head_path) if head_path is not None and not plain else None
         self.model_path = resolve_model(model_path)
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
         n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
         self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,
                                         n_threads=n_threads)
         self.model = LlamaModel(self.model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        if head_info is not None:
+            check_head_fits(head_info, self.model)  # before any context exists
+            self.settings = target_settings_for(head_info, self.settings)
         self.target = Target(self.model, self.settings)
         self.draft_model: LlamaModel | None = None
         engine = None
+        if head_info is not None:
+            engine = open_head(head_info, self.target, self.tree_params, n_gpu_layers=n_gpu_layers, verbose=verbose)
         if draft_model_path is not None and not plain:
             path = resolve_model(draft_model_path)
             self.draft_model = self.model if path.resolve() == self.model_path.resolve() else \

@@ -88,6 +88,9 @@ class Generator:
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.last_stats = GenerationStats()
+        # target features (embeddings on) not yet handed to the engine, the first row being position _features_from
+        self._features: np.ndarray | None = None
+        self._features_from = 0
         if engine is not None:
             self._check_tree_fits()
 
@@ -103,6 +106,7 @@ class Generator:
         if self.engine is not None:
             self.engine.reset()
         self.tokens = []
+        self._features, self._features_from = None, 0
 
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
@@ -141,16 +145,26 @@ class Generator:
                                    "shorten it or raise n_ctx")
         keep = _common_prefix(self.tokens, prompt)
         keep = min(keep, len(prompt) - 1)  # always evaluate at least one token to get fresh logits
-        self.target.rollback(keep)
         if self.engine is not None:
             self.engine.rollback(keep)
+            if self.engine.needs_features:
+                keep = self._feature_safe_keep(keep)
+        self.target.rollback(keep)
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep
         ver = self.target.prefill(prompt[keep:])
         self.tokens = list(prompt)
-        self._features = ver.features
-        self._features_from = keep
+        self._features, self._features_from = _join_features(self._features, self._features_from, ver.features, keep)
         return ver.logits[0]
+
+    def _feature_safe_keep(self, keep: int) -> int:
+        """How much cached text to keep so the head gets every feature it lacks: the features still pending
+        (last round, plain steps) cover positions from ``_features_from``; anything before that and after
+        the engine's ``n_past`` is recomputed by re-evaluating from ``n_past``."""
+        pending = self._features
+        covered = self._features_from if pending is not None and \
+            self._features_from <= keep <= self._features_from + len(pending) else keep
+        return min(keep, self.engine.n_past) if self.engine.n_past < covered else keep
 
     def _settle(self, emitter: TokenEmitter) -> None:
         """Trim the KV cache to the prompt plus the emitted tokens (drafted tokens past a stop are dropped)."""
@@ -177,9 +191,13 @@ class Generator:
                 return
             stats.target_passes += 1
             t = time.perf_counter()
-            logits = self.target.decode_one(token).logits[0]
+            ver = self.target.decode_one(token)
+            logits = ver.logits[0]
             stats.verify_s += time.perf_counter() - t
             self.tokens.append(token)
+            if ver.features is not None:  # kept for a feature-fed draft engine's next speculative call
+                self._features = ver.features if self._features is None else \
+                    np.concatenate([self._features, ver.features])
 
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
@@ -215,6 +233,8 @@ class Generator:
             _count_depths(stats.accepted_per_depth, acc.n_accepted)
             features = ver.features[acc.path] if ver.features is not None else None
             features_from = len(self.tokens)
+            # not delivered until the next catch_up: a later call that reuses this text needs them
+            self._features, self._features_from = features, features_from
             self.tokens.extend(int(x) for x in tree.tokens[acc.path])
             yield _emit(emitter, [int(x) for x in tree.tokens[acc.path[1:]]] + [acc.bonus])
             root = acc.bonus
@@ -225,6 +245,18 @@ def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:
     n_before = len(emitter.tokens)
     text = "".join(emitter.push(tok) for tok in tokens if not emitter.done)
     return Chunk(text, emitter.tokens[n_before:], emitter.finish_reason)
+
+
+def _join_features(pending: np.ndarray | None, pending_from: int, new: np.ndarray | None,
+                   new_from: int) -> tuple[np.ndarray | None, int]:
+    """Features a feature-fed engine has not seen yet: the undelivered rows before ``new_from`` plus ``new``.
+
+    Rows of the previous call's last round (or of plain decoding) never reached the engine; if the new prompt
+    reuses that text, the engine still needs them, so they are prepended.
+    """
+    if new is None or pending is None or not pending_from < new_from <= pending_from + len(pending):
+        return new, new_from
+    return np.concatenate([pending[:new_from - pending_from], new]), pending_from
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import gguf
 
 from .errors import Eagle2Error
+from .gguf_fields import copy_field
 
 
 def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
@@ -29,12 +30,7 @@ def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        vtype = field.types[0]
-        value = field.contents()
-        if key == f"{arch}.block_count":
-            value = n_layers
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, vtype, sub_type=sub)
+        copy_field(writer, key, field, n_layers if key == f"{arch}.block_count" else None)
     block = re.compile(r"^blk\.(\d+)\.")
     for t in reader.tensors:
         m = block.match(t.name)

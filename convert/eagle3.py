@@ -1,0 +1,254 @@
+"""EAGLE-3 checkpoint folder (``config.json`` + weights) → ``eagle3`` GGUF that llama.cpp loads natively.
+
+What llama.cpp's ``eagle3`` architecture expects (src/models/eagle3.cpp) and how a checkpoint maps onto it:
+
+=========================================  ====================================  =================================
+checkpoint tensor (``midlayer.`` or         GGUF tensor                           note
+``layers.0.`` prefix)
+=========================================  ====================================  =================================
+``fc.weight`` (H, 3·Ht)                     ``fc.weight``                          fuses three target layers
+``input_norm.weight`` (3·Ht)                ``enc.output_norm.weight``             only with ``norm_before_fc``
+``*.input_layernorm.weight``                ``blk.0.attn_norm.weight``             norm of the token embedding
+``*.hidden_norm.weight``                    ``blk.0.attn_norm_2.weight``           norm of the fused feature g
+``*.self_attn.{q,k}_proj.weight``           ``blk.0.attn_{q,k}.weight``            rows permuted: HF rotate-half
+                                                                                  RoPE → llama.cpp's NORM RoPE
+``*.self_attn.{v,o}_proj.weight``           ``blk.0.attn_{v,output}.weight``
+``*.post_attention_layernorm.weight``       ``blk.0.ffn_norm.weight``
+``*.mlp.{gate,up,down}_proj.weight``        ``blk.0.ffn_{gate,up,down}.weight``
+``norm.weight``                             ``output_norm.weight``
+``lm_head.weight`` (Vd, H)                  ``output.weight``                      optional: else the target's
+``embed_tokens.weight``                     ``token_embd.weight``                  optional: else the target's
+``d2t`` (Vd,) offsets                       ``d2t`` (I64) absolute target ids      ``id = i + d2t[i]``
+=========================================  ====================================  =================================
+
+The tokenizer is copied from the target GGUF (llama.cpp builds the head's vocabulary from it), which is why a
+target is required. Provenance (source folder, target name and sha256, training metadata) goes under
+``eagle2_local.*`` keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+from eagle2_local.errors import ModelError
+from eagle2_local.gguf_fields import copy_tokenizer
+from eagle2_local.models import read_gguf_info
+
+from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
+
+log = logging.getLogger(__name__)
+
+ARCH = "eagle3"
+
+# checkpoint suffix (after the layer prefix) -> GGUF name
+_LAYER_MAP = {
+    "input_layernorm.weight": "blk.0.attn_norm.weight",
+    "hidden_norm.weight": "blk.0.attn_norm_2.weight",
+    "self_attn.q_proj.weight": "blk.0.attn_q.weight",
+    "self_attn.k_proj.weight": "blk.0.attn_k.weight",
+    "self_attn.v_proj.weight": "blk.0.attn_v.weight",
+    "self_attn.o_proj.weight": "blk.0.attn_output.weight",
+    "post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+    "mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+    "mlp.up_proj.weight": "blk.0.ffn_up.weight",
+    "mlp.down_proj.weight": "blk.0.ffn_down.weight",
+}
+_TOP_MAP = {
+    "fc.weight": "fc.weight",
+    "input_norm.weight": "enc.output_norm.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "embed_tokens.weight": "token_embd.weight",
+}
+_REQUIRED = ["fc.weight", "blk.0.attn_norm.weight", "blk.0.attn_norm_2.weight", "blk.0.attn_q.weight",
+             "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight", "blk.0.ffn_norm.weight",
+             "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "output_norm.weight"]
+
+
+def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorder q/k projection rows from HF's rotate-half RoPE layout to llama.cpp's pairwise (NORM) layout."""
+    rows, cols = w.shape
+    half = rows // n_head // 2
+    return w.reshape(n_head, 2, half, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def is_eagle3_config(config: dict) -> bool:
+    """EAGLE-3 checkpoints declare a draft vocabulary and one layer (llama.cpp's converter tests the same)."""
+    cfg = {**config, **config.get("transformer_layer_config", {})}
+    return "draft_vocab_size" in cfg and cfg.get("num_hidden_layers", 1) == 1
+
+
+def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
+    """Hyper-parameters from an EAGLE-3 ``config.json`` (nested ``transformer_layer_config`` flattened)."""
+    cfg = {**config, **config.get("transformer_layer_config", {})}
+    if not is_eagle3_config(config):
+        raise ModelError("config.json is not an EAGLE-3 head (needs draft_vocab_size and num_hidden_layers = 1)")
+    try:
+        h = int(cfg["hidden_size"])
+        n_head = int(cfg["num_attention_heads"])
+        hp = {
+            "hidden_size": h, "n_head": n_head,
+            "n_head_kv": int(cfg.get("num_key_value_heads") or n_head),
+            "head_dim": int(cfg.get("head_dim") or h // n_head),
+            "intermediate_size": int(cfg["intermediate_size"]),
+            "rms_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+            "rope_theta": float(cfg.get("rope_theta", 10000.0)),
+            "context_length": int(cfg.get("max_position_embeddings", 4096)),
+            "draft_vocab_size": int(cfg["draft_vocab_size"]),
+            "target_hidden_size": int(cfg.get("target_hidden_size") or h),
+            "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
+            "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+            "feature_source": str((cfg.get("eagle2_local") or {}).get("feature_source", "layer_inputs")),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"EAGLE-3 config.json lacks or mangles a field: {exc}") from exc
+    layers = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if layers is None:
+        layers = [2, target_layers_n // 2, target_layers_n - 3]
+    if len(layers) != 3:
+        raise ModelError(f"eagle_aux_hidden_state_layer_ids must list 3 layers, got {layers}")
+    if hp["feature_source"] not in ("layer_inputs", "final_norm"):
+        raise ModelError(f"unknown eagle2_local.feature_source {hp['feature_source']!r}")
+    hp["target_layers"] = [int(x) for x in layers]
+    return hp
+
+
+def map_tensors(raw: dict[str, np.ndarray], hp: dict) -> dict[str, np.ndarray]:
+    """Rename checkpoint tensors to GGUF names; permute q/k; turn ``d2t`` offsets into absolute ids."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in raw.items():
+        if name == "t2d":
+            continue  # only the draft -> target direction is used at runtime
+        if name == "d2t":
+            offsets = np.asarray(arr).astype(np.int64).reshape(-1)
+            out["d2t"] = offsets + np.arange(offsets.size, dtype=np.int64)
+            continue
+        gname = _TOP_MAP.get(name)
+        if gname is None:
+            for prefix in ("midlayer.", "layers.0.", "model.layers.0."):
+                if name.startswith(prefix):
+                    gname = _LAYER_MAP.get(name[len(prefix):])
+                    break
+        if gname is None:
+            log.warning("ignoring unknown checkpoint tensor %s", name)
+            continue
+        arr = np.asarray(arr, dtype=np.float32)
+        if gname == "blk.0.attn_q.weight":
+            arr = permute_rope_rows(arr, hp["n_head"])
+        elif gname == "blk.0.attn_k.weight":
+            arr = permute_rope_rows(arr, hp["n_head_kv"])
+        out[gname] = arr
+    return out
+
+
+def check_tensors(t: dict[str, np.ndarray], hp: dict, target_vocab: int, target_embd: int) -> None:
+    """Refuse a head whose shapes do not fit its own config or its target, before writing anything."""
+    missing = [n for n in _REQUIRED if n not in t]
+    if hp["norm_before_fc"] and "enc.output_norm.weight" not in t:
+        missing.append("input_norm.weight (norm_before_fc)")
+    if missing:
+        raise ModelError(f"EAGLE-3 checkpoint lacks tensors: {', '.join(missing)}")
+    h, ht = hp["hidden_size"], hp["target_hidden_size"]
+    if ht != target_embd:
+        raise ModelError(f"the head was trained on hidden size {ht}, the target has {target_embd}")
+    expect = {"fc.weight": (h, 3 * ht), "blk.0.attn_q.weight": (hp["n_head"] * hp["head_dim"], 2 * h),
+              "blk.0.attn_k.weight": (hp["n_head_kv"] * hp["head_dim"], 2 * h),
+              "blk.0.ffn_gate.weight": (hp["intermediate_size"], h), "output_norm.weight": (h,)}
+    for name, shape in expect.items():
+        if t[name].shape != shape:
+            raise ModelError(f"{name} has shape {t[name].shape}, config says {shape}")
+    if "output.weight" in t and t["output.weight"].shape != (hp["draft_vocab_size"], h):
+        raise ModelError(f"lm_head has shape {t['output.weight'].shape}, expected ({hp['draft_vocab_size']}, {h})")
+    d2t = t.get("d2t")
+    if d2t is not None:
+        if d2t.size != hp["draft_vocab_size"]:
+            raise ModelError(f"d2t has {d2t.size} entries, draft_vocab_size is {hp['draft_vocab_size']}")
+        if d2t.min() < 0 or d2t.max() >= target_vocab or np.unique(d2t).size != d2t.size:
+            raise ModelError(f"d2t maps outside the target's {target_vocab} tokens or repeats an id")
+    elif hp["draft_vocab_size"] != target_vocab:
+        raise ModelError(f"draft vocabulary {hp['draft_vocab_size']} != target's {target_vocab} and no d2t map")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str | Path, outtype: str = "f16",
+                   progress: Progress | None = None, provenance: dict | None = None) -> Path:
+    """Convert an EAGLE-3 checkpoint folder into an ``eagle3`` GGUF for ``target_gguf``; returns the path.
+
+    ``progress(tensor_name, done, total)`` is called per tensor prepared. Nothing is written unless every check
+    passes, so a bad head never leaves a half-written file behind.
+    """
+    if outtype not in OUTTYPES:
+        raise ModelError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    head_dir, out_path, target_gguf = Path(head_dir), Path(out_path), Path(target_gguf)
+    ckpt = load_checkpoint(head_dir)
+    config, raw = ckpt.config, ckpt.tensors
+    target = read_gguf_info(target_gguf)
+    hp = eagle3_hparams(config, target.n_layer)
+    tensors = map_tensors(raw, hp)
+    if int(config.get("vocab_size", target.n_vocab)) != target.n_vocab:
+        raise ModelError(f"the head was trained for a {config['vocab_size']}-token vocabulary, "
+                         f"{target_gguf.name} has {target.n_vocab}")
+    check_tensors(tensors, hp, target.n_vocab, target.n_embd)
+    bad = [i for i in hp["target_layers"] if not 0 <= i < target.n_layer]
+    if bad:
+        raise ModelError(f"the head reads target layers {hp['target_layers']}, {target_gguf.name} has "
+                         f"{target.n_layer}")
+
+    reader = gguf.GGUFReader(str(target_gguf), "r")
+    tmp = out_path.with_name(out_path.name + ".part")
+    writer = gguf.GGUFWriter(str(tmp), ARCH)
+    _write_hparams(writer, hp, head_dir, target_gguf, provenance)
+    copy_tokenizer(reader, writer)
+    names = sorted(tensors)
+    for i, name in enumerate(names):
+        if name == "d2t":
+            writer.add_tensor(name, tensors[name], raw_dtype=gguf.GGMLQuantizationType.I64)
+        else:
+            add_tensor(writer, name, tensors[name], outtype)
+        if progress is not None:
+            progress(name, i + 1, len(names))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(out_path)
+    log.info("wrote %s (%d tensors, %s)", out_path, len(names), outtype)
+    return out_path
+
+
+def _write_hparams(w: gguf.GGUFWriter, hp: dict, head_dir: Path, target: Path, provenance: dict | None) -> None:
+    w.add_name(f"EAGLE-3 head for {target.stem}")
+    w.add_uint32(f"{ARCH}.context_length", hp["context_length"])
+    w.add_uint32(f"{ARCH}.embedding_length", hp["hidden_size"])
+    w.add_uint32(f"{ARCH}.block_count", 1)
+    w.add_uint32(f"{ARCH}.feed_forward_length", hp["intermediate_size"])
+    w.add_uint32(f"{ARCH}.attention.head_count", hp["n_head"])
+    w.add_uint32(f"{ARCH}.attention.head_count_kv", hp["n_head_kv"])
+    w.add_uint32(f"{ARCH}.attention.key_length", hp["head_dim"])
+    w.add_uint32(f"{ARCH}.attention.value_length", hp["head_dim"])
+    w.add_uint32(f"{ARCH}.rope.dimension_count", hp["head_dim"])
+    w.add_float32(f"{ARCH}.rope.freq_base", hp["rope_theta"])
+    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", hp["rms_eps"])
+    w.add_array(f"{ARCH}.target_layers", [int(x) for x in hp["target_layers"]])
+    w.add_uint32(f"{ARCH}.target_hidden_size", hp["target_hidden_size"])
+    w.add_bool(f"{ARCH}.norm_before_residual", hp["norm_before_residual"])
+    w.add_bool(f"{ARCH}.norm_before_fc", hp["norm_before_fc"])
+    w.add_string("eagle2_local.feature_source", hp["feature_source"])
+    w.add_string("eagle2_local.source", str(head_dir.name))
+    w.add_string("eagle2_local.target", target.name)
+    w.add_string("eagle2_local.target_sha256", file_sha256(target))
+    if provenance:
+        w.add_string("eagle2_local.provenance", json.dumps(provenance, sort_keys=True))

@@ -1,0 +1,213 @@
+"""Draft engine: an ``eagle3`` GGUF head run by llama.cpp itself, drafting EAGLE-2 trees.
+
+llama.cpp runs the head natively (``src/models/eagle3.cpp``) but only drafts chains with it; this engine drives
+the same graph with tree-shaped positions and sequence masks.
+
+The head's inputs and state, in llama.cpp's convention: the *encoder* pass turns the target's features (the
+residual inputs of three target layers, concatenated) into ``g`` rows; the *decoder* entry at position P is the
+pair (token t[P+1], g[P]), so the entry at P predicts t[P+2]. The decoder's pre-norm output
+(``llama_get_embeddings_nextn``) is the ``g`` a child node is fed.
+
+KV layout of the head's context:
+
+* sequence 0 holds one entry per committed position 0..n_past-1, every one built from *real* target features;
+  the last one pairs the current root token with the feature of the position before it;
+* while a tree grows, each decoded frontier candidate gets its own sequence, copied from its parent's (cells are
+  shared, metadata only), so it attends to the committed entries and its ancestors only;
+* ``commit`` simply drops the tree: the accepted tokens are re-entered at the next ``catch_up`` with the real
+  features the target computed while verifying them (EAGLE-3 does the same), so drafted ``g`` never leaks
+  into the committed state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from llama_cpp import llama_cpp_ext
+
+from ..errors import IncompatibleDraftError, ModelError, TreeError
+from ..llama_ext import LAYER_INPUT_ARCHS
+from .base import TreeSequences
+from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
+from ..models import GGUFInfo
+
+log = logging.getLogger(__name__)
+
+ARCH = "eagle3"
+REQUIRED_KEYS = ("eagle3.target_layers", "eagle3.target_hidden_size", "eagle3.embedding_length",
+                 "eagle3.block_count")
+
+
+FEATURE_SOURCES = ("layer_inputs", "final_norm")
+
+
+def feature_source(info: GGUFInfo) -> str:
+    """Which target features the head was trained on (``eagle2_local.feature_source``).
+
+    ``layer_inputs`` (default, EAGLE-3's own convention): the residual inputs of ``eagle3.target_layers``.
+    ``final_norm``: our fallback for architectures whose llama.cpp graph does not expose layer inputs (qwen2,
+    gemma3, ...): the target's post-final-norm hidden state, repeated in each of the three slots ``fc`` reads.
+    """
+    source = info.get("eagle2_local.feature_source", "layer_inputs")
+    if source not in FEATURE_SOURCES:
+        raise IncompatibleDraftError(f"{info.path.name}: unknown feature source {source!r}; "
+                                     f"this version knows {', '.join(FEATURE_SOURCES)}")
+    return source
+
+
+def head_target_layers(info: GGUFInfo) -> tuple[int, ...]:
+    """The three target layers whose residual inputs the head reads (``eagle3.target_layers``)."""
+    layers = info.get("eagle3.target_layers")
+    if not isinstance(layers, (list, tuple)) or len(layers) != 3:
+        raise IncompatibleDraftError(f"{info.path.name}: eagle3.target_layers must list 3 layers, got {layers!r}")
+    return tuple(int(x) for x in layers)
+
+
+def check_head_fits(info: GGUFInfo, target: LlamaModel) -> None:
+    """Refuse a head trained for another target: hidden size, vocabulary and layer ids must fit."""
+    if info.architecture != ARCH:
+        raise IncompatibleDraftError(f"{info.path.name} is a {info.architecture!r} model, not an eagle3 head")
+    missing = [k for k in REQUIRED_KEYS if info.get(k) is None]
+    if missing or not info.n_vocab:
+        raise ModelError(f"{info.path.name} is not a complete eagle3 head: missing "
+                         f"{', '.join(missing) or 'tokenizer'} (convert heads with `eagle2-local convert`)")
+    hidden = int(info.get("eagle3.target_hidden_size") or 0)
+    if hidden != target.n_embd:
+        raise IncompatibleDraftError(f"head {info.path.name} expects target hidden size {hidden}; "
+                                     f"{target.path.name} has {target.n_embd}")
+    if info.n_vocab != target.n_vocab:
+        raise IncompatibleDraftError(f"head {info.path.name} has a {info.n_vocab}-token vocabulary; "
+                                     f"{target.path.name} has {target.n_vocab}")
+    if feature_source(info) == "layer_inputs" and target.architecture not in LAYER_INPUT_ARCHS:
+        raise IncompatibleDraftError(
+            f"head {info.path.name} reads target layer inputs, which llama.cpp does not expose for "
+            f"{target.architecture!r} models; use a head trained on the final_norm feature convention "
+            "(its config.json sets eagle2_local.feature_source = final_norm)")
+    bad = [i for i in head_target_layers(info) if not 0 <= i < target.n_layer]
+    if bad:
+        raise IncompatibleDraftError(f"head {info.path.name} reads target layers {list(head_target_layers(info))}; "
+                                     f"{target.path.name} has {target.n_layer} layers")
+
+
+class Eagle3Engine:
+    """EAGLE-2 tree drafting with an eagle3 head in a llama.cpp context that borrows the target's weights."""
+
+    needs_features = True
+
+    def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
+                 n_threads: int | None = None) -> None:
+        check_head_fits(head.info, target_ctx.model)
+        n_seq = 1 + max_width * max(1, max_depth - 1)
+        if n_seq > MAX_SEQ:
+            raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
+                            f"llama.cpp allows {MAX_SEQ}")
+        self.head = head
+        self.name = f"eagle3:{head.path.name}"
+        self.ctx = LlamaContext(head, ContextSettings(
+            n_ctx=target_ctx.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(target_ctx.n_batch, max_width),
+            n_seq_max=max(n_seq, 2), n_threads=n_threads or target_ctx.settings.n_threads),
+            ctx_other=target_ctx)
+        llama_cpp_ext.llama_set_embeddings_nextn(self.ctx.ptr, True, True)  # pre-norm rows of output entries
+        self.batch = ExtBatch(self.ctx)
+        self.n_embd = head.n_embd
+        self.tile_features = feature_source(head.info) == "final_norm"
+        self.n_past = 0  # committed entries in sequence 0 (positions 0..n_past-1)
+        self._root_g = np.zeros(self.n_embd, dtype=np.float32)
+        self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
+        self.seqs = TreeSequences(self.ctx)
+
+    # ------------------------------------------------------------ state
+    def reset(self) -> None:
+        self.ctx.clear()
+        self.n_past = 0
+        self._forget_tree()
+
+    def rollback(self, n_tokens: int) -> None:
+        """Keep entries whose token is among the first ``n_tokens`` (entry P holds token P+1)."""
+        self._forget_tree()
+        self.n_past = min(self.n_past, max(n_tokens - 1, 0))
+        self.ctx.seq_rm(0, self.n_past, -1)
+
+    # ------------------------------------------------------------ drafting
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> np.ndarray:
+        """Enter (t[P+1], g[P]) for every position P the head lacks; the last entry carries the root."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n_text = len(tokens) - 1  # positions with target features; tokens[-1] is the root
+        if features is None:
+            raise TreeError("the eagle3 engine needs target features (layer inputs)")
+        if features_from > self.n_past or features_from + len(features) < n_text:
+            raise TreeError(f"features cover positions {features_from}..{features_from + len(features) - 1}; "
+                            f"the head needs {self.n_past}..{n_text - 1}")
+        if n_text <= self.n_past:
+            raise TreeError("catch_up needs at least the new root token")
+        feats = np.asarray(features[self.n_past - features_from: n_text - features_from], dtype=np.float32)
+        if self.tile_features:
+            feats = np.tile(feats, (1, 3))
+        g = self._encode(feats)
+        # llama.cpp's eagle3 graph does not gather output rows: with outputs on only some entries it returns
+        # the *first* rows' logits and pre-norm states. So the root entry goes alone in the last batch.
+        last = len(g) - 1
+        step = self.ctx.n_batch
+        for start in range(0, last, step):
+            self._process_entries(tokens, g, range(start, min(start + step, last)), output=False)
+        self._process_entries(tokens, g, [last], output=True)
+        self.n_past = n_text
+        logits = self.ctx.logits(1)[0]
+        self._root_g = self._prenorm(1)[0].copy()
+        return logits
+
+    def _process_entries(self, tokens: np.ndarray, g: np.ndarray, rows, output: bool) -> None:
+        self.batch.clear()
+        for i in rows:
+            pos = self.n_past + i
+            self.batch.add(int(tokens[pos + 1]), g[i], pos, 0, output=output)
+        self.ctx.process(self.batch)
+
+    def _encode(self, feats: np.ndarray) -> np.ndarray:
+        """The head's ``fc`` (encoder graph) over target features: one g row per position."""
+        out = []
+        step = self.ctx.n_batch
+        pos0 = max(self.ctx.seq_pos_max(0), -1) + 1  # the encoder ignores positions; llama.cpp wants valid ones
+        for start in range(0, len(feats), step):
+            chunk = feats[start:start + step]
+            self.batch.clear()
+            for j, row in enumerate(chunk):
+                self.batch.add(None, row, pos0 + start + j, 0, output=True)
+            self.ctx.process(self.batch, encode=True)
+            out.append(self._prenorm(len(chunk)).copy())
+        return np.concatenate(out)
+
+    def _prenorm(self, n_out: int) -> np.ndarray:
+        ptr = llama_cpp_ext.llama_get_embeddings_nextn(self.ctx.ptr)
+        if not ptr:
+            raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
+
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+        """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
+        k = len(cand_ids)
+        seqs = self.seqs.assign(cand_ids, parent_ids)
+        pos = self.n_past - 1 + level
+        self.batch.clear()
+        for tok, parent, seq in zip(np.asarray(tokens).tolist(), parent_ids.tolist(), seqs.tolist()):
+            g = self._root_g if parent < 0 else self._g_of[parent]
+            self.batch.add(int(tok), g, pos, seq, output=True)
+        self.ctx.process(self.batch)
+        prenorm = self._prenorm(k)
+        for i, cand in enumerate(cand_ids.tolist()):
+            self._g_of[cand] = prenorm[i].copy()
+        return self.ctx.logits(k, copy=False)  # consumed by the tree builder before the next decode
+
+    def commit(self, accepted_cand_ids: np.ndarray) -> None:
+        """Drop the tree; accepted tokens come back through ``catch_up`` with their real features."""
+        self._forget_tree()
+
+    def _forget_tree(self) -> None:
+        self.seqs.forget()
+        self._g_of.clear()
+
+    def close(self) -> None:
+        self.batch.close()
+        self.ctx.close()
+        self.head.close()

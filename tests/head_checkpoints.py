@@ -1,0 +1,58 @@
+"""Writing synthetic head checkpoints the way training code publishes them (safetensors + config.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from convert.safetensors_file import save_safetensors
+
+
+def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int,
+                  vocab: int, draft_vocab: int, layers: list[int], rope_theta: float = 10000.0, seed: int = 0,
+                  scale: float = 0.05, norm_before_fc: bool = False,
+                  feature_source: str = "layer_inputs") -> tuple[Path, dict, dict]:
+    """An EAGLE-3 checkpoint folder with random weights (HF names, rotate-half RoPE) for a given target.
+
+    Returns ``(folder, tensors, config)`` so tests can compute with the weights without reading them back."""
+    rng = np.random.default_rng(seed)
+    hd = hidden // n_head
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    ids = np.sort(rng.choice(vocab, size=draft_vocab, replace=False)).astype(np.int64)
+    t = {
+        "fc.weight": mat(hidden, 3 * target_hidden),
+        "midlayer.input_layernorm.weight": norm(hidden),
+        "midlayer.hidden_norm.weight": norm(hidden),
+        "midlayer.self_attn.q_proj.weight": mat(n_head * hd, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": mat(n_head_kv * hd, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": mat(n_head_kv * hd, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": mat(hidden, n_head * hd),
+        "midlayer.post_attention_layernorm.weight": norm(hidden),
+        "midlayer.mlp.gate_proj.weight": mat(ffn, hidden),
+        "midlayer.mlp.up_proj.weight": mat(ffn, hidden),
+        "midlayer.mlp.down_proj.weight": mat(hidden, ffn),
+        "norm.weight": norm(hidden),
+        "lm_head.weight": mat(draft_vocab, hidden) * 4,
+        "d2t": ids - np.arange(draft_vocab, dtype=np.int64),
+        "t2d": np.isin(np.arange(vocab), ids),
+    }
+    if norm_before_fc:
+        t["input_norm.weight"] = norm(3 * target_hidden)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_safetensors(out_dir / "model.safetensors", t)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": ffn, "num_attention_heads": n_head, "num_key_value_heads": n_head_kv,
+              "head_dim": hd, "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": rope_theta,
+              "max_position_embeddings": 8192, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
+              "target_hidden_size": target_hidden, "eagle_aux_hidden_state_layer_ids": layers,
+              "norm_before_fc": norm_before_fc, "eagle2_local": {"feature_source": feature_source}}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1))
+    return out_dir, t, config
