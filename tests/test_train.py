@@ -148,3 +148,40 @@ def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
     lines = res.output.splitlines()
     assert [line.split()[0] for line in lines] == ["alpha", "beta", "mean"]
     assert all(1.0 <= float(line.split()[-1]) <= 4.0 for line in lines)
+
+
+def test_training_time_test_matches_the_inference_layout(tiny, tmp_path):
+    """Step j of the unrolled head at row P equals an independent float64 head (tests/eagle3_reference.py, which
+    the llama.cpp engine is tested against) fed as the runtime feeds a tree node at depth j: real-feature entries
+    for rows <= P, then the node's own chain at positions P+1..P+j, each seeing exactly those entries."""
+    from safetensors.torch import load_file
+    from eagle3_reference import Eagle3Reference
+
+    torch.manual_seed(1)
+    head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)
+    with torch.no_grad():  # norms away from 1 and a non-zero residual path, so every term is exercised
+        for name, p in head.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    folder = export_folder(head, tmp_path / "hf", default_layers(4), {})
+    cfg = json.loads((folder / "config.json").read_text())
+    rows = tiny["train"]
+    T = 12
+    feats = torch.from_numpy(rows.feats[:T].astype(np.float32))[None]
+    tokens = torch.from_numpy(rows.tokens[:T].astype(np.int64))[None]
+    with torch.no_grad():
+        unrolled = head.unroll(feats, tokens, 3)
+    ref = Eagle3Reference({k: v.numpy() for k, v in load_file(str(folder / "model.safetensors")).items()}, cfg,
+                          tiny["tw"].embedding)
+    g = ref.encode(feats[0].double().numpy())
+    outs = []
+    for p in range(T - 1):  # the committed text: entry p = (token p+1, g_p) at position p
+        logits, out, _ = ref.entry(int(tokens[0, p + 1]), g[p], p, list(range(p)))
+        outs.append(out)
+        assert np.allclose(logits[head.draft_ids.numpy()], unrolled[0][0, p].double().numpy(), atol=2e-3)
+    for P in (0, 4, T - 4):
+        prev, chain = outs[P], []
+        for j in (1, 2):
+            logits, prev, idx = ref.entry(int(tokens[0, P + 1 + j]), prev, P + j, list(range(P + 1)) + chain)
+            chain.append(idx)
+            assert np.allclose(logits[head.draft_ids.numpy()], unrolled[j][0, P].double().numpy(), atol=2e-3), (P, j)
