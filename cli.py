@@ -280,6 +280,8 @@ def layer_draft(model, out, layers):
 @click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default="cpu", show_default=True)
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A checkpoint.pt to continue from.")
+@click.option("--init-from", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Warm start: weights and draft vocabulary of a checkpoint.pt, with a fresh optimiser and schedule.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Feature cache, checkpoints and the HF folder (default: OUT without .gguf, plus .work).")
 @click.option("--lr", type=float, default=1e-3, show_default=True)
@@ -293,7 +295,7 @@ def layer_draft(model, out, layers):
 @click.option("--verbose", "-v", is_flag=True)
 @friendly_errors
 def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, draft_vocab, device, resume,
-              work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
+              init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
     """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
     try:
@@ -311,7 +313,7 @@ def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, 
                    work_dir=Path(work_dir) if work_dir else out_path.with_suffix(".work"), data=data,
                    max_tokens=max_tokens, self_generate=self_generate, draft_vocab=draft_vocab, device=device,
                    resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
-                   heldout_docs=heldout_docs,
+                   heldout_docs=heldout_docs, init_from=Path(init_from) if init_from else None,
                    command=" ".join(["eagle2-local"] + sys.argv[1:]),
                    train=TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
                                      seed=seed, max_minutes=max_minutes))

@@ -185,3 +185,32 @@ def test_training_time_test_matches_the_inference_layout(tiny, tmp_path):
             logits, prev, idx = ref.entry(int(tokens[0, P + 1 + j]), prev, P + j, list(range(P + 1)) + chain)
             chain.append(idx)
             assert np.allclose(logits[head.draft_ids.numpy()], unrolled[j][0, P].double().numpy(), atol=2e-3), (P, j)
+
+
+def test_train_cli_end_to_end_with_warm_start(tiny, tmp_path):
+    """`train` self-generates, extracts, trains, exports the HF folder and the eagle3 GGUF; a second run warm
+    starts from the first one's checkpoint and keeps its draft vocabulary."""
+    from click.testing import CliRunner
+    from cli import main
+    from safetensors.torch import load_file
+
+    data = tmp_path / "chat.jsonl"
+    rnd = random.Random(1)
+    data.write_text("\n".join(json.dumps({"messages": [
+        {"role": "user", "content": " ".join(rnd.choice(WORDS) for _ in range(5))},
+        {"role": "assistant", "content": " ".join(rnd.choice(WORDS) for _ in range(20))}]}) for _ in range(40)))
+    common = ["train", "-m", str(tiny["path"]), "--data", str(data), "--self-generate", "600", "--max-tokens", "600",
+              "--epochs", "1", "--batch-tokens", "256", "--draft-vocab", "128", "--heldout-docs", "1", "-t", "1"]
+    first = CliRunner().invoke(main, common + ["--out", str(tmp_path / "a.gguf")])
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.output[first.output.index("{"):])
+    assert summary["steps"] >= 1 and summary["train_tokens"] > 0
+    assert (tmp_path / "a.gguf").is_file()
+    second = CliRunner().invoke(main, common + ["--out", str(tmp_path / "b.gguf"), "--draft-vocab", "64",
+                                                "--init-from", str(tmp_path / "a.work" / "checkpoint.pt")])
+    assert second.exit_code == 0, second.output
+    d2t_a = load_file(str(tmp_path / "a.work" / "hf" / "model.safetensors"))["d2t"]
+    d2t_b = load_file(str(tmp_path / "b.work" / "hf" / "model.safetensors"))["d2t"]
+    assert torch.equal(d2t_a, d2t_b)  # 128 entries: the warm start's vocabulary wins over --draft-vocab 64
+    cfg = json.loads((tmp_path / "b.work" / "hf" / "config.json").read_text())
+    assert cfg["eagle2_local"]["init_from"].endswith("checkpoint.pt")

