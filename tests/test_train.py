@@ -14,7 +14,7 @@ from eagle2_local.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
 from eagle2_local.train.export import export_folder
 from eagle2_local.train.features import ExtractSettings, default_layers, extract_to_cache, load_cache
-from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance
+from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, plan_batches
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
 from eagle2_local.train.target_weights import draft_vocabulary, read_target_weights
@@ -82,6 +82,18 @@ def test_resume_continues_exactly(tiny, tmp_path):
     trainer.run()
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_schedule_covers_every_planned_step(tiny):
+    """Seeded epochs pack documents differently; the plan must still hold a batch for every step."""
+    head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)
+    for epochs in (1, 2.5, 3):
+        for batch_tokens in (150, 256, 700):
+            t = Trainer(head, tiny["train"], TrainConfig(epochs=epochs, batch_tokens=batch_tokens), None)
+            assert 1 <= t.total_steps <= len(t.schedule)
+            per_epoch = [len(plan_batches(tiny["train"].lengths, batch_tokens, np.random.default_rng([0, e])))
+                         for e in range(3)]
+            assert abs(t.total_steps - epochs * np.mean(per_epoch)) <= 2
 
 
 def test_export_folder_layout(tiny, tmp_path):

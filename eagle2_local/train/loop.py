@@ -164,18 +164,14 @@ class Trainer:
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.starts = data.starts
-        self.n_epochs = max(1, math.ceil(cfg.epochs))
-        self.schedules = [plan_batches(data.lengths, cfg.batch_tokens, np.random.default_rng([cfg.seed, e]))
-                          for e in range(self.n_epochs)]
-        per_epoch = len(self.schedules[0])
-        self.total_steps = max(1, int(round(per_epoch * cfg.epochs)))
+        # epochs pack documents differently (seeded shuffles), so they may differ by a batch: one flat schedule
+        n_epochs = max(1, math.ceil(cfg.epochs))
+        self.schedule = [b for e in range(n_epochs)
+                         for b in plan_batches(data.lengths, cfg.batch_tokens, np.random.default_rng([cfg.seed, e]))]
+        self.total_steps = max(1, min(len(self.schedule), int(round(len(self.schedule) * cfg.epochs / n_epochs))))
         self.step = 0
         self.tokens_seen = 0
         self.train_seconds = 0.0
-
-    def _batch_at(self, step: int) -> np.ndarray:
-        per_epoch = len(self.schedules[0])
-        return self.schedules[step // per_epoch][step % per_epoch]
 
     def _time_frac(self) -> float:
         return self.train_seconds / (60 * self.cfg.max_minutes) if self.cfg.max_minutes else 0.0
@@ -207,7 +203,7 @@ class Trainer:
             if self._time_frac() >= 1.0:
                 log.info("time limit of %.1f min reached at step %d", self.cfg.max_minutes, self.step)
                 break
-            batch = make_batch(self.data, self._batch_at(self.step), self.starts, self.device)
+            batch = make_batch(self.data, self.schedule[self.step], self.starts, self.device)
             for group in self.opt.param_groups:
                 group["lr"] = lr_at(self.step, self.total_steps, self.cfg, self._time_frac())
             total, losses, acc = ttt_losses(self.head, batch, self.cfg)
