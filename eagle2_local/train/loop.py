@@ -206,7 +206,7 @@ class Trainer:
             batch = make_batch(self.data, self.schedule[self.step], self.starts, self.device)
             for group in self.opt.param_groups:
                 group["lr"] = lr_at(self.step, self.total_steps, self.cfg, self._time_frac())
-            total, losses, acc = ttt_losses(self.head, batch, self.cfg)
+            total, _, acc = ttt_losses(self.head, batch, self.cfg)
             self.opt.zero_grad(set_to_none=True)
             total.backward()
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.cfg.grad_clip)
@@ -240,10 +240,9 @@ def chain_acceptance(head: Eagle3Head, data: FeatureSet, depth: int, batch_token
     head.eval()
     starts = data.starts
     accepted, positions = 0.0, 0
-    cfg = TrainConfig(ttt_steps=depth)
     for docs in plan_batches(data.lengths, batch_tokens, np.random.default_rng(0)):
         batch = make_batch(data, docs, starts, str(head.d2t.device))
-        logits = head.unroll(batch.feats, batch.tokens, cfg.ttt_steps)
+        logits = head.unroll(batch.feats, batch.tokens, depth)
         alive = step_rows(batch, 0)[0]
         if count_from is not None:
             first = torch.from_numpy(count_from[docs].astype(np.int64)).to(alive.device)
