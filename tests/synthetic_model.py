@@ -54,8 +54,12 @@ def vocab(rename: dict[int, str] | None = None) -> tuple[list[str], list[float],
 
 def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                 n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 2048, arch: str = "llama",
-                logit_scale: float = 0.6, qtype: str = "f32", rename: dict[int, str] | None = None) -> Path:
-    """Write the model and return its path. ``seed`` changes the weights, never the vocabulary."""
+                logit_scale: float = 0.6, qtype: str = "f32", rename: dict[int, str] | None = None,
+                block_scale: float = 1.0) -> Path:
+    """Write the model and return its path. ``seed`` changes the weights, never the vocabulary.
+
+    ``block_scale`` < 1 shrinks the blocks' weights: the next token then depends mostly on the current one
+    (a predictable, bigram-like target, as real text is more predictable than a random model's)."""
     path = Path(path)
     tokens, scores, types = vocab(rename)
     n_vocab = len(tokens)
@@ -102,11 +106,11 @@ def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: in
         t(f"blk.{i}.attn_q.weight", (n_embd, n_embd), n_embd ** -0.5)
         t(f"blk.{i}.attn_k.weight", (n_head_kv * head_dim, n_embd), n_embd ** -0.5)
         t(f"blk.{i}.attn_v.weight", (n_head_kv * head_dim, n_embd), n_embd ** -0.5)
-        t(f"blk.{i}.attn_output.weight", (n_embd, n_embd), n_embd ** -0.5)
+        t(f"blk.{i}.attn_output.weight", (n_embd, n_embd), block_scale * n_embd ** -0.5)
         ones(f"blk.{i}.ffn_norm.weight", n_embd)
         t(f"blk.{i}.ffn_gate.weight", (n_ff, n_embd), n_embd ** -0.5)
         t(f"blk.{i}.ffn_up.weight", (n_ff, n_embd), n_embd ** -0.5)
-        t(f"blk.{i}.ffn_down.weight", (n_embd, n_ff), n_ff ** -0.5)
+        t(f"blk.{i}.ffn_down.weight", (n_embd, n_ff), block_scale * n_ff ** -0.5)
     ones("output_norm.weight", n_embd)
     t("output.weight", (n_vocab, n_embd), logit_scale)
     w.write_header_to_file()

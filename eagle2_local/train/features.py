@@ -1,0 +1,300 @@
+"""Target features and target distributions for training, extracted through llama.cpp and cached on disk.
+
+The head is judged at run time against the *quantized* target that llama.cpp runs, so its training inputs (the
+residual inputs of three target layers) and labels (the target's next-token distribution) come from that same
+model through the same llama.cpp code path, not from a float reimplementation.
+
+Cache layout: one ``shard_NNNNN.npz`` per group of documents, each holding the concatenated ``tokens`` (int32),
+per-document ``lengths``, ``feats`` (n, 3·H) as float16 (float32 when a value would overflow float16),
+``top_ids`` (n, K) int32 and ``top_logp`` (n, K) float16: the K most likely next tokens of the target at each
+position and their log-probabilities over the *full* vocabulary. A finished shard is never rewritten, so an
+interrupted extraction resumes at the next shard; ``meta.json`` records what the cache was made from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from ..errors import Eagle2Error
+from ..llama import ContextSettings, LlamaContext, LlamaModel
+
+log = logging.getLogger(__name__)
+
+F16_MAX = 60000.0
+T = TypeVar("T")
+
+
+class CacheMismatchError(Eagle2Error):
+    """A feature cache on disk was made from another target, layer set or top-K than the one asked for."""
+
+
+@dataclass(frozen=True)
+class ExtractSettings:
+    """What a cache holds; two caches with different settings must not be mixed."""
+
+    target_sha256: str
+    layers: tuple[int, ...]
+    top_k: int = 32
+    max_len: int = 1024
+    n_batch: int = 256
+
+    def key(self) -> dict:
+        d = asdict(self)
+        d.pop("n_batch")  # batch size does not change what is stored (beyond float rounding)
+        d["layers"] = list(self.layers)
+        return d
+
+
+def default_layers(n_layer: int) -> tuple[int, int, int]:
+    """EAGLE-3's feature layers (low, middle, high): 2, L/2 and L-3, kept inside small models."""
+    return tuple(min(max(i, 0), n_layer - 1) for i in (2, n_layer // 2, n_layer - 3))
+
+
+def bytes_per_token(n_embd: int, n_layers: int, top_k: int) -> int:
+    """On-disk size of one cached token (float16 features, top-K ids and log-probs, the token id)."""
+    return 2 * n_embd * n_layers + top_k * (4 + 2) + 4
+
+
+def top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely tokens per row, most likely first, with log-probabilities over the whole vocabulary."""
+    idx = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(logits, idx, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    idx = np.take_along_axis(idx, order, axis=1)
+    vals = np.take_along_axis(vals, order, axis=1)
+    mx = logits.max(axis=1, keepdims=True)
+    lse = mx + np.log(np.exp(logits - mx).sum(axis=1, keepdims=True))
+    return idx.astype(np.int32), (vals - lse).astype(np.float16)
+
+
+@dataclass
+class Rows:
+    """One document's training rows: its tokens and, per token, target features and top-K next-token log-probs."""
+
+    tokens: np.ndarray
+    feats: np.ndarray
+    top_ids: np.ndarray
+    top_logp: np.ndarray
+
+
+class FeatureExtractor:
+    """One llama.cpp context that decodes documents and returns (features, top-K distribution) per token."""
+
+    def __init__(self, model: LlamaModel, layers: tuple[int, ...], top_k: int, max_len: int, n_batch: int,
+                 n_threads: int | None) -> None:
+        if top_k < 1 or top_k > model.n_vocab:
+            raise Eagle2Error(f"top-K must be in 1..{model.n_vocab}, got {top_k}")
+        self.model = model
+        self.top_k = top_k
+        self.max_len = max_len
+        self.n_batch = min(n_batch, max_len)
+        self.ctx = LlamaContext(model, ContextSettings(n_ctx=max(max_len, 16), n_batch=self.n_batch, n_seq_max=1,
+                                                       n_threads=n_threads, layer_inputs=tuple(layers)))
+
+    def _decode(self, tokens: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(tokens)
+        self.ctx.decode(tokens, np.arange(start, start + n, dtype=np.int32), np.ones(n, dtype=np.int8))
+        ids, logps = top_logprobs(self.ctx.logits(n, copy=False), self.top_k)
+        return self.ctx.layer_inputs(n), ids, logps
+
+    def document(self, tokens: list[int]) -> Rows:
+        """Features (n, 3H) float32, top ids (n, K) and top log-probs (n, K) for one token sequence."""
+        tokens = np.asarray(tokens[: self.max_len], dtype=np.int32)
+        self.ctx.clear()
+        parts = [self._decode(tokens[s: s + self.n_batch], s) for s in range(0, len(tokens), self.n_batch)]
+        return Rows(tokens, *(np.concatenate(p) for p in zip(*parts)))
+
+    def generate(self, prompt: list[int], max_new: int) -> Rows:
+        """The target's greedy answer to ``prompt``, with the rows of prompt and answer, in one pass.
+
+        Self-generated text costs one decode per token anyway; reading the features and distributions of
+        that same decode makes its training rows free."""
+        prompt = list(prompt[: self.max_len - 1])
+        rows = self.document(prompt)
+        tokens, feats, ids, logps = list(prompt), [rows.feats], [rows.top_ids], [rows.top_logp]
+        for _ in range(min(max_new, self.max_len - len(prompt))):
+            nxt = int(ids[-1][-1, 0])
+            tokens.append(nxt)
+            if nxt in self.model.eog_tokens or len(tokens) >= self.max_len:
+                break
+            f, i, lp = self._decode(np.array([nxt], dtype=np.int32), len(tokens) - 1)
+            feats.append(f)
+            ids.append(i)
+            logps.append(lp)
+        n = len(tokens)
+        feats, ids, logps = (np.concatenate(x)[:n] for x in (feats, ids, logps))
+        if len(feats) < n:  # the last token (EOG / length cut) was never decoded: its row predicts nothing
+            pad = n - len(feats)
+            feats = np.concatenate([feats, np.repeat(feats[-1:], pad, 0)])
+            ids = np.concatenate([ids, np.repeat(ids[-1:], pad, 0)])
+            logps = np.concatenate([logps, np.repeat(logps[-1:], pad, 0)])
+        return Rows(np.asarray(tokens, np.int32), feats, ids, logps)
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class ShardWriter:
+    """Appends documents' rows to a cache as numbered shards; on restart it skips documents already stored.
+
+    Callers feed documents in a fixed order; ``skip`` says how many of them finished shards already hold
+    (shards are full except possibly the last one of a finished extraction)."""
+
+    def __init__(self, cache: Path, settings: ExtractSettings, docs_per_shard: int = 64) -> None:
+        check_meta(cache, settings)
+        self.cache = cache
+        self.docs_per_shard = docs_per_shard
+        shards = shard_files(cache)
+        self.n_shards = len(shards)
+        self.n_tokens = self.skip = 0
+        for p in shards:
+            with np.load(p) as z:
+                self.n_tokens += int(z["lengths"].sum())
+                self.skip += len(z["lengths"])
+        self.pending: list[Rows] = []
+
+    def add(self, rows: Rows) -> None:
+        self.pending.append(rows)
+        self.n_tokens += len(rows.tokens)
+        if len(self.pending) >= self.docs_per_shard:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write pending documents as one shard (atomically: a crash never leaves half a shard)."""
+        if not self.pending:
+            return
+        docs, self.pending = self.pending, []
+        feats = np.concatenate([d.feats for d in docs])
+        feats = feats.astype(np.float16) if np.abs(feats).max() < F16_MAX else feats.astype(np.float32)
+        path = self.cache / f"shard_{self.n_shards:05d}.npz"
+        tmp = self.cache / f"partial_{self.n_shards:05d}.npz"
+        np.savez(tmp, tokens=np.concatenate([d.tokens for d in docs]),
+                 lengths=np.array([len(d.tokens) for d in docs], np.int32), feats=feats,
+                 top_ids=np.concatenate([d.top_ids for d in docs]),
+                 top_logp=np.concatenate([d.top_logp for d in docs]))
+        tmp.replace(path)
+        self.n_shards += 1
+
+
+def shard_files(cache: Path) -> list[Path]:
+    """Finished shards of a cache, in order (a shard being written has another name until it is complete)."""
+    return sorted(p for p in cache.glob("shard_*.npz") if ".tmp" not in p.name)
+
+
+def check_meta(cache: Path, settings: ExtractSettings) -> None:
+    """Create ``meta.json`` or refuse a cache that was made differently (mixing would poison training)."""
+    meta_path = cache / "meta.json"
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text())
+        if old != settings.key():
+            raise CacheMismatchError(f"{cache} holds features made with {old}, not {settings.key()}; "
+                                     f"use another cache directory")
+    else:
+        cache.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text(json.dumps(settings.key(), indent=1))
+
+
+def fill_cache(model: LlamaModel, cache: Path, settings: ExtractSettings, items: Iterable[T],
+               rows_of: Callable[[FeatureExtractor, T], Rows], *, max_tokens: int, docs_per_shard: int,
+               n_threads: int | None, progress: Callable[[int, int], None] | None) -> int:
+    """Turn ``items`` into rows with ``rows_of`` until ``cache`` holds ``max_tokens`` tokens; return that count.
+
+    Items already stored by an earlier (interrupted) run are skipped, so the item order must not change."""
+    writer = ShardWriter(cache, settings, docs_per_shard)
+    if writer.n_tokens >= max_tokens:
+        return writer.n_tokens
+    extractor = FeatureExtractor(model, settings.layers, settings.top_k, settings.max_len, settings.n_batch,
+                                 n_threads)
+    try:
+        for i, item in enumerate(items):
+            if i < writer.skip:
+                continue
+            writer.add(rows_of(extractor, item))
+            if progress:
+                progress(writer.n_tokens, max_tokens)
+            if writer.n_tokens >= max_tokens:
+                break
+        writer.flush()
+    finally:
+        extractor.close()
+    return writer.n_tokens
+
+
+def extract_to_cache(model: LlamaModel, token_docs: Iterable[list[int]], cache: Path, settings: ExtractSettings,
+                     *, max_tokens: int, n_threads: int | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> int:
+    """Fill ``cache`` with up to ``max_tokens`` tokens of ``token_docs``; return the number of tokens cached.
+
+    Long documents make small shards (8 documents), so an interrupted run loses little."""
+    return fill_cache(model, cache, settings, _nonempty(token_docs), lambda ex, tokens: ex.document(tokens),
+                      max_tokens=max_tokens, docs_per_shard=8, n_threads=n_threads, progress=progress)
+
+
+def _nonempty(docs: Iterable[list[int]]) -> Iterator[list[int]]:
+    for d in docs:
+        if len(d) >= 2:
+            yield d
+
+
+@dataclass
+class FeatureSet:
+    """All cached documents in memory: ``starts[i]:starts[i]+lengths[i]`` are document i's rows."""
+
+    tokens: np.ndarray
+    feats: np.ndarray
+    top_ids: np.ndarray
+    top_logp: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def split(self, n_heldout_docs: int) -> tuple["FeatureSet", "FeatureSet"]:
+        """(training set, held-out set): the last ``n_heldout_docs`` documents are held out."""
+        n_keep = max(len(self.lengths) - n_heldout_docs, 0)
+        cut = int(self.lengths[:n_keep].sum())
+        a = FeatureSet(self.tokens[:cut], self.feats[:cut], self.top_ids[:cut], self.top_logp[:cut],
+                       self.lengths[:n_keep])
+        b = FeatureSet(self.tokens[cut:], self.feats[cut:], self.top_ids[cut:], self.top_logp[cut:],
+                       self.lengths[n_keep:])
+        return a, b
+
+
+def load_cache(caches: Iterable[Path]) -> FeatureSet:
+    """Every shard of the given cache directories, concatenated in order."""
+    parts = {k: [] for k in ("tokens", "feats", "top_ids", "top_logp", "lengths")}
+    for cache in caches:
+        for p in shard_files(Path(cache)):
+            with np.load(p) as z:
+                for k in parts:
+                    parts[k].append(z[k].astype(np.float32) if k == "feats" and z[k].dtype != np.float16 else z[k])
+    if not parts["lengths"]:
+        raise Eagle2Error(f"no cached features in {', '.join(map(str, caches))}")
+    feats = parts["feats"]
+    dtype = np.float16 if all(f.dtype == np.float16 for f in feats) else np.float32
+    return FeatureSet(np.concatenate(parts["tokens"]), np.concatenate([f.astype(dtype) for f in feats]),
+                      np.concatenate(parts["top_ids"]), np.concatenate(parts["top_logp"]),
+                      np.concatenate(parts["lengths"]))
+
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file (provenance: which exact target a cache or head was made from)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,84 @@
+"""What a head borrows from its target GGUF: shapes, RoPE/norm constants, token embedding and LM head.
+
+The runtime head reads the target's token embedding (quantized); training uses its dequantized copy, frozen,
+so the head learns against the vectors it will actually get. The target's LM head (or its tied embedding) and
+final norm initialise the head's own reduced LM head: the head then starts out mapping "a hidden state like the
+target's last one" to the target's vocabulary and only has to learn to produce such states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelError
+
+
+@dataclass
+class TargetWeights:
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    rope_theta: float
+    rms_eps: float
+    n_ctx_train: int
+    embedding: np.ndarray  # (V, H) float32
+    lm_head: np.ndarray  # (V, H) float32: output.weight, or the tied embedding
+    output_norm: np.ndarray  # (H,)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def _dequantize(tensor) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    data = dequantize(tensor.data, tensor.tensor_type)
+    return np.array(data, dtype=np.float32).reshape(int(tensor.shape[1]), int(tensor.shape[0]))
+
+
+def read_target_weights(path: Path) -> TargetWeights:
+    """Read what training needs from a target GGUF (without llama.cpp)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path, "r")
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.") and len(f.data) <= 64}
+    arch = meta.get("general.architecture")
+
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelError(f"{path.name} lacks {arch}.{name}; cannot size a head for it")
+        return value
+
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors or "output_norm.weight" not in tensors:
+        raise ModelError(f"{path.name} has no token_embd/output_norm tensors; not a decoder-only LLM?")
+    embedding = _dequantize(tensors["token_embd.weight"])
+    lm_head = _dequantize(tensors["output.weight"]) if "output.weight" in tensors else embedding
+    n_embd = int(key("embedding_length"))
+    n_head = int(key("attention.head_count"))
+    return TargetWeights(
+        n_embd=n_embd, n_layer=int(key("block_count")), n_head=n_head,
+        n_head_kv=int(key("attention.head_count_kv", n_head)), n_ff=int(key("feed_forward_length")),
+        n_vocab=embedding.shape[0], rope_theta=float(key("rope.freq_base", 10000.0)),
+        rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        n_ctx_train=int(key("context_length", 2048)), embedding=embedding, lm_head=lm_head,
+        output_norm=np.asarray(tensors["output_norm.weight"].data, dtype=np.float32).reshape(-1))
+
+
+def draft_vocabulary(counts: np.ndarray, size: int) -> np.ndarray:
+    """The ``size`` most frequent target ids (ties: lower id first), ascending; ``d2t`` = ids - arange.
+
+    EAGLE-3 drafts over a reduced vocabulary: its LM head is the head's largest matrix, and rare tokens are
+    almost never accepted anyway. Ids never seen fill up the set in id order when the data has fewer."""
+    if not 1 <= size <= len(counts):
+        raise ModelError(f"draft vocabulary must hold 1..{len(counts)} tokens, got {size}")
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    return np.sort(order[:size]).astype(np.int64)
