@@ -127,6 +127,7 @@ class TreeBudget:
     acceptance: AcceptanceMap = field(default_factory=AcceptanceMap)
     probe_every: int = 8
     max_probe_every: int = 128
+    probe_backlog: int = 32  # probe only when the draft has at most this many tokens to catch up on
     rate_alpha: float = 0.3
     clock: Callable[[], float] = time.perf_counter
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
@@ -142,8 +143,12 @@ class TreeBudget:
         self._draft_can_pay: bool | None = None
 
     # ------------------------------------------------------------ before drafting
-    def wants_tree(self) -> bool:
-        """Draft this round? No while trees lose to plain decoding, except for a periodic probe."""
+    def wants_tree(self, fresh_tokens: int = 1) -> bool:
+        """Draft this round? No while trees lose to plain decoding, except for a periodic probe.
+
+        ``fresh_tokens``: how much text the draft would first have to catch up on. A probe is postponed while
+        that backlog is long (a new prompt, many plain steps): catching a head up on hundreds of tokens costs
+        more than a probe can win, and is the main way probing would make plain-speed generation slower."""
         self.rounds += 1
         if self._draft_can_pay is None:  # load scales both sides alike: recomputed only when draft costs change
             self._draft_can_pay = self.ceiling_rate() >= self.costs.plain_rate
@@ -155,6 +160,8 @@ class TreeBudget:
             return True
         if self._plain_left > 0:
             self._plain_left -= 1
+            return False
+        if fresh_tokens > self.probe_backlog:
             return False
         # a probe is due: go plain for `backoff` rounds after it if it loses again
         self._plain_left = self._backoff

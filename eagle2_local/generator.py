@@ -227,8 +227,8 @@ class Generator:
                 return
             # A plain step (the draft not run) when only the root fits or the budget finds that no tree beats
             # plain decoding now; the engine catches up on those tokens in its next catch_up.
-            if room > 1 and (self.budget is None or self.budget.wants_tree()):
-                fresh = len(self.tokens) + 1 - offered
+            fresh = len(self.tokens) + 1 - offered  # tokens the draft has not ingested yet, root included
+            if room > 1 and (self.budget is None or self.budget.wants_tree(fresh)):
                 accepted, bonus, new_features = self._tree_round(root, features, features_from, fresh, room,
                                                                  sampling, rng, stats)
                 features, features_from = new_features, len(self.tokens)

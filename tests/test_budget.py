@@ -213,3 +213,18 @@ def test_eagle2_calibrates_once_then_reads_the_cache(synth_q8, tmp_path, monkeyp
         assert llm.budget_mode == "fixed" and llm.stats()["budget"] is None
     with pytest.raises(Exception, match="budget"):
         Eagle2(synth_q8, budget="sometimes", **kw)
+
+
+def test_probes_wait_while_the_draft_has_a_long_backlog():
+    """Catching a head up on a long backlog (a new prompt, many plain steps) costs more than a probe can win:
+    once trees have lost, a probe is postponed until the backlog is short; winning trees ignore the backlog."""
+    budget = TreeBudget(steep(), max_nodes=60, max_depth=6, probe_every=2, max_probe_every=2, clock=lambda: 0.0)
+    scores = np.array([-1.5, -2.0, -2.5])
+    assert budget.wants_tree(fresh_tokens=500)  # nothing known yet: the first tree is always tried
+    budget.start_round(500)
+    budget.keep_expanding(scores, scores, levels_done=1)
+    budget.observe_tree(scores, np.array([False, False, False]), 0.02, 1)
+    assert not any(budget.wants_tree(fresh_tokens=100 + i) for i in range(20))
+    assert any(budget.wants_tree(fresh_tokens=3) for _ in range(4))
+    budget.tree_rate = 10 * budget.costs.plain_rate
+    assert budget.wants_tree(fresh_tokens=500)
