@@ -171,3 +171,24 @@ def test_chat_reuse_mixing_plain_and_speculative_calls(head, target4):
     plain decoding's, and the head is never short of features (it re-reads what it lacks)."""
     outputs = chat_turn_outputs(target4, head[0], total_tokens=10, depth=4, tree_top_k=3)
     assert outputs["eagle"] == outputs["plain"]
+
+
+@pytest.mark.smollm2
+def test_default_model_uses_its_shipped_head_losslessly(smollm2_path):
+    """`Eagle2()` loads SmolLM2 with the trained head that ships in the package; greedy output through real
+    EAGLE-3 trees (many accepted tokens) equals plain greedy output (1 thread, trees < 64 nodes: bit-identical)."""
+    from eagle2_local.models import default_head_path
+
+    assert default_head_path() is not None, "the default head must ship with the package"
+    prompts = load_prompts(3)
+    with Eagle2(n_threads=1, n_ctx=1024, total_tokens=24, depth=5, tree_top_k=6) as llm:
+        assert llm.engine_name.startswith("eagle3:")
+        spec = [llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=48, temperature=0)
+                for p in prompts]
+        accepted = sum(llm.stats()["accepted_per_depth"] or [0])
+    with Eagle2(smollm2_path, n_threads=1, n_ctx=1024) as llm:
+        plain = [llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=48, temperature=0)
+                 for p in prompts]
+    assert [c["choices"][0]["message"]["content"] for c in spec] == \
+        [c["choices"][0]["message"]["content"] for c in plain]
+    assert accepted > 0  # the head really drafted accepted tokens in the last answer
