@@ -96,7 +96,7 @@ class Generator:
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.last_stats = GenerationStats()
         # target features (embeddings on) not yet handed to the engine, the first row being position _features_from
-        self._features: np.ndarray | None = None
+        self._pending: _Rows | None = None
         self._features_from = 0
         if engine is not None:
             self._check_tree_fits()
@@ -110,13 +110,22 @@ class Generator:
             raise ContextFullError(f"the tree budget allows {self.budget.max_nodes} nodes but the tree is capped "
                                    f"at {p.total_tokens}")
 
+    @property
+    def _features(self) -> np.ndarray | None:
+        """Target features not yet handed to the engine, the first row being position ``_features_from``."""
+        return self._pending.array() if self._pending is not None else None
+
+    @_features.setter
+    def _features(self, rows: np.ndarray | None) -> None:
+        self._pending = _Rows(rows) if rows is not None else None
+
     def reset(self) -> None:
         """Forget the conversation (empties the KV caches)."""
         self.target.reset()
         if self.engine is not None:
             self.engine.reset()
         self.tokens = []
-        self._features, self._features_from = None, 0
+        self._pending, self._features_from = None, 0
 
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
@@ -207,16 +216,15 @@ class Generator:
             logits = ver.logits[0]
             stats.verify_s += time.perf_counter() - t
             self.tokens.append(token)
-            if ver.features is not None:  # kept for a feature-fed draft engine's next speculative call
-                self._features = ver.features if self._features is None else \
-                    np.concatenate([self._features, ver.features])
+            if ver.features is not None and self._pending is not None and self.engine is not None:
+                self._pending.append(ver.features)  # kept for a feature-fed draft engine's next speculative call
 
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
                      rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
         root = sampling.choose(logits, np.asarray(self.tokens), rng)
         yield _emit(emitter, [root])
-        features, features_from = self._features, self._features_from
+        backlog, features_from = _Rows(self._features), self._features_from  # features the engine has not seen
         offered = self._features_from  # the engine has seen tokens[:offered] (rolled back to it in _prefill)
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
@@ -229,18 +237,17 @@ class Generator:
             # plain decoding now; the engine catches up on those tokens in its next catch_up.
             fresh = len(self.tokens) + 1 - offered  # tokens the draft has not ingested yet, root included
             if room > 1 and (self.budget is None or self.budget.wants_tree(fresh)):
-                accepted, bonus, new_features = self._tree_round(root, features, features_from, fresh, room,
+                accepted, bonus, new_features = self._tree_round(root, backlog.array(), features_from, fresh, room,
                                                                  sampling, rng, stats)
-                features, features_from = new_features, len(self.tokens)
+                backlog, features_from = _Rows(new_features), len(self.tokens)
                 offered = len(self.tokens) + 1
             else:
                 bonus, new_features = self._plain_step(root, sampling, rng, stats)
                 accepted = []
-                if features is not None:  # the engine has not seen these features yet: keep them for it
-                    features = np.concatenate([features, new_features])
+                backlog.append(new_features)  # the engine has not seen these features yet: keep them for it
             self.tokens.extend([root] + accepted)
             # not delivered until the next catch_up: a later call that reuses this text needs them
-            self._features, self._features_from = features, features_from
+            self._pending, self._features_from = backlog, features_from
             yield _emit(emitter, accepted + [bonus])
             root = bonus
 
@@ -302,6 +309,23 @@ def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:
     n_before = len(emitter.tokens)
     text = "".join(emitter.push(tok) for tok in tokens if not emitter.done)
     return Chunk(text, emitter.tokens[n_before:], emitter.finish_reason)
+
+
+class _Rows:
+    """Feature rows gathered one decoding step at a time, concatenated only when read: appending to one array
+    would copy the whole backlog (thousands of floats per token) at every plain step."""
+
+    def __init__(self, rows: np.ndarray | None = None) -> None:
+        self._chunks = [] if rows is None else [rows]
+
+    def append(self, rows: np.ndarray | None) -> None:
+        if rows is not None and self._chunks:
+            self._chunks.append(rows)
+
+    def array(self) -> np.ndarray | None:
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        return self._chunks[0] if self._chunks else None
 
 
 def _join_features(pending: np.ndarray | None, pending_from: int, new: np.ndarray | None,
