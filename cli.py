@@ -149,7 +149,7 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
 
 def _draft_sha256(llm) -> str | None:
     """Hash of the draft's weights file (draft model or head), so reports name exactly what drafted."""
-    from eagle2_local.bench import file_sha256
+    from eagle2_local.models import file_sha256
     path = getattr(llm.generator.engine, "weights_path", None)
     return file_sha256(path) if path is not None else None
 
@@ -214,7 +214,8 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
-    from eagle2_local.bench import Bench, LlamaCppTools, file_sha256, load_prompt_sets
+    from eagle2_local.bench import Bench, LlamaCppTools, load_prompt_sets
+    from eagle2_local.models import file_sha256
     from eagle2_local.generator import Generator
     from eagle2_local.sampling import SamplingParams
 

@@ -28,7 +28,6 @@ target is required. Provenance (source folder, target name and sha256, training 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -38,7 +37,7 @@ import gguf
 
 from eagle2_local.errors import ModelError
 from eagle2_local.gguf_fields import copy_tokenizer
-from eagle2_local.models import read_gguf_info
+from eagle2_local.models import file_sha256, read_gguf_info
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
 
@@ -173,14 +172,6 @@ def check_tensors(t: dict[str, np.ndarray], hp: dict, target_vocab: int, target_
             raise ModelError(f"d2t maps outside the target's {target_vocab} tokens or repeats an id")
     elif hp["draft_vocab_size"] != target_vocab:
         raise ModelError(f"draft vocabulary {hp['draft_vocab_size']} != target's {target_vocab} and no d2t map")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str | Path, outtype: str = "f16",

@@ -11,7 +11,6 @@ batch-invariant, see NOTES.md), and as a mismatch otherwise.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -60,14 +59,6 @@ def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
                 prompts.append(text)
             sets.append(PromptSet(f.stem, prompts[:n] if n else prompts))
     return sets
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def machine_info() -> dict:

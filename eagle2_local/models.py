@@ -89,6 +89,17 @@ def default_model_path() -> Path:
     )
 
 
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file: provenance of heads, caches and benchmark reports (which exact model was used)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def default_head_path() -> Path | None:
     """The shipped head for the default model, or None when this build ships none."""
     return DEFAULT_HEAD_FILE if DEFAULT_HEAD_FILE.is_file() else None

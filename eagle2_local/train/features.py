@@ -286,15 +286,3 @@ def load_cache(caches: Iterable[Path]) -> FeatureSet:
     return FeatureSet(np.concatenate(parts["tokens"]), np.concatenate([f.astype(dtype) for f in feats]),
                       np.concatenate(parts["top_ids"]), np.concatenate(parts["top_logp"]),
                       np.concatenate(parts["lengths"]))
-
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file (provenance: which exact target a cache or head was made from)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -19,8 +19,9 @@ import torch
 from ..llama import LlamaModel
 from .data import document_tokens, first_user_turns, iter_documents
 from .export import convert_to_gguf, export_folder
+from ..models import file_sha256
 from .features import (ExtractSettings, FeatureSet, bytes_per_token, default_layers, extract_to_cache,
-                       file_sha256, load_cache)
+                       load_cache)
 from .head import Eagle3Head, HeadConfig
 from .loop import Progress, TrainConfig, Trainer, chain_acceptance
 from .selfgen import self_generate_to_cache
