@@ -299,6 +299,8 @@ def layer_draft(model, out, layers):
               help="Tokens of --data text to run through the target (0 = none).")
 @click.option("--self-generate", type=int, default=0, show_default=True,
               help="Tokens of the target's own greedy answers to the data's first user turns (0 = none).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=16, show_default=True,
+              help="Prompts answered at once while self-generating (one KV sequence each; ~2x faster on CPU).")
 @click.option("--epochs", type=float, default=1.0, show_default=True, help="Passes over the cached tokens.")
 @click.option("--max-minutes", type=float, default=None, help="Stop training after this long (still exports).")
 @click.option("--draft-vocab", type=int, default=8192, show_default=True, help="Reduced draft vocabulary size.")
@@ -319,7 +321,7 @@ def layer_draft(model, out, layers):
 @click.option("--outtype", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", show_default=True)
 @click.option("--verbose", "-v", is_flag=True)
 @friendly_errors
-def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, draft_vocab, device, resume,
+def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max_minutes, draft_vocab, device, resume,
               init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
     """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
@@ -336,8 +338,8 @@ def train_cmd(model, out, data, max_tokens, self_generate, epochs, max_minutes, 
     out_path = Path(out)
     job = TrainJob(target=resolve_model(model), out=out_path,
                    work_dir=Path(work_dir) if work_dir else out_path.with_suffix(".work"), data=data,
-                   max_tokens=max_tokens, self_generate=self_generate, draft_vocab=draft_vocab, device=device,
-                   resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
+                   max_tokens=max_tokens, self_generate=self_generate, parallel=parallel, draft_vocab=draft_vocab,
+                   device=device, resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
                    heldout_docs=heldout_docs, init_from=Path(init_from) if init_from else None,
                    command=" ".join(["eagle2-local"] + sys.argv[1:]),
                    train=TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,

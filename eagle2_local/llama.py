@@ -167,6 +167,10 @@ class ContextSettings:
     embeddings: bool = False  # post-norm hidden states for EAGLE heads; costs an output per token
     flash_attn: str = "auto"  # "auto" | "on" | "off" (llama.cpp's flash_attn_type)
     layer_inputs: tuple[int, ...] = ()  # layers whose residual inputs every decode copies out (EAGLE-3 features)
+    # One KV buffer shared by all sequences: needed when a token belongs to several sequences (tree nodes). Many
+    # independent sequences (batched generation) want False: each then attends over its own n_ctx/n_seq_max
+    # cells instead of over every sequence's cells.
+    kv_unified: bool = True
 
     def threads(self) -> int:
         return self.n_threads or max(1, os.cpu_count() or 1)
@@ -296,7 +300,7 @@ class LlamaContext:
         p.n_outputs_max = max(self.n_batch, settings.n_seq_max)
         p.n_threads = settings.threads()
         p.n_threads_batch = settings.threads()
-        p.kv_unified = True  # several sequence ids per token (tree nodes) need one shared KV buffer
+        p.kv_unified = settings.kv_unified
         p.swa_full = True
         p.embeddings = settings.embeddings
         p.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE

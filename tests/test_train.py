@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from synthetic_model import WORDS, write_model
+from eagle2_local.chat import render_for_model, rendered_prompt_tokens
 from eagle2_local.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
 from eagle2_local.train.export import export_folder
-from eagle2_local.train.features import ExtractSettings, default_layers, extract_to_cache, load_cache
+from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, default_layers, extract_to_cache,
+                                         load_cache)
 from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, plan_batches
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
@@ -135,6 +137,35 @@ def test_extraction_matches_decoding_and_resumes(tiny, tmp_path):
     # generation decodes one token at a time, extraction in batches: llama.cpp's kernels differ slightly for
     # batches of >= 64 tokens (NOTES.md), which may flip a near-tie
     assert (a == b).mean() >= 0.97 and np.median(np.abs(lp_a - lp_b)) < 0.01
+
+
+def test_parallel_self_generation_matches_one_at_a_time(tiny, tmp_path):
+    """Answering several prompts at once (one KV sequence each, prompts of different lengths finishing at
+    different steps) gives each prompt the answer and rows it gets alone, in prompt order; the answers file
+    follows the same order."""
+    model = LlamaModel(tiny["path"])
+    rnd = random.Random(5)
+    prompts = [[{"role": "user", "content": " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(1, 12)))}]
+               for _ in range(7)]
+    st = tiny["settings"]
+    one = FeatureExtractor(model, st.layers, st.top_k, st.max_len, st.n_batch, 1)
+    toks = [rendered_prompt_tokens(model, render_for_model(model, m)) for m in prompts]
+    alone = [one.generate(t, 30) for t in toks]
+    one.close()
+    many = FeatureExtractor(model, st.layers, st.top_k, st.max_len, st.n_batch, 1, n_parallel=3)
+    together = list(many.generate_many(toks, 30))
+    many.close()
+    assert len(together) == len(alone)
+    assert len({len(r.tokens) for r in alone}) > 1  # answers of different lengths retire at different steps
+    for a, b in zip(alone, together):
+        assert np.array_equal(a.tokens, b.tokens)
+        assert np.allclose(a.feats, b.feats, atol=1e-3) and np.array_equal(a.top_ids[:, 0], b.top_ids[:, 0])
+    self_generate_to_cache(model, prompts, tmp_path / "c", st, max_tokens=10 ** 6, max_new=30, n_threads=1,
+                           n_parallel=3)
+    answers = [json.loads(line)["messages"] for line in (tmp_path / "c" / "answers.jsonl").read_text().splitlines()]
+    model.close()
+    assert [a[:-1] for a in answers] == prompts
+    assert np.array_equal(load_cache([tmp_path / "c"]).tokens, np.concatenate([r.tokens for r in alone]))
 
 
 def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):

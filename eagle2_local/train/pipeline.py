@@ -40,6 +40,7 @@ class TrainJob:
     data: str | None = None
     max_tokens: int = 200_000  # tokens of --data text to extract
     self_generate: int = 0  # tokens of the target's own answers to generate
+    parallel: int = 16  # prompts answered at once while self-generating
     draft_vocab: int = 8192
     device: str = "cpu"
     resume: Path | None = None
@@ -97,7 +98,7 @@ def gather_features(job: TrainJob, model: LlamaModel, settings: ExtractSettings,
     if job.self_generate > 0:
         cache = job.work_dir / "cache" / "selfgen"
         self_generate_to_cache(model, first_user_turns(iter_documents(job.data)), cache, settings,
-                               max_tokens=job.self_generate, n_threads=job.threads,
+                               max_tokens=job.self_generate, n_threads=job.threads, n_parallel=job.parallel,
                                progress=lambda n, t: bar("self-generate", n, t))
         caches.append(cache)
     if job.max_tokens > 0:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from ..chat import rendered_prompt_tokens, render_for_model
 from ..llama import LlamaModel
-from .features import ExtractSettings, FeatureExtractor, Rows, fill_cache
+from .features import ExtractSettings, FeatureExtractor, fill_cache
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +32,27 @@ def prompt_tokens(model: LlamaModel, prompts: Iterable[list[dict]], max_prompt_t
 
 def self_generate_to_cache(model: LlamaModel, prompts: Iterable[list[dict]], cache: Path,
                            settings: ExtractSettings, *, max_tokens: int, max_new: int = 256,
-                           max_prompt_tokens: int = 384, n_threads: int | None = None,
+                           max_prompt_tokens: int = 384, n_threads: int | None = None, n_parallel: int = 16,
                            progress: Callable[[int, int], None] | None = None) -> int:
-    """Answer prompts greedily until the cache holds ``max_tokens`` tokens; return the number it holds."""
+    """Answer prompts greedily, ``n_parallel`` at once, until the cache holds ``max_tokens`` tokens; return the
+    number it holds."""
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / "answers.jsonl").open("a", encoding="utf-8") as answers:
-        def answer(extractor: FeatureExtractor, item: tuple[list[dict], list[int]]) -> Rows:
-            msgs, tokens = item
-            rows = extractor.generate(tokens, max_new)
-            text = model.detokenize(rows.tokens[len(tokens):]).decode("utf-8", "replace")
-            answers.write(json.dumps({"messages": msgs + [{"role": "assistant", "content": text}]}) + "\n")
-            return rows
+        def answer_all(extractor: FeatureExtractor, items: Iterator[tuple[list[dict], list[int]]]):
+            pending: deque[tuple[list[dict], int]] = deque()  # (messages, prompt length) handed out, in order
 
-        return fill_cache(model, cache, settings, prompt_tokens(model, prompts, max_prompt_tokens), answer,
-                          max_tokens=max_tokens, docs_per_shard=16, n_threads=n_threads, progress=progress)
+            def tokens_of() -> Iterator[list[int]]:
+                for msgs, tokens in items:
+                    pending.append((msgs, len(tokens)))
+                    yield tokens
+
+            for rows in extractor.generate_many(tokens_of(), max_new):
+                msgs, n_prompt = pending.popleft()
+                text = model.detokenize(rows.tokens[n_prompt:])
+                answers.write(json.dumps({"messages": msgs + [{"role": "assistant",
+                                                               "content": text.decode("utf-8", "replace")}]}) + "\n")
+                yield rows
+
+        return fill_cache(model, cache, settings, prompt_tokens(model, prompts, max_prompt_tokens), answer_all,
+                          max_tokens=max_tokens, docs_per_shard=16, n_threads=n_threads, progress=progress,
+                          n_parallel=n_parallel)
