@@ -252,8 +252,10 @@ def test_train_cli_end_to_end_with_warm_start(tiny, tmp_path):
     second = CliRunner().invoke(main, common + ["--out", str(tmp_path / "b.gguf"), "--draft-vocab", "64",
                                                 "--init-from", str(tmp_path / "a.work" / "checkpoint.pt")])
     assert second.exit_code == 0, second.output
-    d2t_a = load_file(str(tmp_path / "a.work" / "hf" / "model.safetensors"))["d2t"]
-    d2t_b = load_file(str(tmp_path / "b.work" / "hf" / "model.safetensors"))["d2t"]
-    assert torch.equal(d2t_a, d2t_b)  # 128 entries: the warm start's vocabulary wins over --draft-vocab 64
+    a = load_file(str(tmp_path / "a.work" / "hf" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b.work" / "hf" / "model.safetensors"))
+    assert len(a["d2t"]) == 128 and len(b["d2t"]) == 64  # the vocabulary is rebuilt for the new run ...
+    for name in ("fc.weight", "midlayer.mlp.up_proj.weight"):  # ... the learned weights carry over
+        assert float((b[name] - a[name]).norm() / a[name].norm()) < 0.5  # two fresh inits differ by ~1.4
     cfg = json.loads((tmp_path / "b.work" / "hf" / "config.json").read_text())
     assert cfg["eagle2_local"]["init_from"].endswith("checkpoint.pt")
