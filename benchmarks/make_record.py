@@ -23,7 +23,7 @@ def bench_section(path: Path, rep: dict) -> list[str]:
              f"- model: `{Path(st['model']).name}` (sha256 {st['model_sha256'][:12]}…); draft: `{st['engine']}`",
              f"- threads {st['threads']}, max_tokens {st['max_tokens']}, temperature {st['temperature']}, "
              f"tree {st['tree']}, repeat {st['repeat']}",
-             f"- command: `{st['command']}`", "",
+             f"- command: `{st['command']}`"] + ([f"- note: {rep['note']}"] if rep.get("note") else []) + ["",
              "| set | prompts | plain tok/s | eagle tok/s | speedup (median) | tau | identical | near-ties | tree |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, s in rep["sets"].items():
@@ -81,7 +81,8 @@ def draft_cost_section(reports: list[tuple[Path, dict]]) -> list[str]:
     for path, r in reports:
         lines.append(f"| {path.stem} | `{r['engine']}` | {r.get('threads', '-')} | {r['width']} | {r['catch_up_ms']:.2f} | "
                      f"{r['level_ms']:.2f} | {r['target_token_ms']:.2f} | {r['level_over_target_token']:.3f} |")
-    lines += [""] + [f"- {path.stem}: `{r['command']}`" for path, r in reports] + [""]
+    lines += [""] + [f"- {path.stem}: `{r['command']}`" + (f" ({r['note']})" if r.get("note") else "")
+                     for path, r in reports] + [""]
     return lines
 
 
