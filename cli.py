@@ -308,7 +308,8 @@ def layer_draft(model, out, layers):
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A checkpoint.pt to continue from.")
 @click.option("--init-from", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Warm start: weights and draft vocabulary of a checkpoint.pt, with a fresh optimiser and schedule.")
+              help="Warm start: the weights of a checkpoint.pt, with a fresh optimiser and schedule; the draft "
+                   "vocabulary is rebuilt from this run's data.")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Feature cache, checkpoints and the HF folder (default: OUT without .gguf, plus .work).")
 @click.option("--lr", type=float, default=1e-3, show_default=True)

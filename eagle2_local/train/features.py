@@ -87,10 +87,11 @@ class Rows:
 class _Answer:
     """One prompt being answered in a sequence slot: its tokens so far and the rows of each decoded token."""
 
-    def __init__(self, prompt: Rows, max_len: int) -> None:
+    def __init__(self, index: int, prompt: Rows, limit: int) -> None:
+        self.index = index  # position of the prompt in the input order
         self.tokens = [int(t) for t in prompt.tokens]
         self.parts = [(prompt.feats, prompt.top_ids, prompt.top_logp)]
-        self.max_len = max_len
+        self.limit = limit  # the answer ends when the document reaches this many tokens
 
     def next_token(self) -> int:
         """The target's greedy choice after the last decoded token."""
@@ -118,8 +119,6 @@ class FeatureExtractor:
                  n_threads: int | None, n_parallel: int = 1) -> None:
         if top_k < 1 or top_k > model.n_vocab:
             raise Eagle2Error(f"top-K must be in 1..{model.n_vocab}, got {top_k}")
-        if not 1 <= n_parallel <= 64:
-            raise Eagle2Error(f"parallel sequences must be in 1..64, got {n_parallel}")
         self.model = model
         self.top_k = top_k
         self.max_len = max_len
@@ -141,10 +140,9 @@ class FeatureExtractor:
     def document(self, tokens: list[int], seq: int = 0) -> Rows:
         """Features (n, 3H) float32, top ids (n, K) and top log-probs (n, K) for one token sequence."""
         tokens = np.asarray(tokens[: self.max_len], dtype=np.int32)
+        positions = np.arange(len(tokens), dtype=np.int32)
         self.ctx.seq_rm(seq)
-        parts = [self._decode(tokens[s: s + self.n_batch], np.arange(s, min(s + self.n_batch, len(tokens)),
-                                                                      dtype=np.int32),
-                              np.array([seq], np.int32))
+        parts = [self._decode(tokens[s: s + self.n_batch], positions[s: s + self.n_batch], np.array([seq], np.int32))
                  for s in range(0, len(tokens), self.n_batch)]
         return Rows(tokens, *(np.concatenate(p) for p in zip(*parts)))
 
@@ -158,7 +156,7 @@ class FeatureExtractor:
         Self-generated text costs one decode per token anyway; reading the features and distributions of
         that same decode makes its training rows free."""
         source = iter(prompts)
-        slots: dict[int, tuple[int, _Answer, int]] = {}  # slot -> (prompt index, answer, token limit)
+        slots: dict[int, _Answer] = {}  # KV sequence id -> the answer decoded in it
         done: dict[int, Rows] = {}
         n_started = n_yielded = 0
         exhausted = False
@@ -170,8 +168,8 @@ class FeatureExtractor:
                     break
                 slot = min(set(range(self.n_parallel)) - set(slots))
                 prompt = list(prompt[: self.max_len - 1])
-                answer = _Answer(self.document(prompt, seq=slot), self.max_len)
-                slots[slot] = (n_started, answer, min(len(prompt) + max_new, self.max_len))
+                slots[slot] = _Answer(n_started, self.document(prompt, seq=slot),
+                                      min(len(prompt) + max_new, self.max_len))
                 n_started += 1
             if not slots and n_yielded == n_started:
                 return
@@ -180,21 +178,21 @@ class FeatureExtractor:
                 yield done.pop(n_yielded)
                 n_yielded += 1
 
-    def _step(self, slots: dict[int, tuple[int, "_Answer", int]], done: dict[int, Rows]) -> None:
+    def _step(self, slots: dict[int, _Answer], done: dict[int, Rows]) -> None:
         """Append each slot's next token; decode those that go on as one batch, retire those that ended."""
         active = []
-        for slot, (index, answer, limit) in list(slots.items()):
+        for slot, answer in list(slots.items()):
             nxt = answer.next_token()
             answer.tokens.append(nxt)
-            if nxt in self.model.eog_tokens or len(answer.tokens) >= limit:
-                done[index] = answer.rows()
+            if nxt in self.model.eog_tokens or len(answer.tokens) >= answer.limit:
+                done[answer.index] = answer.rows()
                 del slots[slot]
                 self.ctx.seq_rm(slot)
             else:
                 active.append(slot)
         if not active:
             return
-        answers = [slots[s][1] for s in active]
+        answers = [slots[s] for s in active]
         tokens = np.array([a.tokens[-1] for a in answers], np.int32)
         pos = np.array([len(a.tokens) - 1 for a in answers], np.int32)
         feats, ids, logps = self._decode(tokens, pos, np.array(active, np.int32))

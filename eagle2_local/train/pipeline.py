@@ -155,13 +155,12 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         f"held out: {held.n_tokens:,} tokens")
     counts = np.bincount(train_set.tokens, minlength=tw.n_vocab) + \
         np.bincount(train_set.top_ids[:, 0], minlength=tw.n_vocab)
-    warm = torch.load(job.init_from, map_location="cpu", weights_only=False)["head"] if job.init_from else None
     draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
     coverage = counts[draft_ids].sum() / max(counts.sum(), 1)
     say(f"draft vocabulary: {len(draft_ids)} tokens cover {coverage:.1%} of the training tokens")
     head = build_head(tw, draft_ids, job.train.seed)
-    if warm is not None:
-        warm_start(head, warm)
+    if job.init_from is not None:
+        warm_start(head, torch.load(job.init_from, map_location="cpu", weights_only=False)["head"])
         say(f"warm start from {job.init_from}")
     head = head.to(job.device)
     tau_untrained = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
