@@ -306,7 +306,8 @@ def layer_draft(model, out, layers):
 @click.option("--draft-vocab", type=int, default=8192, show_default=True, help="Reduced draft vocabulary size.")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default="cpu", show_default=True)
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="A checkpoint.pt to continue from.")
+              help="A checkpoint.pt to continue from (its step, optimiser and draft vocabulary; the cache may "
+                   "have grown since).")
 @click.option("--init-from", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Warm start: the weights of a checkpoint.pt, with a fresh optimiser and schedule; the draft "
                    "vocabulary is rebuilt from this run's data.")

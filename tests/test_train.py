@@ -259,3 +259,12 @@ def test_train_cli_end_to_end_with_warm_start(tiny, tmp_path):
         assert float((b[name] - a[name]).norm() / a[name].norm()) < 0.5  # two fresh inits differ by ~1.4
     cfg = json.loads((tmp_path / "b.work" / "hf" / "config.json").read_text())
     assert cfg["eagle2_local"]["init_from"].endswith("checkpoint.pt")
+    # resuming on a grown cache keeps the checkpoint's vocabulary (its LM head rows and label mapping)
+    grown = common[:common.index("--self-generate") + 1] + ["1200"] + common[common.index("--self-generate") + 2:]
+    third = CliRunner().invoke(main, grown + ["--out", str(tmp_path / "c.gguf"), "--epochs", "2", "--work-dir",
+                                              str(tmp_path / "a.work"), "--resume",
+                                              str(tmp_path / "a.work" / "checkpoint.pt")])
+    assert third.exit_code == 0, third.output
+    assert "keeping its draft vocabulary of 128 tokens" in third.output
+    c = load_file(str(tmp_path / "a.work" / "hf" / "model.safetensors"))
+    assert torch.equal(c["d2t"], a["d2t"]) and torch.equal(c["lm_head.weight"], a["lm_head.weight"])

@@ -102,6 +102,15 @@ def warm_start(head: Eagle3Head, state: dict) -> None:
         raise ValueError(f"warm-start checkpoint does not fit this head: missing {missing}, unexpected {unexpected}")
 
 
+def checkpoint_draft_ids(path: Path) -> np.ndarray:
+    """The draft vocabulary (target ids) a checkpoint was trained with.
+
+    A resumed run must keep it even when the cache has grown since: its LM head rows and optimiser state belong
+    to those tokens, and the labels must be mapped through the same vocabulary."""
+    d2t = torch.load(path, map_location="cpu", weights_only=False)["head"]["d2t"].numpy()
+    return np.arange(len(d2t)) + d2t
+
+
 def gather_features(job: TrainJob, model: LlamaModel, settings: ExtractSettings,
                     say: Callable[[str], None], bar: Callable[[str, int, int], None]) -> list[Path]:
     """Self-generate and/or extract into the work directory's caches; return the caches to train on."""
@@ -155,7 +164,11 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         f"held out: {held.n_tokens:,} tokens")
     counts = np.bincount(train_set.tokens, minlength=tw.n_vocab) + \
         np.bincount(train_set.top_ids[:, 0], minlength=tw.n_vocab)
-    draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
+    if job.resume is not None:
+        draft_ids = checkpoint_draft_ids(job.resume)
+        say(f"resuming {job.resume}: keeping its draft vocabulary of {len(draft_ids)} tokens")
+    else:
+        draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
     coverage = counts[draft_ids].sum() / max(counts.sum(), 1)
     say(f"draft vocabulary: {len(draft_ids)} tokens cover {coverage:.1%} of the training tokens")
     head = build_head(tw, draft_ids, job.train.seed)
