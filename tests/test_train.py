@@ -172,7 +172,7 @@ def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
     """The exported folder loads back into the same head, and eval-head reports a τ per prompt file."""
     from click.testing import CliRunner
     from cli import main
-    from eagle2_local.train.evaluate import load_head
+    from eagle2_local.train.evaluate import answer_rows, load_head
 
     head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)
     folder = export_folder(head, tmp_path / "hf", default_layers(4), {})
@@ -191,6 +191,14 @@ def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
     lines = res.output.splitlines()
     assert [line.split()[0] for line in lines] == ["alpha", "beta", "mean"]
     assert all(1.0 <= float(line.split()[-1]) <= 4.0 for line in lines)
+    model = LlamaModel(tiny["path"])  # answering prompts together gives the answers of one at a time
+    try:
+        one = answer_rows(model, layers, ["alpha " + w for w in WORDS[:5]], 12, 1, n_parallel=1)
+        many = answer_rows(model, layers, ["alpha " + w for w in WORDS[:5]], 12, 1, n_parallel=3)
+    finally:
+        model.close()
+    assert np.array_equal(one[0].tokens, many[0].tokens) and np.array_equal(one[0].lengths, many[0].lengths)
+    assert np.array_equal(one[1], many[1]) and np.allclose(one[0].feats, many[0].feats, atol=1e-3)
 
 
 def test_training_time_test_matches_the_inference_layout(tiny, tmp_path):

@@ -49,21 +49,24 @@ def prompt_set(path: Path) -> list[str]:
 
 
 def answer_rows(model: LlamaModel, layers: tuple[int, ...], prompts: list[str], max_new: int,
-                n_threads: int | None) -> tuple[FeatureSet, np.ndarray]:
-    """The target's greedy answers to ``prompts`` as feature rows, and each answer's root row (last prompt row)."""
-    ex = FeatureExtractor(model, layers, top_k=1, max_len=2048, n_batch=256, n_threads=n_threads)
-    docs, roots = [], []
+                n_threads: int | None, n_parallel: int = 16) -> tuple[FeatureSet, np.ndarray]:
+    """The target's greedy answers to ``prompts`` as feature rows, and each answer's root row (last prompt row).
+
+    Up to ``n_parallel`` prompts are answered at once (one KV sequence each): ~1.3x faster on 2 CPU cores,
+    with the same answers as one at a time."""
+    prompt_tokens = [rendered_prompt_tokens(model, render_for_model(model, [{"role": "user", "content": p}]))
+                     for p in prompts]
+    max_len = max(len(t) for t in prompt_tokens) + max_new + 1
+    ex = FeatureExtractor(model, layers, top_k=1, max_len=max_len, n_batch=256, n_threads=n_threads,
+                          n_parallel=max(1, min(n_parallel, len(prompts))))
     try:
-        for p in prompts:
-            tokens = rendered_prompt_tokens(model, render_for_model(model, [{"role": "user", "content": p}]))
-            docs.append(ex.generate(tokens, max_new))
-            roots.append(len(tokens) - 1)
+        docs = list(ex.generate_many(prompt_tokens, max_new))
     finally:
         ex.close()
     rows = FeatureSet(np.concatenate([d.tokens for d in docs]), np.concatenate([d.feats for d in docs]),
                       np.concatenate([d.top_ids for d in docs]), np.concatenate([d.top_logp for d in docs]),
                       np.array([len(d.tokens) for d in docs], np.int32))
-    return rows, np.array(roots)
+    return rows, np.array([len(t) - 1 for t in prompt_tokens])
 
 
 def evaluate_sets(target: Path, folder: Path, prompt_files: list[Path], n_prompts: int, max_new: int = 128,
