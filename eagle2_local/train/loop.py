@@ -194,7 +194,11 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
 
     def run(self, progress: Callable[[Progress], None] | None = None) -> dict:
-        """Train to the planned number of steps (or the time limit); return a summary."""
+        """Train to the planned number of steps (or the time limit); return a summary.
+
+        Denormal floats are flushed to zero (process-wide, where the CPU supports it): a fresh SmolLM2 head
+        otherwise produces them and trains ~5x slower on x86 (108 vs 528 steps in 8 minutes), with no gain."""
+        torch.set_flush_denormal(True)
         self.head.train()
         t_start, seen_start = time.perf_counter() - self.train_seconds, self.tokens_seen
         t_run, step0 = time.perf_counter(), self.step
