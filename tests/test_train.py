@@ -86,6 +86,19 @@ def test_resume_continues_exactly(tiny, tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_loading_another_vocabulary_reindexes_labels(tiny):
+    """A state with another ``d2t`` must move the label index with it (the mechanism of the old resume bug)."""
+    head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)
+    other_ids = np.sort(np.random.default_rng(0).choice(tiny["tw"].n_vocab, 256, replace=False))
+    other = build_head(tiny["tw"], other_ids, seed=1)
+    head.load_state_dict(other.state_dict())
+    assert torch.equal(head.draft_ids, torch.from_numpy(other_ids))
+    expected = torch.full((tiny["tw"].n_vocab,), -1, dtype=torch.long)
+    expected[torch.from_numpy(other_ids)] = torch.arange(256)
+    assert torch.equal(head.target_to_draft, expected)
+    assert torch.equal(head.t2d, expected >= 0)
+
+
 def test_schedule_covers_every_planned_step(tiny):
     """Seeded epochs pack documents differently; the plan must still hold a batch for every step."""
     head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)

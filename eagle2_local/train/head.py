@@ -96,6 +96,11 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def draft_to_target(d2t: torch.Tensor) -> torch.Tensor:
+    """Target token id of each draft-vocabulary entry: entry i stands for target id ``i + d2t[i]``."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t
+
+
 class Eagle3Head(nn.Module):
     """fc + one decoder layer + reduced-vocabulary LM head, over a frozen borrowed token embedding."""
 
@@ -114,18 +119,30 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("embed", embedding.float(), persistent=False)
         self.register_buffer("d2t", d2t.long())  # offsets: target id = i + d2t[i]
-        draft_ids = torch.arange(c.draft_vocab_size) + self.d2t
-        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
-        t2d[draft_ids] = True
-        self.register_buffer("t2d", t2d)
-        index = torch.full((c.vocab_size,), -1, dtype=torch.long)
-        index[draft_ids] = torch.arange(c.draft_vocab_size)
-        self.register_buffer("target_to_draft", index, persistent=False)
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.register_buffer("target_to_draft", torch.full((c.vocab_size,), -1, dtype=torch.long), persistent=False)
+        self._index_vocabulary()
 
     @property
     def draft_ids(self) -> torch.Tensor:
         """Target token id of each draft-vocabulary entry."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+        return draft_to_target(self.d2t)
+
+    def _index_vocabulary(self) -> None:
+        """Derive ``t2d`` and the label index ``target_to_draft`` from ``d2t``, the one source of truth."""
+        ids = self.draft_ids
+        with torch.no_grad():
+            self.t2d.zero_()
+            self.t2d[ids] = True
+            self.target_to_draft.fill_(-1)
+            self.target_to_draft[ids] = torch.arange(len(ids), device=ids.device)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load, then re-derive the vocabulary index: a state with another ``d2t`` (a resumed checkpoint) must
+        not leave labels mapped through the vocabulary the head was built with."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._index_vocabulary()
+        return result
 
     def encode(self, feats: torch.Tensor) -> torch.Tensor:
         """g from the target features (B, T, 3·Ht)."""

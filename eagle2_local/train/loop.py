@@ -145,6 +145,11 @@ def lr_at(step: int, total: int, cfg: TrainConfig, time_frac: float = 0.0) -> fl
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by :meth:`Trainer.save` (head and optimiser state, schedule position), on the CPU."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 @dataclass
 class Progress:
     step: int
@@ -186,12 +191,16 @@ class Trainer:
         tmp.replace(self.checkpoint)
 
     def load(self, path: Path) -> None:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        """Resume from a checkpoint file written by :meth:`save`."""
+        self.load_state(load_checkpoint(path))
+        log.info("resumed from %s at step %d", path, self.step)
+
+    def load_state(self, state: dict) -> None:
+        """Resume from a checkpoint already read (the pipeline reads it once for its vocabulary too)."""
         self.head.load_state_dict(state["head"])
         self.opt.load_state_dict(state["opt"])
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.train_seconds = float(state["train_seconds"])
-        log.info("resumed from %s at step %d", path, self.step)
 
     def run(self, progress: Callable[[Progress], None] | None = None) -> dict:
         """Train to the planned number of steps (or the time limit); return a summary.

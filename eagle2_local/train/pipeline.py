@@ -22,8 +22,8 @@ from .export import convert_to_gguf, export_folder
 from ..models import file_sha256
 from .features import (ExtractSettings, FeatureSet, bytes_per_token, default_layers, extract_to_cache,
                        load_cache)
-from .head import Eagle3Head, HeadConfig
-from .loop import Progress, TrainConfig, Trainer, chain_acceptance
+from .head import Eagle3Head, HeadConfig, draft_to_target
+from .loop import Progress, TrainConfig, Trainer, chain_acceptance, load_checkpoint
 from .selfgen import self_generate_to_cache
 from .target_weights import TargetWeights, draft_vocabulary, read_target_weights
 
@@ -102,13 +102,12 @@ def warm_start(head: Eagle3Head, state: dict) -> None:
         raise ValueError(f"warm-start checkpoint does not fit this head: missing {missing}, unexpected {unexpected}")
 
 
-def checkpoint_draft_ids(path: Path) -> np.ndarray:
-    """The draft vocabulary (target ids) a checkpoint was trained with.
+def checkpoint_draft_ids(state: dict) -> np.ndarray:
+    """The draft vocabulary (target ids) a checkpoint (as loaded by :func:`load_checkpoint`) was trained with.
 
     A resumed run must keep it even when the cache has grown since: its LM head rows and optimiser state belong
     to those tokens, and the labels must be mapped through the same vocabulary."""
-    d2t = torch.load(path, map_location="cpu", weights_only=False)["head"]["d2t"].numpy()
-    return np.arange(len(d2t)) + d2t
+    return draft_to_target(state["head"]["d2t"]).numpy()
 
 
 def gather_features(job: TrainJob, model: LlamaModel, settings: ExtractSettings,
@@ -164,8 +163,9 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         f"held out: {held.n_tokens:,} tokens")
     counts = np.bincount(train_set.tokens, minlength=tw.n_vocab) + \
         np.bincount(train_set.top_ids[:, 0], minlength=tw.n_vocab)
-    if job.resume is not None:
-        draft_ids = checkpoint_draft_ids(job.resume)
+    resumed = load_checkpoint(job.resume) if job.resume is not None else None
+    if resumed is not None:
+        draft_ids = checkpoint_draft_ids(resumed)
         say(f"resuming {job.resume}: keeping its draft vocabulary of {len(draft_ids)} tokens")
     else:
         draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
@@ -173,13 +173,14 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     say(f"draft vocabulary: {len(draft_ids)} tokens cover {coverage:.1%} of the training tokens")
     head = build_head(tw, draft_ids, job.train.seed)
     if job.init_from is not None:
-        warm_start(head, torch.load(job.init_from, map_location="cpu", weights_only=False)["head"])
+        warm_start(head, load_checkpoint(job.init_from)["head"])
         say(f"warm start from {job.init_from}")
     head = head.to(job.device)
     tau_untrained = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
     trainer = Trainer(head, train_set, job.train, job.work_dir / "checkpoint.pt")
-    if job.resume is not None:
-        trainer.load(job.resume)
+    if resumed is not None:
+        trainer.load_state(resumed)
+        log.info("resumed from %s at step %d", job.resume, trainer.step)
     summary = trainer.run(train_progress)
     tau = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
     summary.update({"chain_tau_heldout": round(tau, 3), "chain_tau_untrained": round(tau_untrained, 3),
