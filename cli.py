@@ -361,9 +361,12 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
 @click.option("--n", "n_prompts", type=int, default=10, show_default=True, help="Prompts per file.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Greedy answer length per prompt.")
 @click.option("--depth", type=int, default=6, show_default=True, help="Drafted chain length.")
+@click.option("--parallel", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Prompts answered at once. The context holds this many x (longest prompt + --max-tokens) "
+                   "cells: lower it for big targets or long prompt sets.")
 @click.option("--threads", "-t", type=int, default=None)
 @friendly_errors
-def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, threads):
+def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, parallel, threads):
     """Estimate a trained head's τ per prompt category, in torch (teacher-forced greedy chains on the target's
     own greedy answers): a lower bound of the runtime's tree τ, available without the runtime."""
     try:
@@ -376,7 +379,7 @@ def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, threa
     if threads:
         torch.set_num_threads(threads)
     taus = evaluate_sets(resolve_model(model), Path(head_dir), [Path(p) for p in prompt_files], n_prompts,
-                         max_tokens, depth, threads)
+                         max_tokens, depth, threads, parallel)
     for name, tau in taus.items():
         click.echo(f"{name:<16} chain tau {tau:.3f}")
     click.echo(f"{'mean':<16} chain tau {sum(taus.values()) / len(taus):.3f}")

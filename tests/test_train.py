@@ -204,6 +204,9 @@ def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
     lines = res.output.splitlines()
     assert [line.split()[0] for line in lines] == ["alpha", "beta", "mean"]
     assert all(1.0 <= float(line.split()[-1]) <= 4.0 for line in lines)
+    alone = CliRunner().invoke(main, ["eval-head", "-m", str(tiny["path"]), "--head-dir", str(folder), "--n", "2",
+                                      "--max-tokens", "12", "--depth", "3", "-t", "1", "--parallel", "1"] + prompts)
+    assert alone.exit_code == 0 and alone.output == res.output, alone.output
     model = LlamaModel(tiny["path"])  # answering prompts together gives the answers of one at a time
     try:
         one = answer_rows(model, layers, ["alpha " + w for w in WORDS[:5]], 12, 1, n_parallel=1)

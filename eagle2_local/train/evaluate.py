@@ -70,14 +70,15 @@ def answer_rows(model: LlamaModel, layers: tuple[int, ...], prompts: list[str], 
 
 
 def evaluate_sets(target: Path, folder: Path, prompt_files: list[Path], n_prompts: int, max_new: int = 128,
-                  depth: int = 6, n_threads: int | None = None) -> dict[str, float]:
+                  depth: int = 6, n_threads: int | None = None, n_parallel: int = 16) -> dict[str, float]:
     """Chain-τ estimate (depth ``depth``) on the greedy answers to each prompt file, keyed by the file's stem."""
     head, layers = load_head(folder, target)
     model = LlamaModel(target)
     result = {}
     try:
         for path in prompt_files:
-            rows, roots = answer_rows(model, layers, prompt_set(path)[:n_prompts], max_new, n_threads)
+            rows, roots = answer_rows(model, layers, prompt_set(path)[:n_prompts], max_new, n_threads,
+                                       n_parallel)
             result[path.stem] = round(chain_acceptance(head, rows, depth, count_from=roots), 3)
     finally:
         model.close()
