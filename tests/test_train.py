@@ -15,7 +15,7 @@ from eagle2_local.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
 from eagle2_local.train.export import export_folder
 from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, default_layers, extract_to_cache,
-                                         load_cache)
+                                         load_cache, load_split, shard_files)
 from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, plan_batches
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
@@ -97,6 +97,30 @@ def test_loading_another_vocabulary_reindexes_labels(tiny):
     expected[torch.from_numpy(other_ids)] = torch.arange(256)
     assert torch.equal(head.target_to_draft, expected)
     assert torch.equal(head.t2d, expected >= 0)
+
+
+def test_load_split_holds_out_each_caches_last_documents(tiny, tmp_path):
+    """Two caches (one with a float32 shard) load into one training set and one held-out set, as splitting each
+    cache and concatenating would, with float16 features promoted when any shard is float32."""
+    import shutil
+
+    shards = shard_files(tiny["dir"] / "cache")
+    assert len(shards) >= 2
+    for name, part in (("a", shards[:1]), ("b", shards[1:])):
+        (tmp_path / name).mkdir()
+        for p in part:
+            shutil.copy(p, tmp_path / name / p.name)
+    with np.load(tmp_path / "b" / shards[-1].name) as z:
+        arrays = dict(z)
+    arrays["feats"] = arrays["feats"].astype(np.float32)
+    np.savez(tmp_path / "b" / shards[-1].name, **arrays)
+    train, held = load_split([tmp_path / "a", tmp_path / "b"], 3)
+    want_train, want_held = zip(*(load_cache([tmp_path / n]).split(3) for n in ("a", "b")))
+    assert train.feats.dtype == np.float32
+    for got, want in ((train, want_train), (held, want_held)):
+        for key in ("tokens", "feats", "top_ids", "top_logp", "lengths"):
+            assert np.array_equal(getattr(got, key), np.concatenate([getattr(w, key) for w in want])), key
+    assert len(held.lengths) == 6
 
 
 def test_schedule_covers_every_planned_step(tiny):

@@ -335,18 +335,72 @@ class FeatureSet:
         return a, b
 
 
+def _npy_header(z, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of one array of an opened ``.npz`` without reading its data."""
+    with z.zip.open(key + ".npy") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+    return shape, dtype
+
+
+def _empty_set(n_rows: int, n_docs: int, width: int, k: int, feat_dtype) -> FeatureSet:
+    return FeatureSet(np.empty(n_rows, np.int32), np.empty((n_rows, width), feat_dtype), np.empty((n_rows, k), np.int32),
+                      np.empty((n_rows, k), np.float16), np.empty(n_docs, np.int32))
+
+
+def load_split(caches: Iterable[Path], n_heldout_docs: int = 0) -> tuple[FeatureSet, FeatureSet]:
+    """(training set, held-out set) of every shard of the given caches; each cache gives its last
+    ``n_heldout_docs`` documents to the held-out set.
+
+    Why two passes: the feature rows of a few million tokens take gigabytes (3.5 KB per SmolLM2 token), so the
+    first pass reads only the shards' headers and document lengths, and the second copies each shard straight
+    into arrays of the final size (peak memory: the result plus one shard, not three copies of it)."""
+    caches = [Path(c) for c in caches]
+    shards = []  # (path, lengths, held-out mask per document)
+    width = k = None
+    feat_dtype = np.dtype(np.float16)
+    for cache in caches:
+        files = shard_files(cache)
+        lengths = []
+        for path in files:
+            with np.load(path) as z:
+                lengths.append(z["lengths"])
+                (_, width), dtype = _npy_header(z, "feats")
+                (_, k), _ = _npy_header(z, "top_ids")
+                if dtype != np.float16:
+                    feat_dtype = np.dtype(np.float32)
+        n_docs = sum(len(x) for x in lengths)
+        first_held = max(n_docs - n_heldout_docs, 0)
+        doc = 0
+        for path, lens in zip(files, lengths):
+            shards.append((path, lens, np.arange(doc, doc + len(lens)) >= first_held))
+            doc += len(lens)
+    if not shards:
+        raise Eagle2Error(f"no cached features in {', '.join(map(str, caches))}")
+    out = []
+    for want_held in (False, True):
+        sel = [(lens[held == want_held]) for _, lens, held in shards]
+        n_rows, n_docs = int(sum(int(x.sum()) for x in sel)), sum(len(x) for x in sel)
+        out.append(_empty_set(n_rows, n_docs, width, k, feat_dtype))
+    train, held_out = out
+    at = {False: [0, 0], True: [0, 0]}  # next (row, document) to fill in the training / held-out set
+    for path, lens, held in shards:
+        with np.load(path) as z:
+            arrays = {key: z[key] for key in ("tokens", "feats", "top_ids", "top_logp")}
+        cut_doc = int((~held).sum())  # held-out documents are the last ones of their cache
+        cut_row = int(lens[:cut_doc].sum())
+        for want_held, dest, rows, docs in ((False, train, slice(0, cut_row), slice(0, cut_doc)),
+                                            (True, held_out, slice(cut_row, None), slice(cut_doc, None))):
+            row, doc = at[want_held]
+            n, m = int(lens[docs].sum()), len(lens[docs])
+            for key, src in arrays.items():
+                getattr(dest, key)[row: row + n] = src[rows]
+            dest.lengths[doc: doc + m] = lens[docs]
+            at[want_held] = [row + n, doc + m]
+    return train, held_out
+
+
 def load_cache(caches: Iterable[Path]) -> FeatureSet:
     """Every shard of the given cache directories, concatenated in order."""
-    parts = {k: [] for k in ("tokens", "feats", "top_ids", "top_logp", "lengths")}
-    for cache in caches:
-        for p in shard_files(Path(cache)):
-            with np.load(p) as z:
-                for k in parts:
-                    parts[k].append(z[k].astype(np.float32) if k == "feats" and z[k].dtype != np.float16 else z[k])
-    if not parts["lengths"]:
-        raise Eagle2Error(f"no cached features in {', '.join(map(str, caches))}")
-    feats = parts["feats"]
-    dtype = np.float16 if all(f.dtype == np.float16 for f in feats) else np.float32
-    return FeatureSet(np.concatenate(parts["tokens"]), np.concatenate([f.astype(dtype) for f in feats]),
-                      np.concatenate(parts["top_ids"]), np.concatenate(parts["top_logp"]),
-                      np.concatenate(parts["lengths"]))
+    return load_split(caches, 0)[0]

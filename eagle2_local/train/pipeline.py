@@ -21,7 +21,7 @@ from .data import document_tokens, first_user_turns, iter_documents
 from .export import convert_to_gguf, export_folder
 from ..models import file_sha256
 from .features import (ExtractSettings, FeatureSet, bytes_per_token, default_layers, extract_to_cache,
-                       load_cache)
+                       load_split)
 from .head import Eagle3Head, HeadConfig, draft_to_target
 from .loop import Progress, TrainConfig, Trainer, chain_acceptance, load_checkpoint
 from .selfgen import self_generate_to_cache
@@ -53,16 +53,6 @@ class TrainJob:
     outtype: str = "f16"
     command: str = ""
     train: TrainConfig = field(default_factory=TrainConfig)
-
-
-def concat(sets: list[FeatureSet]) -> FeatureSet:
-    """One feature set of several (float16 features stay float16 unless a part needed float32)."""
-    dtype = np.float16 if all(s.feats.dtype == np.float16 for s in sets) else np.float32
-    return FeatureSet(tokens=np.concatenate([s.tokens for s in sets]),
-                      feats=np.concatenate([s.feats.astype(dtype, copy=False) for s in sets]),
-                      top_ids=np.concatenate([s.top_ids for s in sets]),
-                      top_logp=np.concatenate([s.top_logp for s in sets]),
-                      lengths=np.concatenate([s.lengths for s in sets]))
 
 
 def build_head(tw: TargetWeights, draft_ids: np.ndarray, seed: int, norm_before_fc: bool = True) -> Eagle3Head:
@@ -133,16 +123,6 @@ def gather_features(job: TrainJob, model: LlamaModel, settings: ExtractSettings,
     return caches
 
 
-def split_caches(caches: list[Path], heldout_docs: int) -> tuple[FeatureSet, FeatureSet]:
-    """Training and held-out rows; each cache gives its last documents to the held-out set."""
-    train, held = [], []
-    for cache in caches:
-        a, b = load_cache([cache]).split(heldout_docs)
-        train.append(a)
-        held.append(b)
-    return concat(train), concat(held)
-
-
 def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
             bar: Callable[[str, int, int], None] = lambda *a: None,
             train_progress: Callable[[Progress], None] | None = None) -> dict:
@@ -158,7 +138,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         caches = gather_features(job, model, settings, say, bar)
     finally:
         model.close()
-    train_set, held = split_caches(caches, job.heldout_docs)
+    train_set, held = load_split(caches, job.heldout_docs)  # each cache's last documents are held out
     say(f"training rows: {train_set.n_tokens:,} tokens in {len(train_set.lengths)} documents; "
         f"held out: {held.n_tokens:,} tokens")
     counts = np.bincount(train_set.tokens, minlength=tw.n_vocab) + \
