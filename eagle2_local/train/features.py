@@ -345,8 +345,8 @@ def _npy_header(z, key: str) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def _empty_set(n_rows: int, n_docs: int, width: int, k: int, feat_dtype) -> FeatureSet:
-    return FeatureSet(np.empty(n_rows, np.int32), np.empty((n_rows, width), feat_dtype), np.empty((n_rows, k), np.int32),
-                      np.empty((n_rows, k), np.float16), np.empty(n_docs, np.int32))
+    return FeatureSet(np.empty(n_rows, np.int32), np.empty((n_rows, width), feat_dtype),
+                      np.empty((n_rows, k), np.int32), np.empty((n_rows, k), np.float16), np.empty(n_docs, np.int32))
 
 
 def load_split(caches: Iterable[Path], n_heldout_docs: int = 0) -> tuple[FeatureSet, FeatureSet]:
