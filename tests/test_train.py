@@ -205,10 +205,11 @@ def test_parallel_self_generation_matches_one_at_a_time(tiny, tmp_path):
     assert np.array_equal(load_cache([tmp_path / "c"]).tokens, np.concatenate([r.tokens for r in alone]))
 
 
-def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
+def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path, monkeypatch):
     """The exported folder loads back into the same head, and eval-head reports a τ per prompt file."""
     from click.testing import CliRunner
     from cli import main
+    from eagle2_local.train import evaluate
     from eagle2_local.train.evaluate import answer_rows, load_head
 
     head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)
@@ -228,9 +229,16 @@ def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path):
     lines = res.output.splitlines()
     assert [line.split()[0] for line in lines] == ["alpha", "beta", "mean"]
     assert all(1.0 <= float(line.split()[-1]) <= 4.0 for line in lines)
+    asked = []  # the --parallel value each answer_rows call receives
+
+    def spy(model, layers, prompts, max_new, n_threads, n_parallel=16):
+        asked.append(n_parallel)
+        return answer_rows(model, layers, prompts, max_new, n_threads, n_parallel)
+    monkeypatch.setattr(evaluate, "answer_rows", spy)
     alone = CliRunner().invoke(main, ["eval-head", "-m", str(tiny["path"]), "--head-dir", str(folder), "--n", "2",
                                       "--max-tokens", "12", "--depth", "3", "-t", "1", "--parallel", "1"] + prompts)
     assert alone.exit_code == 0 and alone.output == res.output, alone.output
+    assert asked == [1, 1], asked
     model = LlamaModel(tiny["path"])  # answering prompts together gives the answers of one at a time
     try:
         one = answer_rows(model, layers, ["alpha " + w for w in WORDS[:5]], 12, 1, n_parallel=1)

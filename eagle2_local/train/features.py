@@ -357,7 +357,7 @@ def load_split(caches: Iterable[Path], n_heldout_docs: int = 0) -> tuple[Feature
     first pass reads only the shards' headers and document lengths, and the second copies each shard straight
     into arrays of the final size (peak memory: the result plus one shard, not three copies of it)."""
     caches = [Path(c) for c in caches]
-    shards = []  # (path, lengths, held-out mask per document)
+    shards = []  # (path, lengths, number of training documents): held-out documents end their cache
     width = k = None
     feat_dtype = np.dtype(np.float16)
     for cache in caches:
@@ -370,34 +370,30 @@ def load_split(caches: Iterable[Path], n_heldout_docs: int = 0) -> tuple[Feature
                 (_, k), _ = _npy_header(z, "top_ids")
                 if dtype != np.float16:
                     feat_dtype = np.dtype(np.float32)
-        n_docs = sum(len(x) for x in lengths)
-        first_held = max(n_docs - n_heldout_docs, 0)
+        first_held = max(sum(len(x) for x in lengths) - n_heldout_docs, 0)
         doc = 0
         for path, lens in zip(files, lengths):
-            shards.append((path, lens, np.arange(doc, doc + len(lens)) >= first_held))
+            shards.append((path, lens, int(np.clip(first_held - doc, 0, len(lens)))))
             doc += len(lens)
     if not shards:
         raise Eagle2Error(f"no cached features in {', '.join(map(str, caches))}")
-    out = []
-    for want_held in (False, True):
-        sel = [(lens[held == want_held]) for _, lens, held in shards]
-        n_rows, n_docs = int(sum(int(x.sum()) for x in sel)), sum(len(x) for x in sel)
-        out.append(_empty_set(n_rows, n_docs, width, k, feat_dtype))
-    train, held_out = out
-    at = {False: [0, 0], True: [0, 0]}  # next (row, document) to fill in the training / held-out set
-    for path, lens, held in shards:
+    train = _empty_set(sum(int(lens[:cut].sum()) for _, lens, cut in shards),
+                       sum(cut for _, _, cut in shards), width, k, feat_dtype)
+    held_out = _empty_set(sum(int(lens[cut:].sum()) for _, lens, cut in shards),
+                          sum(len(lens) - cut for _, lens, cut in shards), width, k, feat_dtype)
+    at = {id(train): [0, 0], id(held_out): [0, 0]}  # next (row, document) to fill in each set
+    for path, lens, cut_doc in shards:
         with np.load(path) as z:
             arrays = {key: z[key] for key in ("tokens", "feats", "top_ids", "top_logp")}
-        cut_doc = int((~held).sum())  # held-out documents are the last ones of their cache
         cut_row = int(lens[:cut_doc].sum())
-        for want_held, dest, rows, docs in ((False, train, slice(0, cut_row), slice(0, cut_doc)),
-                                            (True, held_out, slice(cut_row, None), slice(cut_doc, None))):
-            row, doc = at[want_held]
+        for dest, rows, docs in ((train, slice(0, cut_row), slice(0, cut_doc)),
+                                 (held_out, slice(cut_row, None), slice(cut_doc, None))):
+            row, doc = at[id(dest)]
             n, m = int(lens[docs].sum()), len(lens[docs])
             for key, src in arrays.items():
                 getattr(dest, key)[row: row + n] = src[rows]
             dest.lengths[doc: doc + m] = lens[docs]
-            at[want_held] = [row + n, doc + m]
+            at[id(dest)] = [row + n, doc + m]
     return train, held_out
 
 

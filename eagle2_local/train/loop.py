@@ -192,15 +192,16 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         """Resume from a checkpoint file written by :meth:`save`."""
-        self.load_state(load_checkpoint(path))
-        log.info("resumed from %s at step %d", path, self.step)
+        self.load_state(load_checkpoint(path), source=path)
 
-    def load_state(self, state: dict) -> None:
-        """Resume from a checkpoint already read (the pipeline reads it once for its vocabulary too)."""
+    def load_state(self, state: dict, source: object = "a checkpoint") -> None:
+        """Resume from a checkpoint already read (the pipeline reads it once for its vocabulary too);
+        ``source`` only names it in the log."""
         self.head.load_state_dict(state["head"])
         self.opt.load_state_dict(state["opt"])
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.train_seconds = float(state["train_seconds"])
+        log.info("resumed from %s at step %d", source, self.step)
 
     def run(self, progress: Callable[[Progress], None] | None = None) -> dict:
         """Train to the planned number of steps (or the time limit); return a summary.

@@ -158,8 +158,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     tau_untrained = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
     trainer = Trainer(head, train_set, job.train, job.work_dir / "checkpoint.pt")
     if resumed is not None:
-        trainer.load_state(resumed)
-        log.info("resumed from %s at step %d", job.resume, trainer.step)
+        trainer.load_state(resumed, source=job.resume)
     summary = trainer.run(train_progress)
     tau = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
     summary.update({"chain_tau_heldout": round(tau, 3), "chain_tau_untrained": round(tau_untrained, 3),
