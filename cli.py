@@ -304,6 +304,10 @@ def layer_draft(model, out, layers):
 @click.option("--epochs", type=float, default=1.0, show_default=True, help="Passes over the cached tokens.")
 @click.option("--max-minutes", type=float, default=None, help="Stop training after this long (still exports).")
 @click.option("--draft-vocab", type=int, default=8192, show_default=True, help="Reduced draft vocabulary size.")
+@click.option("--export-vocab", type=click.IntRange(min=1), default=None,
+              help="Draft vocabulary of the exported head, if larger than the training one (default: the same). "
+                   "The head's LM head is the target's frozen rows, so the extra tokens cost no training; "
+                   "they cost draft time (one LM-head row each).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default="cpu", show_default=True)
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A checkpoint.pt to continue from (its step, optimiser and draft vocabulary; the cache may "
@@ -323,8 +327,8 @@ def layer_draft(model, out, layers):
 @click.option("--outtype", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", show_default=True)
 @click.option("--verbose", "-v", is_flag=True)
 @friendly_errors
-def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max_minutes, draft_vocab, device, resume,
-              init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
+def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max_minutes, draft_vocab, export_vocab,
+              device, resume, init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
     """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
     try:
@@ -335,12 +339,16 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
     from eagle2_local.train.loop import TrainConfig
     from eagle2_local.train.pipeline import TrainJob, run_job
 
+    if export_vocab is not None and export_vocab < draft_vocab and not resume:
+        raise click.BadParameter(f"smaller than --draft-vocab ({draft_vocab}): the head drafts over every token it "
+                                 "was trained over", param_hint="--export-vocab")
     if threads:
         torch.set_num_threads(threads)
     out_path = Path(out)
     job = TrainJob(target=resolve_model(model), out=out_path,
                    work_dir=Path(work_dir) if work_dir else out_path.with_suffix(".work"), data=data,
                    max_tokens=max_tokens, self_generate=self_generate, parallel=parallel, draft_vocab=draft_vocab,
+                   export_vocab=export_vocab,
                    device=device, resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
                    heldout_docs=heldout_docs, init_from=Path(init_from) if init_from else None,
                    command=" ".join(["eagle2-local"] + sys.argv[1:]),

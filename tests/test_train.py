@@ -16,7 +16,8 @@ from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_
 from eagle2_local.train.export import export_folder
 from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, default_layers, extract_to_cache,
                                          load_cache, load_split, shard_files)
-from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, plan_batches
+from eagle2_local.train.head import draft_to_target
+from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, load_checkpoint, plan_batches
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
 from eagle2_local.train.target_weights import draft_vocabulary, read_target_weights
@@ -306,11 +307,19 @@ def test_train_cli_end_to_end_with_warm_start(tiny, tmp_path):
     assert summary["steps"] >= 1 and summary["train_tokens"] > 0
     assert (tmp_path / "a.gguf").is_file()
     second = CliRunner().invoke(main, common + ["--out", str(tmp_path / "b.gguf"), "--draft-vocab", "64",
+                                                "--export-vocab", "96",
                                                 "--init-from", str(tmp_path / "a.work" / "checkpoint.pt")])
     assert second.exit_code == 0, second.output
     a = load_file(str(tmp_path / "a.work" / "hf" / "model.safetensors"))
     b = load_file(str(tmp_path / "b.work" / "hf" / "model.safetensors"))
-    assert len(a["d2t"]) == 128 and len(b["d2t"]) == 64  # the vocabulary is rebuilt for the new run ...
+    trained = load_checkpoint(tmp_path / "b.work" / "checkpoint.pt")["head"]
+    assert len(a["d2t"]) == 128 and len(trained["d2t"]) == 64  # the vocabulary is rebuilt for the new run ...
+    b_ids, trained_ids = draft_to_target(b["d2t"]), draft_to_target(trained["d2t"])
+    assert len(b_ids) == 96 and set(trained_ids.tolist()) <= set(b_ids.tolist())  # ... and widened on export,
+    assert torch.equal(b["lm_head.weight"], torch.from_numpy(tiny["tw"].lm_head[b_ids.numpy()]))  # target rows
+    assert torch.equal(b["fc.weight"], trained["fc.weight"])  # with the trained weights unchanged
+    narrower = CliRunner().invoke(main, common + ["--out", str(tmp_path / "n.gguf"), "--export-vocab", "64"])
+    assert narrower.exit_code == 2 and "--export-vocab" in narrower.output, narrower.output
     for name in ("fc.weight", "midlayer.mlp.up_proj.weight"):  # ... the learned weights carry over
         assert float((b[name] - a[name]).norm() / a[name].norm()) < 0.5  # two fresh inits differ by ~1.4
     cfg = json.loads((tmp_path / "b.work" / "hf" / "config.json").read_text())

