@@ -381,19 +381,19 @@ def load_split(caches: Iterable[Path], n_heldout_docs: int = 0) -> tuple[Feature
                        sum(cut for _, _, cut in shards), width, k, feat_dtype)
     held_out = _empty_set(sum(int(lens[cut:].sum()) for _, lens, cut in shards),
                           sum(len(lens) - cut for _, lens, cut in shards), width, k, feat_dtype)
-    at = {id(train): [0, 0], id(held_out): [0, 0]}  # next (row, document) to fill in each set
+    at = [[0, 0], [0, 0]]  # next (row, document) to fill in the training and the held-out set
     for path, lens, cut_doc in shards:
         with np.load(path) as z:
             arrays = {key: z[key] for key in ("tokens", "feats", "top_ids", "top_logp")}
         cut_row = int(lens[:cut_doc].sum())
-        for dest, rows, docs in ((train, slice(0, cut_row), slice(0, cut_doc)),
-                                 (held_out, slice(cut_row, None), slice(cut_doc, None))):
-            row, doc = at[id(dest)]
+        for i, (dest, rows, docs) in enumerate(((train, slice(0, cut_row), slice(0, cut_doc)),
+                                                (held_out, slice(cut_row, None), slice(cut_doc, None)))):
+            row, doc = at[i]
             n, m = int(lens[docs].sum()), len(lens[docs])
             for key, src in arrays.items():
                 getattr(dest, key)[row: row + n] = src[rows]
             dest.lengths[doc: doc + m] = lens[docs]
-            at[id(dest)] = [row + n, doc + m]
+            at[i] = [row + n, doc + m]
     return train, held_out
 
 
