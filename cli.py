@@ -328,7 +328,8 @@ def layer_draft(model, out, layers):
 @click.option("--verbose", "-v", is_flag=True)
 @friendly_errors
 def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max_minutes, draft_vocab, export_vocab,
-              device, resume, init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype, verbose):
+              device, resume, init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype,
+              verbose):
     """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
     try:
