@@ -1,7 +1,9 @@
 """Reading a head checkpoint folder and writing GGUF tensors: what every head converter shares.
 
 A folder holds ``config.json`` plus ``model.safetensors`` or ``pytorch_model.bin`` (torch's zip pickle, read
-without torch by :mod:`convert.torch_pickle`).
+without torch by :mod:`convert.torch_pickle`), or the same split in shards (``model-00001-of-00002.safetensors``
+... listed by ``model.safetensors.index.json``; ``pytorch_model-0000X-of-0000Y.bin`` by
+``pytorch_model.bin.index.json``), as Hugging Face's ``save_pretrained`` writes large checkpoints.
 """
 
 from __future__ import annotations
@@ -53,14 +55,45 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
     folder = Path(folder)
     config = read_config(folder)
     for name in WEIGHT_FILES:
-        path = folder / name
-        if path.is_file():
-            try:
-                tensors = load_safetensors(path) if name.endswith(".safetensors") else load_torch_state_dict(path)
-            except (SafetensorsError, TorchPickleError) as exc:
-                raise ModelError(str(exc)) from None
-            return Checkpoint(folder, config, tensors, "safetensors" if name.endswith(".safetensors") else "pytorch")
-    raise ModelError(f"{folder} has no weights: expected {' or '.join(WEIGHT_FILES)}")
+        for files, label in (([folder / name], ""), (_shards(folder, name), " shards")):
+            if files and all(f.is_file() for f in files):
+                fmt = "safetensors" if name.endswith(".safetensors") else "pytorch"
+                tensors = _read_weight_files(files)
+                label = f"{fmt} ({len(files)}{label})" if label else fmt
+                return Checkpoint(folder, config, tensors, label)
+    raise ModelError(f"{folder} has no weights: expected {' or '.join(WEIGHT_FILES)} (or their shards with an "
+                     "index .json)")
+
+
+def _shards(folder: Path, name: str) -> list[Path]:
+    """The shard files an ``<name>.index.json`` lists (in order), [] without an index; missing shards refuse."""
+    index = folder / f"{name}.index.json"
+    if not index.is_file():
+        return []
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(f"{index} is not a shard index (no weight_map: {exc})") from None
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        raise ModelError(f"{index.name} lists shards that are missing: {', '.join(missing)}")
+    return [folder / f for f in files]
+
+
+def _read_weight_files(files: list[Path]) -> dict[str, np.ndarray]:
+    """All tensors of the files; a name found in two shards is refused (which one would be the head's?)."""
+    tensors: dict[str, np.ndarray] = {}
+    for path in files:
+        try:
+            part = load_safetensors(path) if path.name.endswith(".safetensors") else load_torch_state_dict(path)
+        except (SafetensorsError, TorchPickleError) as exc:
+            raise ModelError(str(exc)) from None
+        twice = sorted(set(part) & set(tensors))
+        if twice:
+            raise ModelError(f"tensor {twice[0]} is stored in more than one shard ({path.name} and another)")
+        tensors.update(part)
+    return tensors
 
 
 def add_tensor(w, name: str, arr: np.ndarray, outtype: str) -> None:

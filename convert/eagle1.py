@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from eagle2_local.head_format import (ARCH, GGUF_TO_HF, PARAM_KEYS, TENSOR_NAMES
                                       check_tensors)
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
+from .head_config import rope_settings
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +40,25 @@ def params_from_config(config: dict, tensors: dict[str, np.ndarray], where: str)
         raise ModelError(f"{where}: config.json lacks {', '.join(missing)}")
     hidden, n_head = int(config["hidden_size"]), int(config["num_attention_heads"])
     fc_bias = bool(config.get("bias", True))
-    qkv_bias = bool(config.get("attention_bias", KNOWN_MODEL_TYPES[model_type]))
+    qkv_bias = _qkv_bias(config, model_type, where)
     _check_flag(where, "fc bias", fc_bias, "fc.bias" in tensors)
     _check_flag(where, "q/k/v bias", qkv_bias, "layers.0.self_attn.q_proj.bias" in tensors)
-    if config.get("rope_scaling"):
-        log.warning("%s: ignoring rope_scaling %s (EAGLE-1/2 heads run plain RoPE)", where, config["rope_scaling"])
+    rope = rope_settings(config, int(config.get("head_dim") or hidden // n_head), allow_scaling=False)
     return HeadParams(hidden_size=hidden, intermediate_size=int(config["intermediate_size"]),
                       vocab_size=int(config["vocab_size"]), n_head=n_head,
                       n_head_kv=int(config.get("num_key_value_heads") or n_head),
                       head_dim=int(config.get("head_dim") or hidden // n_head),
                       rms_eps=float(config.get("rms_norm_eps", 1e-6)),
-                      rope_base=float(config.get("rope_theta") or 10000.0), fc_bias=fc_bias, qkv_bias=qkv_bias)
+                      rope_base=rope.theta, fc_bias=fc_bias, qkv_bias=qkv_bias)
+
+
+def _qkv_bias(config: dict, model_type: str, where: str) -> bool:
+    """q/k/v biases: ``attention_bias`` (transformers) or ``qkv_bias`` (SafeAILab's EAGLE code), else the model
+    type's default (Qwen2 has them)."""
+    flags = {k: bool(config[k]) for k in ("attention_bias", "qkv_bias") if config.get(k) is not None}
+    if len(set(flags.values())) > 1:
+        raise ModelError(f"{where}: config.json disagrees with itself about q/k/v biases: {flags}")
+    return next(iter(flags.values()), KNOWN_MODEL_TYPES[model_type])
 
 
 def _check_flag(where: str, what: str, configured: bool, present: bool) -> None:
@@ -144,8 +154,10 @@ def write_head(out: str | Path, params: HeadParams, tensors: dict[str, np.ndarra
 
 
 def convert_head(folder: str | Path, out: str | Path, *, target: str | Path | None = None, outtype: str = "f16",
-                 progress: Progress | None = None) -> Path:
-    """The whole conversion: read, check (against ``target`` when given), write. Returns the output path."""
+                 progress: Progress | None = None, on_choices: Callable[[dict], None] | None = None) -> Path:
+    """The whole conversion: read, check (against ``target`` when given), write. Returns the output path.
+
+    ``on_choices(choices)`` receives what was decided on the user's behalf (stored as ``source.choices``)."""
     ckpt = load_checkpoint(folder)
     where = str(ckpt.folder)
     params = params_from_config(ckpt.config, ckpt.tensors, where)
@@ -162,6 +174,19 @@ def convert_head(folder: str | Path, out: str | Path, *, target: str | Path | No
         "source.config": json.dumps(ckpt.config, sort_keys=True),
         "target.name": str(ckpt.config.get("_name_or_path") or ckpt.config.get("base_model") or ""),
         "target.architecture": str(ckpt.config.get("model_type")),
+        "source.choices": json.dumps(_choices(ckpt, params, outtype)),
     }
+    if on_choices is not None:
+        on_choices(json.loads(provenance["source.choices"]))
     log.info("converting %s (%s, %d tensors) to %s as %s", where, ckpt.weight_format, len(tensors), out, outtype)
     return write_head(out, params, tensors, provenance, outtype, progress)
+
+
+def _choices(ckpt, params: HeadParams, outtype: str) -> dict[str, str]:
+    rope = rope_settings(ckpt.config, params.head_dim, allow_scaling=False)
+    dtype = ckpt.config.get("torch_dtype") or ckpt.config.get("dtype") or "not stated"
+    return {"RoPE": rope.describe(),
+            "biases": f"fc {'yes' if params.fc_bias else 'no'}, q/k/v {'yes' if params.qkv_bias else 'no'}",
+            "vocabulary": f"{params.vocab_size} tokens (the target's LM head)",
+            "dtype": f"matrices {outtype}, norms and biases f32 (checkpoint: {ckpt.weight_format}, "
+                     f"config dtype {dtype})"}

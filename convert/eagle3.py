@@ -19,7 +19,11 @@ checkpoint tensor (``midlayer.`` or         GGUF tensor                         
 ``lm_head.weight`` (Vd, H)                  ``output.weight``                      optional: else the target's
 ``embed_tokens.weight``                     ``token_embd.weight``                  optional: else the target's
 ``d2t`` (Vd,) offsets                       ``d2t`` (I64) absolute target ids      ``id = i + d2t[i]``
+(config ``rope_scaling``, llama3 / linear)  ``rope_freqs.weight`` (head_dim/2)     frequency divisors
 =========================================  ====================================  =================================
+
+Feature layers and RoPE are read by :mod:`convert.head_config` (publishers disagree on both); tensors the graph
+has no place for (q/k norms, projection biases, a norm after fc) are refused by name.
 
 The tokenizer is copied from the target GGUF (llama.cpp builds the head's vocabulary from it), which is why a
 target is required. Provenance (source folder, target name and sha256, training metadata) goes under
@@ -31,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import gguf
@@ -40,6 +45,7 @@ from eagle2_local.gguf_fields import copy_tokenizer
 from eagle2_local.models import file_sha256, read_gguf_info
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
+from .head_config import feature_layers, rope_settings
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +83,28 @@ def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, half, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
+def flat_config(config: dict) -> dict:
+    """The config with speculators' nested ``transformer_layer_config`` lifted to the top level."""
+    return {**config, **(config.get("transformer_layer_config") or {})}
+
+
 def is_eagle3_config(config: dict) -> bool:
-    """EAGLE-3 checkpoints declare a draft vocabulary and one layer (llama.cpp's converter tests the same)."""
-    cfg = {**config, **config.get("transformer_layer_config", {})}
-    return "draft_vocab_size" in cfg and cfg.get("num_hidden_layers", 1) == 1
+    """EAGLE-3 checkpoints declare a draft vocabulary (SafeAILab, SpecForge, ModelOpt) or say so (speculators)."""
+    cfg = flat_config(config)
+    archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
+    return "draft_vocab_size" in cfg or "eagle3" in archs or cfg.get("speculators_model_type") == "eagle3"
 
 
-def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
-    """Hyper-parameters from an EAGLE-3 ``config.json`` (nested ``transformer_layer_config`` flattened)."""
-    cfg = {**config, **config.get("transformer_layer_config", {})}
+def eagle3_hparams(config: dict, target_layers_n: int, layer_ids_mean: str | None = None) -> dict:
+    """Hyper-parameters from an EAGLE-3 ``config.json`` (nested ``transformer_layer_config`` flattened).
+
+    ``hp["choices"]`` says, for the summary and the GGUF, what was decided on the user's behalf and why."""
+    cfg = flat_config(config)
     if not is_eagle3_config(config):
-        raise ModelError("config.json is not an EAGLE-3 head (needs draft_vocab_size and num_hidden_layers = 1)")
+        raise ModelError("config.json is not an EAGLE-3 head (needs draft_vocab_size)")
+    n_layers = cfg.get("num_hidden_layers", 1)
+    if n_layers != 1:
+        raise ModelError(f"this head has {n_layers} decoder layers; the eagle3 graph runs 1")
     try:
         h = int(cfg["hidden_size"])
         n_head = int(cfg["num_attention_heads"])
@@ -97,7 +114,6 @@ def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
             "head_dim": int(cfg.get("head_dim") or h // n_head),
             "intermediate_size": int(cfg["intermediate_size"]),
             "rms_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-            "rope_theta": float(cfg.get("rope_theta", 10000.0)),
             "context_length": int(cfg.get("max_position_embeddings", 4096)),
             "draft_vocab_size": int(cfg["draft_vocab_size"]),
             "target_hidden_size": int(cfg.get("target_hidden_size") or h),
@@ -107,43 +123,84 @@ def eagle3_hparams(config: dict, target_layers_n: int) -> dict:
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"EAGLE-3 config.json lacks or mangles a field: {exc}") from exc
-    layers = cfg.get("eagle_aux_hidden_state_layer_ids")
-    if layers is None:
-        layers = [2, target_layers_n // 2, target_layers_n - 3]
-    if len(layers) != 3:
-        raise ModelError(f"eagle_aux_hidden_state_layer_ids must list 3 layers, got {layers}")
     if hp["feature_source"] not in ("layer_inputs", "final_norm"):
         raise ModelError(f"unknown eagle2_local.feature_source {hp['feature_source']!r}")
-    hp["target_layers"] = [int(x) for x in layers]
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ModelError(f"hidden_act {cfg['hidden_act']!r}: the eagle3 graph runs a SiLU-gated MLP only")
+    rope = rope_settings(cfg, hp["head_dim"])
+    layers = feature_layers(config, target_layers_n, layer_ids_mean)
+    hp.update(rope_theta=rope.theta, rope_freqs=rope.freq_factors, target_layers=layers.target_layers,
+              layers=layers)
+    hp["choices"] = {"feature layers": layers.describe(), "RoPE": rope.describe()}
     return hp
 
 
+# tensors published heads carry that llama.cpp's eagle3 graph has no place for: refused by name, never dropped
+_UNSUPPORTED = {
+    "self_attn.q_norm.weight": "per-head RMSNorm of q (Qwen3-style heads)",
+    "self_attn.k_norm.weight": "per-head RMSNorm of k (Qwen3-style heads)",
+    "self_attn.q_proj.bias": "a q projection bias",
+    "self_attn.k_proj.bias": "a k projection bias",
+    "self_attn.v_proj.bias": "a v projection bias",
+    "self_attn.o_proj.bias": "an output projection bias",
+}
+_DERIVED_SUFFIXES = (".rotary_emb.inv_freq",)  # a buffer older transformers saved; recomputed from the RoPE settings
+
+
 def map_tensors(raw: dict[str, np.ndarray], hp: dict) -> dict[str, np.ndarray]:
-    """Rename checkpoint tensors to GGUF names; permute q/k; turn ``d2t`` offsets into absolute ids."""
+    """Rename checkpoint tensors to GGUF names; permute q/k; turn ``d2t`` offsets into absolute ids.
+
+    A tensor the eagle3 graph cannot use is refused with its name: a head missing part of its computation
+    would draft something else, and that must never be written."""
     out: dict[str, np.ndarray] = {}
     for name, arr in raw.items():
-        if name == "t2d":
-            continue  # only the draft -> target direction is used at runtime
+        if name == "t2d" or name.endswith(_DERIVED_SUFFIXES):
+            continue  # t2d: only draft -> target is used at runtime (checked against d2t below)
         if name == "d2t":
             offsets = np.asarray(arr).astype(np.int64).reshape(-1)
             out["d2t"] = offsets + np.arange(offsets.size, dtype=np.int64)
             continue
-        gname = _TOP_MAP.get(name)
-        if gname is None:
-            for prefix in ("midlayer.", "layers.0.", "model.layers.0."):
-                if name.startswith(prefix):
-                    gname = _LAYER_MAP.get(name[len(prefix):])
-                    break
-        if gname is None:
-            log.warning("ignoring unknown checkpoint tensor %s", name)
-            continue
+        gname = _gguf_name(name)
         arr = np.asarray(arr, dtype=np.float32)
         if gname == "blk.0.attn_q.weight":
             arr = permute_rope_rows(arr, hp["n_head"])
         elif gname == "blk.0.attn_k.weight":
             arr = permute_rope_rows(arr, hp["n_head_kv"])
         out[gname] = arr
+    if hp.get("rope_freqs") is not None:
+        out["rope_freqs.weight"] = np.asarray(hp["rope_freqs"], dtype=np.float32)
+    _check_t2d(raw, out.get("d2t"))
     return out
+
+
+def _gguf_name(name: str) -> str:
+    """The GGUF name of a checkpoint tensor; ModelError naming any tensor the eagle3 graph has no use for."""
+    if name in _TOP_MAP:
+        return _TOP_MAP[name]
+    for prefix in ("midlayer.", "layers.0.", "model.layers.0."):
+        if name.startswith(prefix):
+            suffix = name[len(prefix):]
+            if suffix in _LAYER_MAP:
+                return _LAYER_MAP[suffix]
+            if suffix in _UNSUPPORTED:
+                raise ModelError(f"tensor {name} ({_UNSUPPORTED[suffix]}) has no place in llama.cpp's eagle3 "
+                                 "graph; converting without it would draft with another function, so it is refused")
+            break
+    if name.startswith("fc_norm."):
+        raise ModelError(f"tensor {name} (a norm after fc) has no place in llama.cpp's eagle3 graph; converting "
+                         "without it would draft with another function, so it is refused")
+    raise ModelError(f"unexpected tensor {name}: not part of an EAGLE-3 head llama.cpp can run; refusing rather "
+                     "than dropping it")
+
+
+def _check_t2d(raw: dict[str, np.ndarray], d2t: np.ndarray | None) -> None:
+    """``t2d`` (target -> in draft vocabulary) must mark exactly the ids ``d2t`` maps to."""
+    t2d = raw.get("t2d")
+    if t2d is None or d2t is None:
+        return
+    mask = np.asarray(t2d).astype(bool).reshape(-1)
+    if int(mask.sum()) != d2t.size or d2t.max(initial=0) >= mask.size or not mask[d2t].all():
+        raise ModelError("t2d and d2t disagree about the draft vocabulary (a corrupt or mismatched checkpoint)")
 
 
 def check_tensors(t: dict[str, np.ndarray], hp: dict, target_vocab: int, target_embd: int) -> None:
@@ -175,11 +232,13 @@ def check_tensors(t: dict[str, np.ndarray], hp: dict, target_vocab: int, target_
 
 
 def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str | Path, outtype: str = "f16",
-                   progress: Progress | None = None, provenance: dict | None = None) -> Path:
+                   progress: Progress | None = None, provenance: dict | None = None,
+                   layer_ids_mean: str | None = None, on_choices: Callable[[dict], None] | None = None) -> Path:
     """Convert an EAGLE-3 checkpoint folder into an ``eagle3`` GGUF for ``target_gguf``; returns the path.
 
-    ``progress(tensor_name, done, total)`` is called per tensor prepared. Nothing is written unless every check
-    passes, so a bad head never leaves a half-written file behind.
+    ``progress(tensor_name, done, total)`` is called per tensor prepared; ``on_choices(choices)`` receives what
+    was decided on the user's behalf (also stored under ``eagle2_local.choice.*``). Nothing is written unless
+    every check passes, so a bad head never leaves a half-written file behind.
     """
     if outtype not in OUTTYPES:
         raise ModelError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
@@ -187,26 +246,51 @@ def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str 
     ckpt = load_checkpoint(head_dir)
     config, raw = ckpt.config, ckpt.tensors
     target = read_gguf_info(target_gguf)
-    hp = eagle3_hparams(config, target.n_layer)
+    hp = eagle3_hparams(config, target.n_layer, layer_ids_mean)
     tensors = map_tensors(raw, hp)
-    if int(config.get("vocab_size", target.n_vocab)) != target.n_vocab:
-        raise ModelError(f"the head was trained for a {config['vocab_size']}-token vocabulary, "
+    if int(flat_config(config).get("vocab_size", target.n_vocab)) != target.n_vocab:
+        raise ModelError(f"the head was trained for a {flat_config(config)['vocab_size']}-token vocabulary, "
                          f"{target_gguf.name} has {target.n_vocab}")
     check_tensors(tensors, hp, target.n_vocab, target.n_embd)
-    bad = [i for i in hp["target_layers"] if not 0 <= i < target.n_layer]
-    if bad:
-        raise ModelError(f"the head reads target layers {hp['target_layers']}, {target_gguf.name} has "
-                         f"{target.n_layer}")
-
-    reader = gguf.GGUFReader(str(target_gguf), "r")
+    hp["choices"].update(_tensor_choices(tensors, hp, target.n_vocab, outtype, ckpt))
+    if on_choices is not None:
+        on_choices(hp["choices"])
     tmp = out_path.with_name(out_path.name + ".part")
-    writer = gguf.GGUFWriter(str(tmp), ARCH)
+    try:
+        _write_gguf(tmp, tensors, hp, head_dir, target_gguf, provenance, outtype, progress)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(out_path)
+    log.info("wrote %s (%d tensors, %s)", out_path, len(tensors), outtype)
+    return out_path
+
+
+def _tensor_choices(tensors: dict, hp: dict, n_vocab: int, outtype: str, ckpt) -> dict[str, str]:
+    d2t = tensors.get("d2t")
+    vocab = f"{d2t.size} of the target's {n_vocab} tokens (d2t)" if d2t is not None else \
+        f"the target's {n_vocab} tokens (no d2t)"
+    own = [what for name, what in (("output.weight", "lm_head"), ("token_embd.weight", "embedding"))
+           if name in tensors]
+    borrowed = [w for w in ("lm_head", "embedding") if w not in own]
+    dtype = flat_config(ckpt.config).get("torch_dtype") or flat_config(ckpt.config).get("dtype") or "not stated"
+    return {"draft vocabulary": vocab + (f"; own {', '.join(own)}" if own else "") +
+            (f"; the target's {', '.join(borrowed)}" if borrowed else ""),
+            "dtype": f"matrices {outtype}, norms f32 (checkpoint: {ckpt.weight_format}, config dtype {dtype})"}
+
+
+def _write_gguf(path: Path, tensors: dict, hp: dict, head_dir: Path, target_gguf: Path, provenance: dict | None,
+                outtype: str, progress: Progress | None) -> None:
+    reader = gguf.GGUFReader(str(target_gguf), "r")
+    writer = gguf.GGUFWriter(str(path), ARCH)
     _write_hparams(writer, hp, head_dir, target_gguf, provenance)
     copy_tokenizer(reader, writer)
     names = sorted(tensors)
     for i, name in enumerate(names):
         if name == "d2t":
             writer.add_tensor(name, tensors[name], raw_dtype=gguf.GGMLQuantizationType.I64)
+        elif name == "rope_freqs.weight":
+            writer.add_tensor(name, tensors[name])  # llama.cpp reads the factors as f32
         else:
             add_tensor(writer, name, tensors[name], outtype)
         if progress is not None:
@@ -215,9 +299,6 @@ def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tmp.replace(out_path)
-    log.info("wrote %s (%d tensors, %s)", out_path, len(names), outtype)
-    return out_path
 
 
 def _write_hparams(w: gguf.GGUFWriter, hp: dict, head_dir: Path, target: Path, provenance: dict | None) -> None:
@@ -238,6 +319,13 @@ def _write_hparams(w: gguf.GGUFWriter, hp: dict, head_dir: Path, target: Path, p
     w.add_bool(f"{ARCH}.norm_before_residual", hp["norm_before_residual"])
     w.add_bool(f"{ARCH}.norm_before_fc", hp["norm_before_fc"])
     w.add_string("eagle2_local.feature_source", hp["feature_source"])
+    layers = hp["layers"]
+    w.add_string("eagle2_local.feature_layers.source", layers.source)
+    w.add_string("eagle2_local.feature_layers.meaning", layers.meaning)
+    if layers.config_ids is not None:
+        w.add_array("eagle2_local.feature_layers.config_ids", [int(x) for x in layers.config_ids])
+    for what, text in hp["choices"].items():
+        w.add_string(f"eagle2_local.choice.{what.replace(' ', '_').lower()}", text)
     w.add_string("eagle2_local.source", str(head_dir.name))
     w.add_string("eagle2_local.target", target.name)
     w.add_string("eagle2_local.target_sha256", file_sha256(target))

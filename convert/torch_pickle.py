@@ -28,8 +28,11 @@ class TorchPickleError(ValueError):
 
 
 _BF16 = "bfloat16"  # numpy has no bfloat16: we read raw uint16 and widen to float32
+# EAGLE-3 checkpoints carry an int64 ``d2t`` buffer (draft -> target id offsets) and a bool ``t2d`` mask
 STORAGE_DTYPES = {"FloatStorage": np.dtype("<f4"), "HalfStorage": np.dtype("<f2"), "DoubleStorage": np.dtype("<f8"),
-                  "BFloat16Storage": _BF16}
+                  "BFloat16Storage": _BF16, "LongStorage": np.dtype("<i8"), "IntStorage": np.dtype("<i4"),
+                  "ShortStorage": np.dtype("<i2"), "CharStorage": np.dtype("i1"), "ByteStorage": np.dtype("u1"),
+                  "BoolStorage": np.dtype("?")}
 
 
 class _StorageType:
@@ -66,7 +69,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and name in STORAGE_DTYPES:
             return _StorageType(name)
         raise TorchPickleError(f"refusing to load {module}.{name}: a weights file should hold only tensors "
-                               "(this reader supports fp32/fp16/bf16 state dicts)")
+                               "(this reader supports float, integer and bool state dicts)")
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):

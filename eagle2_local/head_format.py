@@ -7,8 +7,10 @@ the file carries our own architecture name and keys; llama.cpp never loads it (t
 Keys (prefix ``eagle1.``): ``embedding_length``, ``feed_forward_length``, ``vocab_size``,
 ``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length`` (head dim),
 ``attention.layer_norm_rms_epsilon``, ``rope.freq_base``, ``fc_bias``, ``qkv_bias``; provenance:
-``source.checkpoint`` (folder name), ``source.format`` (safetensors / pytorch), ``source.config`` (config.json
-verbatim), ``target.name`` and ``target.architecture`` (what the head was trained for, from its config).
+``source.checkpoint`` (folder name), ``source.format`` (safetensors / pytorch, with the shard count), ``source.config``
+(config.json verbatim), ``target.name`` and ``target.architecture`` (what the head was trained for, from its
+config), ``source.choices`` (JSON: what the converter decided on the user's behalf, e.g. where the RoPE base
+came from).
 
 Tensors keep the checkpoint's (Hugging Face) layout; in particular q/k are NOT permuted the way llama.cpp's
 converter permutes llama attention: RoPE is applied in the "rotate half" convention the head was trained with.
@@ -41,7 +43,8 @@ PARAM_KEYS = {
     "fc_bias": "fc_bias",
     "qkv_bias": "qkv_bias",
 }
-PROVENANCE_KEYS = ("source.checkpoint", "source.format", "source.config", "target.name", "target.architecture")
+PROVENANCE_KEYS = ("source.checkpoint", "source.format", "source.config", "target.name", "target.architecture",
+                   "source.choices")
 
 # checkpoint (Hugging Face) tensor name -> GGUF tensor name
 TENSOR_NAMES = {

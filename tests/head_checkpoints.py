@@ -10,15 +10,12 @@ import numpy as np
 from convert.safetensors_file import save_safetensors
 
 
-def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int,
-                  vocab: int, draft_vocab: int, layers: list[int], rope_theta: float = 10000.0, seed: int = 0,
-                  scale: float = 0.05, norm_before_fc: bool = False,
-                  feature_source: str = "layer_inputs") -> tuple[Path, dict, dict]:
-    """An EAGLE-3 checkpoint folder with random weights (HF names, rotate-half RoPE) for a given target.
-
-    Returns ``(folder, tensors, config)`` so tests can compute with the weights without reading them back."""
+def eagle3_tensors(*, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int, vocab: int,
+                   draft_vocab: int, seed: int = 0, scale: float = 0.05, norm_before_fc: bool = False,
+                   head_dim: int | None = None) -> dict[str, np.ndarray]:
+    """Random EAGLE-3 tensors under SafeAILab's names (``midlayer.*``, rotate-half RoPE, d2t offsets, t2d mask)."""
     rng = np.random.default_rng(seed)
-    hd = hidden // n_head
+    hd = head_dim or hidden // n_head
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
@@ -46,6 +43,19 @@ def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int
     }
     if norm_before_fc:
         t["input_norm.weight"] = norm(3 * target_hidden)
+    return t
+
+
+def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int,
+                  vocab: int, draft_vocab: int, layers: list[int], rope_theta: float = 10000.0, seed: int = 0,
+                  scale: float = 0.05, norm_before_fc: bool = False,
+                  feature_source: str = "layer_inputs") -> tuple[Path, dict, dict]:
+    """An EAGLE-3 checkpoint folder with random weights (HF names, rotate-half RoPE) for a given target.
+
+    Returns ``(folder, tensors, config)`` so tests can compute with the weights without reading them back."""
+    hd = hidden // n_head
+    t = eagle3_tensors(hidden=hidden, target_hidden=target_hidden, n_head=n_head, n_head_kv=n_head_kv, ffn=ffn,
+                       vocab=vocab, draft_vocab=draft_vocab, seed=seed, scale=scale, norm_before_fc=norm_before_fc)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_safetensors(out_dir / "model.safetensors", t)
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,

@@ -35,6 +35,8 @@ from ..models import GGUFInfo
 log = logging.getLogger(__name__)
 
 ARCH = "eagle3"
+# newer llama.cpp converters' name for eagle3.target_layers (same meaning); `eagle2-local convert` translates it
+UPSTREAM_LAYER_KEYS = ("eagle3.extract_layers",)
 REQUIRED_KEYS = ("eagle3.target_layers", "eagle3.target_hidden_size", "eagle3.embedding_length",
                  "eagle3.block_count")
 
@@ -69,6 +71,12 @@ def check_head_fits(info: GGUFInfo, target: LlamaModel) -> None:
     if info.architecture != ARCH:
         raise IncompatibleDraftError(f"{info.path.name} is a {info.architecture!r} model, not an eagle3 head")
     missing = [k for k in REQUIRED_KEYS if info.get(k) is None]
+    foreign = next((k for k in UPSTREAM_LAYER_KEYS if info.get(k) is not None), None)
+    if "eagle3.target_layers" in missing and foreign:
+        # llama.cpp opens the file by path and reads the key itself, so it cannot be renamed in memory
+        raise ModelError(f"{info.path.name} names its feature layers {foreign} (a newer llama.cpp converter); this "
+                         "llama.cpp reads eagle3.target_layers. Translate it once: eagle2-local convert "
+                         f"{info.path.name} -o {info.path.stem}-local.gguf")
     if missing or not info.n_vocab:
         raise ModelError(f"{info.path.name} is not a complete eagle3 head: missing "
                          f"{', '.join(missing) or 'tokenizer'} (convert heads with `eagle2-local convert`)")
