@@ -14,10 +14,23 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
-    """HF rotate-half RoPE on (heads, head_dim)."""
+def llama3_inv_freq(inv: np.ndarray, s: dict) -> np.ndarray:
+    """Llama 3.1's rope_scaling applied to the rotation frequencies (transformers' definition)."""
+    ctx, low, high, factor = (s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"],
+                              s["factor"])
+    wavelen = 2 * np.pi / inv
+    out = np.where(wavelen > ctx / low, inv / factor, inv)
+    smooth = (ctx / wavelen - low) / (high - low)
+    medium = (wavelen >= ctx / high) & (wavelen <= ctx / low)
+    return np.where(medium, (1 - smooth) * out / factor + smooth * out, out)
+
+
+def rope(x: np.ndarray, pos: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """HF rotate-half RoPE on (heads, head_dim), with llama3 rope_scaling when given."""
     d = x.shape[-1]
     inv = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    if scaling is not None:
+        inv = llama3_inv_freq(inv, scaling)
     ang = pos * inv
     cos, sin = np.concatenate([np.cos(ang)] * 2), np.concatenate([np.sin(ang)] * 2)
     rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], axis=-1)
@@ -55,8 +68,8 @@ class Eagle3Reference:
         q = (t[L + "self_attn.q_proj.weight"] @ a).reshape(self.nh, self.hd)
         k = (t[L + "self_attn.k_proj.weight"] @ a).reshape(self.nkv, self.hd)
         v = (t[L + "self_attn.v_proj.weight"] @ a).reshape(self.nkv, self.hd)
-        theta = self.cfg["rope_theta"]
-        q, k = rope(q, pos, theta), rope(k, pos, theta)
+        theta, scaling = self.cfg["rope_theta"], self.cfg.get("rope_scaling")
+        q, k = rope(q, pos, theta, scaling), rope(k, pos, theta, scaling)
         self.keys.append(k)
         self.values.append(v)
         idx = len(self.keys) - 1

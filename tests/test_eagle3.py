@@ -101,6 +101,38 @@ def test_engine_matches_reference_on_tree(head, target4):
     model.close()
 
 
+def test_llama3_rope_scaling_matches_reference(tmp_path, target4):
+    """A head trained with llama3 rope_scaling: the converter's rope_freqs make llama.cpp rotate q/k exactly as
+    the float64 reference does (frequencies scaled per transformers' definition), at every committed position."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    d, tensors, config = random_eagle3(tmp_path / "h", hidden=64, target_hidden=64, n_head=4, n_head_kv=2, ffn=128,
+                                       vocab=604, draft_vocab=300, layers=LAYERS, scale=0.3)
+    config["rope_scaling"] = scaling
+    (d / "config.json").write_text(json.dumps(config))
+    path = convert_eagle3(d, tmp_path / "h.gguf", target4, outtype="f32")
+    model = LlamaModel(target4)
+    target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
+                                           layer_inputs=tuple(LAYERS)))
+    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1)
+    prompt = model.tokenize("the water is very long and the code is short and the cat sat on it")
+    ver = target.prefill(prompt)
+    text = prompt + [int(np.argmax(ver.logits[0]))]
+    got = engine.catch_up(np.asarray(text), ver.features, 0)
+    for with_scaling, close in ((True, True), (False, False)):
+        ref = Eagle3Reference(tensors, dict(config, rope_scaling=scaling if with_scaling else None),
+                              token_embd(target4))
+        g = ref.encode(ver.features)
+        for p in range(len(prompt)):
+            want, _, _ = ref.entry(text[p + 1], g[p], p, list(range(p)))
+        fin = np.isfinite(want)
+        err = np.abs(got[fin] - want[fin]).max() / np.abs(want[fin]).max()
+        assert (err < 2e-3) == close, (with_scaling, err)  # and plain RoPE would not match
+    engine.close()
+    target.close()
+    model.close()
+
+
 def test_lossless_greedy_synthetic(head, target4):
     path = head[0]
     # fresh contexts for both: re-evaluating a cached prompt in smaller batches changes numerics (NOTES.md)

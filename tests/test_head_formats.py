@@ -16,6 +16,8 @@ from convert.torch_pickle import load_torch_state_dict
 from convert.upstream_gguf import _copy
 from eagle2_local.api import Eagle2
 from eagle2_local.errors import ModelError
+from eagle2_local.gguf_tensors import tensor_index
+from eagle2_local.models import read_gguf_info
 from eagle2_local.head_format import read_head
 from eagle_heads import head_config, head_tensors, write_head_dir
 from publisher_heads import (LLAMA3_SCALING, SMOL_LAYERS, llama_layer_config, modelopt_eagle3, safeailab_eagle3,
@@ -33,13 +35,17 @@ def convert_cli(*args: str):
 
 
 def fields(path) -> dict:
-    r = gguf.GGUFReader(str(path))
-    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+    """Metadata without the long tokenizer arrays (gguf-py's reader takes seconds on a 49k vocabulary)."""
+    return read_gguf_info(path).metadata
 
 
 def gguf_tensor(path, name: str) -> np.ndarray:
-    t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
-    return np.array(t.data)
+    """The stored values (f32, f16, i64) or, for quantized types, the raw bytes."""
+    entry = tensor_index(path)[name]
+    raw = np.fromfile(path, dtype=np.uint8, count=entry.n_bytes, offset=entry.offset)
+    views = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16,
+             gguf.GGMLQuantizationType.I64: np.int64}
+    return raw.view(views.get(gguf.GGMLQuantizationType(entry.qtype), np.uint8))
 
 
 @pytest.fixture(scope="module")
