@@ -41,7 +41,7 @@ import numpy as np
 import gguf
 
 from eagle2_local.errors import ModelError
-from eagle2_local.gguf_fields import copy_tokenizer
+from eagle2_local.gguf_fields import copy_fields_from
 from eagle2_local.models import file_sha256, read_gguf_info
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
@@ -281,10 +281,9 @@ def _tensor_choices(tensors: dict, hp: dict, n_vocab: int, outtype: str, ckpt) -
 
 def _write_gguf(path: Path, tensors: dict, hp: dict, head_dir: Path, target_gguf: Path, provenance: dict | None,
                 outtype: str, progress: Progress | None) -> None:
-    reader = gguf.GGUFReader(str(target_gguf), "r")
     writer = gguf.GGUFWriter(str(path), ARCH)
     _write_hparams(writer, hp, head_dir, target_gguf, provenance)
-    copy_tokenizer(reader, writer)
+    copy_fields_from(target_gguf, writer, "tokenizer.")  # llama.cpp builds the head's vocabulary from it
     names = sorted(tensors)
     for i, name in enumerate(names):
         if name == "d2t":

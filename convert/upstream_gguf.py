@@ -30,28 +30,27 @@ def upstream_layer_key(fields) -> str | None:
 
 def translate_upstream_gguf(src: str | Path, out: str | Path, on_choices=None) -> Path:
     """Copy ``src`` to ``out`` with ``eagle3.extract_layers`` renamed to ``eagle3.target_layers``."""
-    import gguf
+    from eagle2_local.gguf_tensors import read_header
 
     src, out = Path(src), Path(out)
-    reader = gguf.GGUFReader(str(src), "r")
-    arch_field = reader.fields.get("general.architecture")
-    arch = arch_field.contents() if arch_field is not None else None
+    metadata, index = read_header(src)
+    arch = metadata.get("general.architecture")
     if arch != ARCH:
         raise ModelError(f"{src.name} is a {arch!r} GGUF; only eagle3 heads from other llama.cpp converters are "
                          "translated (a head folder converts with `eagle2-local convert FOLDER`)")
-    foreign = upstream_layer_key(reader.fields)
+    foreign = upstream_layer_key(metadata)
     if foreign is None:
-        if OUR_KEY in reader.fields:
+        if OUR_KEY in metadata:
             raise ModelError(f"{src.name} already stores {OUR_KEY}: it runs as it is (--head {src.name})")
         raise ModelError(f"{src.name} stores no feature layers ({OUR_KEY} or {', '.join(UPSTREAM_KEYS)})")
-    layers = [int(x) for x in reader.fields[foreign].contents()]
+    layers = [int(x) for x in metadata[foreign]]
     if on_choices is not None:
         on_choices({"feature layers": f"inputs of target layers {layers} ({foreign} renamed to {OUR_KEY}; "
                                       "both name layer inputs)",
-                    "tensors": f"{len(reader.tensors)} copied byte for byte"})
+                    "tensors": f"{len(index)} copied byte for byte"})
     tmp = out.with_name(out.name + ".part")
     try:
-        _copy(reader, tmp, {foreign: OUR_KEY}, src.name)
+        copy_gguf(src, tmp, {foreign: OUR_KEY})
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -60,23 +59,24 @@ def translate_upstream_gguf(src: str | Path, out: str | Path, on_choices=None) -
     return out
 
 
-def _copy(reader, path: Path, rename: dict[str, str], source_name: str) -> None:
+def copy_gguf(src: Path, path: Path, rename: dict[str, str]) -> None:
+    """Every key (``rename``d) and every tensor's bytes of ``src``, plus provenance of the translation."""
     import gguf
+    import numpy as np
+
+    from eagle2_local.gguf_fields import copy_fields_from
+    from eagle2_local.gguf_tensors import tensor_index
 
     writer = gguf.GGUFWriter(str(path), ARCH)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.alignment"):
-            continue  # header fields and the architecture (written by GGUFWriter itself)
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(rename.get(field.name, field.name), field.contents(), vtype, sub_type=sub_type)
-    writer.add_string("eagle2_local.translated_from", source_name)
+    copy_fields_from(src, writer, "", rename, skip=("general.architecture", "general.alignment"))
+    writer.add_string("eagle2_local.translated_from", src.name)
     writer.add_string("eagle2_local.translated_keys", ", ".join(f"{a} -> {b}" for a, b in rename.items()))
-    for t in reader.tensors:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    entries = list(tensor_index(src).values())
+    for e in entries:  # the shape is in elements: a non-uint8 dtype keeps gguf-py from reading it as bytes
+        writer.add_tensor_info(e.name, e.shape, np.dtype(np.float32), e.n_bytes, gguf.GGMLQuantizationType(e.qtype))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for t in reader.tensors:
-        writer.write_tensor_data(t.data)
+    for e in entries:
+        writer.write_tensor_data(np.fromfile(src, dtype=np.uint8, count=e.n_bytes, offset=e.offset))
     writer.close()

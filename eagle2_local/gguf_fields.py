@@ -14,11 +14,17 @@ def copy_field(writer: gguf.GGUFWriter, key: str, field: Any, value: Any = None)
     writer.add_key_value(key, field.contents() if value is None else value, vtype, sub_type=sub)
 
 
-def copy_tokenizer(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
-    """Copy every ``tokenizer.*`` field, so llama.cpp builds the same vocabulary for the head; returns the count."""
+def copy_fields_from(path, writer: gguf.GGUFWriter, prefix: str, rename: dict[str, str] | None = None,
+                     skip: tuple[str, ...] = ()) -> int:
+    """Copy the fields of the GGUF at ``path`` whose key starts with ``prefix`` (types kept, ``rename``d, ``skip``
+    left out) without gguf-py's slow reader; returns the count."""
+    from .gguf_tensors import read_typed_fields
+
     n = 0
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
-            copy_field(writer, key, field)
-            n += 1
+    for key, (vtype, sub, value) in read_typed_fields(path, prefix).items():
+        if key in skip:
+            continue
+        writer.add_key_value((rename or {}).get(key, key), value, gguf.GGUFValueType(vtype),
+                             sub_type=None if sub is None else gguf.GGUFValueType(sub))
+        n += 1
     return n

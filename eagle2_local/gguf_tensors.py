@@ -142,3 +142,27 @@ def load_tensor(path: str | Path, entry: TensorEntry) -> np.ndarray:
         return np.asarray(dequantize(raw.reshape(entry.shape[:-1] + (-1,)), qtype), dtype=np.float32)
     except NotImplementedError as exc:
         raise ModelError(f"{Path(path).name}: cannot dequantize {entry.name} ({qtype.name}): {exc}") from None
+
+
+def read_typed_fields(path: str | Path, prefix: str = "") -> dict[str, tuple[int, int | None, object]]:
+    """Metadata fields whose key starts with ``prefix``, fully decoded: key -> (value type, array item type or
+    None, value). The same struct walk as :func:`read_header`: copying a 49k-token tokenizer this way takes a
+    fraction of a second, gguf-py's reader seconds."""
+    path = Path(path)
+    out = {}
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, path)
+        if bytes(buf[:4]) != b"GGUF":
+            raise ModelError(f"{path} is not a GGUF file")
+        cur.pos = 4
+        cur.take("<I")
+        cur.take("<Q")
+        n_kv = cur.take("<Q")
+        for _ in range(n_kv):
+            key, vtype = cur.string(), cur.take("<I")
+            if not key.startswith(prefix):
+                cur.value(vtype)
+                continue
+            sub = struct.unpack_from("<I", buf, cur.pos)[0] if vtype == _ARRAY else None
+            out[key] = (vtype, sub, cur.value(vtype, keep_upto=1 << 62))
+    return out

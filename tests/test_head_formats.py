@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from convert.eagle1 import convert_head
 from convert.torch_pickle import load_torch_state_dict
-from convert.upstream_gguf import _copy
+from convert.upstream_gguf import copy_gguf
 from eagle2_local.api import Eagle2
 from eagle2_local.errors import ModelError
 from eagle2_local.gguf_tensors import tensor_index
@@ -137,7 +137,7 @@ def test_speculators_top_level_ids_and_llama3_rope(tmp_path, smollm2_path, plain
 def test_upstream_llama_cpp_gguf_is_translated(tmp_path, smollm2_path, plain_text):
     ours, _, _ = converted(tmp_path, safeailab_eagle3(tmp_path / "src"), smollm2_path)
     upstream = tmp_path / "upstream.gguf"
-    _copy(gguf.GGUFReader(str(ours)), upstream, {"eagle3.target_layers": "eagle3.extract_layers"}, ours.name)
+    copy_gguf(ours, upstream, {"eagle3.target_layers": "eagle3.extract_layers"})  # as a newer converter names it
     assert "eagle3.target_layers" not in fields(upstream)
     with pytest.raises(ModelError, match="eagle3.extract_layers .* eagle2-local convert upstream.gguf"):
         Eagle2(smollm2_path, head_path=upstream, n_threads=1)
