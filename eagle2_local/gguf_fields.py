@@ -28,3 +28,28 @@ def copy_fields_from(path, writer: gguf.GGUFWriter, prefix: str, rename: dict[st
                              sub_type=None if sub is None else gguf.GGUFValueType(sub))
         n += 1
     return n
+
+
+def copy_gguf(src, path, rename: dict[str, str], arch: str) -> None:
+    """Rewrite the GGUF ``src`` at ``path``: every key (``rename``d) and every tensor's bytes unchanged, plus
+    ``eagle2_local.translated_*`` provenance (used to translate key names between llama.cpp versions)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from .gguf_tensors import tensor_index
+
+    src = Path(src)
+    writer = gguf.GGUFWriter(str(path), arch)
+    copy_fields_from(src, writer, "", rename, skip=("general.architecture", "general.alignment"))
+    writer.add_string("eagle2_local.translated_from", src.name)
+    writer.add_string("eagle2_local.translated_keys", ", ".join(f"{a} -> {b}" for a, b in rename.items()))
+    entries = list(tensor_index(src).values())
+    for e in entries:  # the shape is in elements: a non-uint8 dtype keeps gguf-py from reading it as bytes
+        writer.add_tensor_info(e.name, e.shape, np.dtype(np.float32), e.n_bytes, gguf.GGMLQuantizationType(e.qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for e in entries:
+        writer.write_tensor_data(np.fromfile(src, dtype=np.uint8, count=e.n_bytes, offset=e.offset))
+    writer.close()

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from convert.eagle1 import convert_head
 from convert.torch_pickle import load_torch_state_dict
-from convert.upstream_gguf import copy_gguf
 from eagle2_local.api import Eagle2
 from eagle2_local.errors import ModelError
+from eagle2_local.gguf_fields import copy_gguf
 from eagle2_local.gguf_tensors import tensor_index
 from eagle2_local.models import read_gguf_info
 from eagle2_local.head_format import read_head
@@ -51,14 +51,14 @@ def gguf_tensor(path, name: str) -> np.ndarray:
 @pytest.fixture(scope="module")
 def plain_text(smollm2_path) -> str:
     with Eagle2(smollm2_path, n_threads=1, n_ctx=256) as llm:
-        return llm.create_completion(PROMPT, max_tokens=20, temperature=0)["choices"][0]["text"]
+        return llm.create_completion(PROMPT, max_tokens=12, temperature=0)["choices"][0]["text"]
 
 
 def assert_lossless(smollm2_path, head, plain_text: str) -> None:
     """Greedy output through EAGLE-2 trees drafted by the converted head equals plain greedy output."""
     with Eagle2(smollm2_path, head_path=head, n_threads=1, n_ctx=256, total_tokens=8, depth=3, tree_top_k=3) as llm:
         assert llm.engine_name.startswith("eagle3:")
-        text = llm.create_completion(PROMPT, max_tokens=20, temperature=0)["choices"][0]["text"]
+        text = llm.create_completion(PROMPT, max_tokens=12, temperature=0)["choices"][0]["text"]
     assert text == plain_text
 
 
@@ -134,13 +134,17 @@ def test_speculators_top_level_ids_and_llama3_rope(tmp_path, smollm2_path, plain
     assert_lossless(smollm2_path, out, plain_text)
 
 
-def test_upstream_llama_cpp_gguf_is_translated(tmp_path, smollm2_path, plain_text):
+def test_upstream_llama_cpp_gguf_is_translated(tmp_path, smollm2_path, plain_text, monkeypatch):
+    """An eagle3 GGUF naming its layers eagle3.extract_layers: `--head` translates it once into the cache and
+    drafts losslessly; `convert upstream.gguf` writes the same translation where the user wants it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ours, _, _ = converted(tmp_path, safeailab_eagle3(tmp_path / "src"), smollm2_path)
     upstream = tmp_path / "upstream.gguf"
-    copy_gguf(ours, upstream, {"eagle3.target_layers": "eagle3.extract_layers"})  # as a newer converter names it
-    assert "eagle3.target_layers" not in fields(upstream)
-    with pytest.raises(ModelError, match="eagle3.extract_layers .* eagle2-local convert upstream.gguf"):
-        Eagle2(smollm2_path, head_path=upstream, n_threads=1)
+    copy_gguf(ours, upstream, {"eagle3.target_layers": "eagle3.extract_layers"}, "eagle3")
+    assert "eagle3.target_layers" not in fields(upstream) and fields(upstream)["eagle3.extract_layers"] == [2, 15, 27]
+    assert_lossless(smollm2_path, upstream, plain_text)
+    cached = list((tmp_path / "cache").rglob("*.gguf"))
+    assert len(cached) == 1 and fields(cached[0])["eagle3.target_layers"] == [2, 15, 27]
     res = convert_cli(upstream, "-o", tmp_path / "local.gguf")
     assert res.exit_code == 0, res.output
     assert "renamed to eagle3.target_layers" in res.output
@@ -148,7 +152,8 @@ def test_upstream_llama_cpp_gguf_is_translated(tmp_path, smollm2_path, plain_tex
     assert f["eagle3.target_layers"] == [2, 15, 27] and "eagle3.extract_layers" not in f
     for name in ("fc.weight", "d2t", "blk.0.attn_q.weight"):
         assert np.array_equal(gguf_tensor(tmp_path / "local.gguf", name), gguf_tensor(ours, name))
-    assert_lossless(smollm2_path, tmp_path / "local.gguf", plain_text)
+    res = convert_cli(ours, "-o", tmp_path / "again.gguf")
+    assert res.exit_code == 1 and "already stores eagle3.target_layers" in res.output
 
 
 def _qwen3_speculators(d):

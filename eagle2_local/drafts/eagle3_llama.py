@@ -35,7 +35,7 @@ from ..models import GGUFInfo
 log = logging.getLogger(__name__)
 
 ARCH = "eagle3"
-# newer llama.cpp converters' name for eagle3.target_layers (same meaning); `eagle2-local convert` translates it
+# other llama.cpp converters' name for eagle3.target_layers (same meaning); open_head / convert translate it
 UPSTREAM_LAYER_KEYS = ("eagle3.extract_layers",)
 REQUIRED_KEYS = ("eagle3.target_layers", "eagle3.target_hidden_size", "eagle3.embedding_length",
                  "eagle3.block_count")
@@ -58,6 +58,13 @@ def feature_source(info: GGUFInfo) -> str:
     return source
 
 
+def foreign_layer_key(info: GGUFInfo) -> str | None:
+    """The key a head from another llama.cpp version stores its feature layers under, when it lacks ours."""
+    if info.get("eagle3.target_layers") is not None:
+        return None
+    return next((k for k in UPSTREAM_LAYER_KEYS if info.get(k) is not None), None)
+
+
 def head_target_layers(info: GGUFInfo) -> tuple[int, ...]:
     """The three target layers whose residual inputs the head reads (``eagle3.target_layers``)."""
     layers = info.get("eagle3.target_layers")
@@ -71,9 +78,8 @@ def check_head_fits(info: GGUFInfo, target: LlamaModel) -> None:
     if info.architecture != ARCH:
         raise IncompatibleDraftError(f"{info.path.name} is a {info.architecture!r} model, not an eagle3 head")
     missing = [k for k in REQUIRED_KEYS if info.get(k) is None]
-    foreign = next((k for k in UPSTREAM_LAYER_KEYS if info.get(k) is not None), None)
-    if "eagle3.target_layers" in missing and foreign:
-        # llama.cpp opens the file by path and reads the key itself, so it cannot be renamed in memory
+    foreign = foreign_layer_key(info)
+    if foreign:  # open_head translates such files before they get here
         raise ModelError(f"{info.path.name} names its feature layers {foreign} (a newer llama.cpp converter); this "
                          "llama.cpp reads eagle3.target_layers. Translate it once: eagle2-local convert "
                          f"{info.path.name} -o {info.path.stem}-local.gguf")

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelError
+from ..gguf_fields import copy_gguf
 from ..gguf_tensors import load_tensor, tensor_index
 from ..head_format import ARCH as EAGLE1_ARCH, check_head_fits as check_eagle1_fits, params_from_info, read_head
 from ..llama import ContextSettings, LlamaModel
@@ -26,7 +27,7 @@ from ..tree import TreeParams
 from .base import DraftEngine
 from .eagle1_numpy import Eagle1NumpyEngine
 from .eagle3_llama import ARCH as EAGLE3_ARCH, Eagle3Engine, check_head_fits as check_eagle3_fits
-from .eagle3_llama import feature_source, head_target_layers
+from .eagle3_llama import feature_source, foreign_layer_key, head_target_layers
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,31 @@ def read_head_info(path: str | os.PathLike) -> GGUFInfo:
     if info.architecture not in HEAD_ARCHS:
         raise ModelError(f"{path}: architecture '{info.architecture}' is not a draft head (expected "
                          f"{' or '.join(HEAD_ARCHS)}; convert a head folder with `eagle2-local convert`)")
+    if info.architecture == EAGLE3_ARCH and foreign_layer_key(info):
+        return read_gguf_info(translated_head(info))
     return info
+
+
+def translated_head(info: GGUFInfo) -> Path:
+    """A copy of an eagle3 head from a newer llama.cpp with its layer key renamed, made once into a cache.
+
+    llama.cpp opens the file by path and reads ``eagle3.target_layers`` itself, so the key cannot be renamed in
+    memory; the copy keeps every other key and tensor byte (what ``eagle2-local convert head.gguf`` writes)."""
+    key = foreign_layer_key(info)
+    stat = info.path.stat()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2-local" / "translated-heads"
+    out = cache / f"{info.path.stem}-{stat.st_size}-{stat.st_mtime_ns}.gguf"
+    if not out.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".part")
+        try:
+            copy_gguf(info.path, tmp, {key: "eagle3.target_layers"}, EAGLE3_ARCH)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.replace(out)
+        log.info("%s stores %s (a newer llama.cpp's name): translated once into %s", info.path.name, key, out)
+    return out
 
 
 def check_head_fits(info: GGUFInfo, target_model: LlamaModel) -> None:
