@@ -25,7 +25,7 @@ from .errors import Eagle2Error
 from .generator import Generator
 from .costs import CostKey, cached_or_measured, file_identity
 from .llama import ContextSettings, LlamaModel, system_info
-from .microbench import measure_costs
+from .microbench import check_costs, measure_costs
 from .models import default_head_path, resolve_model
 from .sampling import SamplingParams
 from .target import Target
@@ -85,7 +85,8 @@ class Eagle2:
 
     def _tree_budget(self, engine, n_gpu_layers: int, recalibrate: bool,
                      progress: Callable[[str], None] | None) -> TreeBudget:
-        """The auto budget, with costs from the on-disk cache or a fresh calibration (a few seconds)."""
+        """The auto budget, with costs from the on-disk cache (checked by a quick timing) or a fresh calibration
+        (a few seconds; cached only if it passed its consistency checks)."""
         import llama_cpp
 
         p = self.tree_params
@@ -95,7 +96,7 @@ class Eagle2:
                       n_gpu_layers=n_gpu_layers, tree_top_k=p.top_k,
                       extra={"engine": engine.name, "max_nodes": p.total_tokens, "depth": p.depth})
         costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
-                                         refresh=recalibrate)
+                                         refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
                           calibration={**info, **costs.summary()})
 

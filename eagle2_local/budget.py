@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -111,6 +112,59 @@ def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, l
     return False
 
 
+class RateGuard:
+    """The last line of defence: realised tokens per second of tree rounds against plain steps.
+
+    Whatever the cost model believes, if the last ``window`` tree rounds emitted fewer tokens per second
+    than the last ``window`` plain steps (at least ``min_rounds`` and ``min_plain`` of each), the guard
+    trips: trees stop until probes, timed the same way, show otherwise. Sums, not means of rates: tokens over
+    seconds is what the user waits for. Times are the measured round times (draft + verify, the draft's
+    catch-up of a backlog counted at its steady cost; see TreeBudget.observe_tree) and plain decode times.
+    """
+
+    def __init__(self, window: int = 32, min_rounds: int = 4, min_plain: int = 2) -> None:
+        self.tree: deque[tuple[int, float]] = deque(maxlen=window)
+        self.plain: deque[float] = deque(maxlen=window)
+        self.min_rounds, self.min_plain = min_rounds, min_plain
+        self.tripped = False
+        self.trips = 0
+
+    @staticmethod
+    def _rate(tokens: float, seconds: float) -> float:
+        return tokens / seconds if seconds > 0 else float("inf")
+
+    def tree_rate(self) -> float | None:
+        if not self.tree:
+            return None
+        return self._rate(sum(t for t, _ in self.tree), sum(s for _, s in self.tree))
+
+    def plain_rate(self) -> float | None:
+        return self._rate(len(self.plain), sum(self.plain)) if self.plain else None
+
+    def add_plain(self, seconds: float) -> None:
+        self.plain.append(seconds)
+
+    def add_tree(self, tokens: int, seconds: float) -> None:
+        """One tree round; trips or releases the guard."""
+        self.tree.append((tokens, seconds))
+        if len(self.plain) < self.min_plain:
+            return
+        losing = self.tree_rate() < self.plain_rate()
+        if not self.tripped and losing and len(self.tree) >= self.min_rounds:
+            self.tripped, self.trips = True, self.trips + 1
+            log.info("tree rounds realised %.1f tok/s against %.1f for plain steps: trees stop until a probe wins",
+                     self.tree_rate(), self.plain_rate())
+            self.tree.clear()  # from now on the window holds the probes only
+        elif self.tripped and not losing:
+            self.tripped = False
+
+    def summary(self) -> dict:
+        rt, rp = self.tree_rate(), self.plain_rate()
+        return {"tripped": self.tripped, "trips": self.trips,
+                "tree_tokens_per_s": round(rt, 2) if rt is not None and rt != float("inf") else None,
+                "plain_tokens_per_s": round(rp, 2) if rp is not None and rp != float("inf") else None}
+
+
 @dataclass
 class TreeBudget:
     """Decides, round by round, whether to draft, how deep, and how many nodes to verify.
@@ -119,6 +173,11 @@ class TreeBudget:
     and do not run the draft), :meth:`start_round`, :meth:`keep_expanding` (from the tree builder before each
     deeper level), :meth:`choose_size`, then :meth:`observe_tree` or :meth:`observe_plain` with the measured
     verify time and the outcome.
+
+    Trees stop (plain steps, with tree probes after exponentially growing gaps) when the modelled tree rate
+    falls below the plain rate, or when the :class:`RateGuard` sees realised tree rounds slower than realised
+    plain steps. While trees win, one round in ``plain_probe_every`` is a plain step anyway (every other
+    round until three are measured), so the plain rate and the guard rest on plain steps actually taken.
     """
 
     costs: CostModel
@@ -129,18 +188,39 @@ class TreeBudget:
     max_probe_every: int = 128
     probe_backlog: int = 32  # probe only when the draft has at most this many tokens to catch up on
     rate_alpha: float = 0.3
+    probe_share: float = 0.02  # a losing probe is followed by enough plain steps to cost at most this share
+    max_probe_wait: int = 2048
+    plain_probe_every: int = 16
     clock: Callable[[], float] = time.perf_counter
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
+    guard: RateGuard = field(default_factory=RateGuard)
 
     def __post_init__(self) -> None:
-        self.tree_rate: float | None = None  # EMA of tokens/s realised by tree rounds
+        self._gain: float | None = None  # EMA of modelled tree rounds' tokens/s over the plain rate at the time
         self._backoff = self.probe_every
         self._plain_left = 0
+        self._gap = 0  # plain rounds planned after the last probe
+        self._probing = False  # the current tree round is a probe while trees lose
+        self._since_plain = 0
         self._t0 = 0.0
         self._marks: list[float] = []
+        self._steady = True
         self.rounds = 0
         self.plain_steps = 0
+        self.plain_probes = 0
         self._draft_can_pay: bool | None = None
+
+    @property
+    def tree_rate(self) -> float | None:
+        """Tokens/s the tree rounds realise by the cost model, at today's plain speed (None: no tree yet)."""
+        return None if self._gain is None else self._gain * self.costs.plain_rate
+
+    @tree_rate.setter
+    def tree_rate(self, rate: float | None) -> None:
+        self._gain = None if rate is None else rate / self.costs.plain_rate
+
+    def trees_losing(self) -> bool:
+        return self.guard.tripped or (self._gain is not None and self._gain < 1.0)
 
     # ------------------------------------------------------------ before drafting
     def wants_tree(self, fresh_tokens: int = 1) -> bool:
@@ -150,23 +230,34 @@ class TreeBudget:
         that backlog is long (a new prompt, many plain steps): catching a head up on hundreds of tokens costs
         more than a probe can win, and is the main way probing would make plain-speed generation slower."""
         self.rounds += 1
-        if self._draft_can_pay is None:  # load scales both sides alike: recomputed only when draft costs change
+        if self._draft_can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
             self._draft_can_pay = self.ceiling_rate() >= self.costs.plain_rate
         if not self._draft_can_pay:
             return False
-        if self.tree_rate is None or self.tree_rate >= self.costs.plain_rate:
+        if not self.trees_losing():
             self._backoff = self.probe_every
-            self._plain_left = 0
+            self._plain_left = self._gap = 0
+            if self._since_plain >= self._plain_probe_gap():
+                self.plain_probes += 1
+                return False
+            self._since_plain += 1
             return True
         if self._plain_left > 0:
             self._plain_left -= 1
             return False
-        if fresh_tokens > self.probe_backlog:
+        if fresh_tokens > self.probe_backlog + self._gap:  # plain steps since the last probe do not count
             return False
         # a probe is due: go plain for `backoff` rounds after it if it loses again
-        self._plain_left = self._backoff
+        self._plain_left = self._gap = self._backoff
         self._backoff = min(2 * self._backoff, self.max_probe_every)
+        self._probing = True
         return True
+
+    def _plain_probe_gap(self) -> int:
+        """Tree rounds between plain probes: none before the first plain step is measured (the calibration's
+        plain step may be the spoiled number), one until three are, then ``plain_probe_every``."""
+        measured = max(self.plain_steps, self.costs.n_plain)
+        return 0 if measured == 0 else 1 if measured < 3 else self.plain_probe_every
 
     def ceiling_rate(self) -> float:
         """Tokens/s of the best conceivable round: a chain of L drafted tokens, all accepted (L + 1 emitted)."""
@@ -207,31 +298,66 @@ class TreeBudget:
         """A tree round: draft nodes' scores (root excluded), which were accepted, the measured verify time and
         the tokens emitted. Draft times come from the clock marks taken while the tree grew."""
         self.acceptance.observe(node_scores, accepted)
-        self.costs.observe_verify(len(node_scores) + 1, verify_s)
+        n_nodes = len(node_scores) + 1
+        realised_s = self._realised_draft_s() + verify_s
+        self.guard.add_tree(n_emitted, realised_s)
+        self.costs.observe_verify(n_nodes, verify_s)
         levels = np.diff(np.asarray(self._marks)).tolist() if self._marks else []
         if self._marks and self._steady:
             self.costs.observe_draft(self._marks[0] - self._t0, levels)
-            self._draft_can_pay = None
+        self._draft_can_pay = None  # the learned shape moved
         # steady-state rate: the tokens really emitted over the round's modelled cost, which the lines above just
-        # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count)
+        # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
+        # kept relative to the plain rate, so a change of load between rounds does not skew the comparison
         levels_grown = max(len(self._marks), 1)
-        round_s = self.costs.draft_s(levels_grown) + float(self.costs.verify_s(len(node_scores) + 1))
-        rate = n_emitted / max(round_s, 1e-9)
+        round_s = self.costs.draft_s(levels_grown) + float(self.costs.verify_s(n_nodes))
+        gain = n_emitted / max(round_s, 1e-12) / self.costs.plain_rate
         a = self.rate_alpha
-        self.tree_rate = rate if self.tree_rate is None else (1 - a) * self.tree_rate + a * rate
+        self._gain = gain if self._gain is None else (1 - a) * self._gain + a * gain
+        if self._probing:
+            self._after_probe(realised_s)
+
+    def _after_probe(self, seconds: float) -> None:
+        """A probe while trees lose costs about (1 - tree gain) x its length in plain steps (the smoothed gain,
+        not this probe's luck); wait long enough after it that probing costs at most ``probe_share`` of plain
+        speed (a 60-node probe on this CPU costs ~25 steps for ~3 tokens)."""
+        self._probing = False
+        gain = min(self._gain if self._gain is not None else 0.0, self.guard_gain())
+        lost = seconds * self.costs.plain_rate * (1.0 - gain)
+        if lost > 0:
+            wait = min(int(np.ceil(lost / self.probe_share)), self.max_probe_wait)
+            self._plain_left = max(self._plain_left, wait)
+            self._gap = max(self._gap, self._plain_left)
+
+    def guard_gain(self) -> float:
+        """Realised tree rounds' tokens/s over plain steps' (1.0 while either is unknown)."""
+        rt, rp = self.guard.tree_rate(), self.guard.plain_rate()
+        return 1.0 if rt is None or rp is None or not np.isfinite(rt) or not np.isfinite(rp) else rt / rp
+
+    def _realised_draft_s(self) -> float:
+        """This round's measured draft time, with a backlog catch-up counted at the steady root cost (paid
+        once whatever the tree, and the tree is what the guard judges)."""
+        if not self._marks:
+            return self.costs.draft_root_now
+        root = self._marks[0] - self._t0 if self._steady else self.costs.draft_root_now
+        return root + self._marks[-1] - self._marks[0]
 
     def observe_plain(self, verify_s: float) -> None:
         self.plain_steps += 1
-        self.costs.observe_verify(1, verify_s)
+        self._since_plain = 0
+        self.costs.observe_plain(verify_s)
+        self.guard.add_plain(verify_s)
 
     def summary(self) -> dict:
-        """The budget's state for GenerationStats: costs now, how they were calibrated, acceptance map."""
+        """The budget's state for GenerationStats: costs now, how they were calibrated, acceptance map, guard."""
         rates = self.acceptance.rates()
+        tree_rate = self.tree_rate
         return {"mode": "auto", "max_nodes": self.max_nodes, "calibration": dict(self.calibration),
                 "costs_now": self.costs.summary(),
                 "plain_tokens_per_s": round(self.costs.plain_rate, 2),
                 "ceiling_tokens_per_s": round(self.ceiling_rate(), 2),
-                "tree_tokens_per_s": round(self.tree_rate, 2) if self.tree_rate is not None else None,
+                "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
+                "realised": self.guard.summary(), "plain_probes": self.plain_probes,
                 "acceptance_by_score": {f"{e:.1f}": round(float(r), 3)
                                         for e, r in zip(self.acceptance.edges, rates[1:])},
                 "nodes_observed": self.acceptance.n_observed}

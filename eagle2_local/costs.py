@@ -6,9 +6,12 @@ The tree budget (budget.py) weighs expected accepted tokens against time, so it 
   (SmolLM2 on 2 cores: 60 nodes cost ~25 single-token decodes, DESIGN §5).
 * drafting: seconds to get the root's draft logits (``catch_up``) and seconds per deeper level (``expand``).
 
-Both start from a short calibration (microbench.measure_costs) and are corrected online from the timings of
-real rounds, because the calibration ran at one context length and the machine's load changes (other
-processes share the cores). Everything here is pure: numbers in, numbers out; the disk cache is plain JSON.
+Both start from a short calibration (calibration.py, run by microbench.measure_costs) and are corrected online
+from the timings of real rounds. Everything is held in units of one plain decoding step: the plain step's
+duration now is measured from the plain steps actually taken (other processes, thermal limits and context
+length change it), and the *shape* (what a tree of n nodes or a draft level costs in plain steps) is learned per
+size from the rounds actually run, so a calibration spoiled by other load cannot fix a wrong shape for good.
+Everything here is pure: numbers in, numbers out; the disk cache is plain JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,28 +30,37 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CORRECTION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CACHE_VERSION = 2  # 2: calibrations checked for disturbance; version-1 caches may hold a poisoned curve
+
+
+def _median(values) -> float:
+    """Median of a short sequence (plain Python: this runs at every plain step, numpy would cost more)."""
+    s = sorted(values)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else 0.5 * (s[m - 1] + s[m])
 
 
 @dataclass
 class CostModel:
-    """Piecewise-linear verify-time curve over measured tree sizes, plus drafting times; learns online.
+    """Verify-time curve over measured tree sizes plus drafting times, in plain steps; learns online.
 
-    Online, the calibrated *shape* is kept and one load factor scales every prediction: other processes on
-    the cores, thermal limits or a longer context slow verification and drafting alike, and a single factor
-    learned from every round (plain steps included) keeps the comparison between tree sizes, and between a
-    tree and a plain step, as calibrated, whichever sizes the rounds happen to use. Draft times are learned
-    in calibration units (observed time divided by the load). ``alpha`` is the weight of one observation in
-    the moving averages: small enough that one slow round does not swing the budget.
+    ``verify[0]`` (size 1) is the plain decoding step; the other sizes are tree verifications. Predictions are
+    ``plain step now x shape``: the plain step is the median of the last ``window`` plain steps observed (the
+    calibration's until one is), the shape is the calibrated cost in plain steps times a per-size correction,
+    the median ratio of observed to calibrated shape at the nearest measured size (sizes between two
+    observed ones interpolate in log size; size 1 is the anchor). Medians of short windows, not moving
+    averages: one pass stalled by another process moves nothing, a wrong calibration is replaced after a
+    few rounds. ``frozen`` turns online learning off (tests that need fixed costs).
     """
 
     sizes: list[int]
     verify: list[float]
     draft_root_s: float
     draft_level_s: float
-    alpha: float = 0.1
-    load: float = 1.0
-    n_observed: int = 0
+    frozen: bool = False
+    window: int = 9
+    quality: dict = field(default_factory=dict)  # how the calibration went (calibration.py); not cached
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(self.verify) or not self.sizes:
@@ -57,56 +70,111 @@ class CostModel:
         self.verify = [float(self.verify[i]) for i in order]
         if self.sizes[0] != 1:
             raise ValueError("the verify curve must include n=1 (the plain decoding step)")
-        self._xs = np.asarray(self.sizes, dtype=np.float64)
-        # Monotone in n, and never above n plain steps (the n nodes could be decoded one by one): a timing
-        # spoiled by other processes (2 threads on 2 busy cores can stall a pass for seconds) stays bounded.
-        ys = np.maximum.accumulate(np.asarray(self.verify, dtype=np.float64))
-        self._ys = np.minimum(ys, self._xs * ys[0])
-        tail = (self._ys[-1] - self._ys[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
-        self._slope = max(tail, 0.0)
+        xs = np.asarray(self.sizes, dtype=np.float64)
+        self.plain_cal = max(self.verify[0], 1e-9)
+        shape_cal = _sane_shape(xs, np.asarray(self.verify, dtype=np.float64) / self.plain_cal)
+        # corrections live on a fixed grid, finer than a sparse (or spoiled) calibration may be
+        grid = sorted({n for n in CORRECTION_GRID if n < self.sizes[-1]} | set(self.sizes))
+        self._xs = np.asarray(grid, dtype=np.float64)
+        self._log_xs = np.log(self._xs)
+        self._shape_cal = np.interp(self._xs, xs, shape_cal)
+        self._plain: deque[float] = deque(maxlen=self.window)
+        self._knot: list[deque[float]] = [deque(maxlen=self.window) for _ in grid]
+        self._root: deque[float] = deque(maxlen=self.window)
+        self._level: deque[float] = deque(maxlen=self.window)
+        self.n_observed = 0
+        self._refresh_shape()
+
+    # ------------------------------------------------------------ state
+    def _refresh_shape(self) -> None:
+        """Recompute the corrected shape and drafting costs from the observation windows."""
+        seen = [i for i, d in enumerate(self._knot) if i > 0 and d]
+        log_c = np.zeros(len(self._xs))
+        if seen:
+            known_x = np.concatenate([[self._log_xs[0]], self._log_xs[seen]])
+            known_c = np.concatenate([[0.0], [np.log(_median(self._knot[i])) for i in seen]])
+            log_c = np.interp(self._log_xs, known_x, known_c)  # past the last observed size: its correction
+        self._shape = _sane_shape(self._xs, self._shape_cal * np.exp(log_c))
+        tail = (self._shape[-1] - self._shape[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
+        self._slope = max(float(tail), 0.0)
+        self._root_rel = _median(self._root) if self._root else self.draft_root_s / self.plain_cal
+        self._level_rel = _median(self._level) if self._level else self.draft_level_s / self.plain_cal
+        self._refresh_plain()
+
+    def _refresh_plain(self) -> None:
+        self._plain_s = _median(self._plain) if self._plain else self.plain_cal
+
+    @property
+    def n_plain(self) -> int:
+        """Plain steps observed in the current window (0: the plain rate is still the calibration's)."""
+        return len(self._plain)
+
+    @property
+    def load(self) -> float:
+        """The plain step now over the calibrated one: how much busier (or idler) the machine is."""
+        return self._plain_s / self.plain_cal
 
     # ------------------------------------------------------------ predictions
-    def _base_verify(self, n) -> np.ndarray:
+    def shape(self, n: int | np.ndarray) -> np.ndarray | float:
+        """Verifying n nodes, in plain steps (the learned shape; linear past the largest measured size)."""
         n_arr = np.asarray(n, dtype=np.float64)
-        out = np.interp(n_arr, self._xs, self._ys)
-        return np.where(n_arr > self._xs[-1], self._ys[-1] + self._slope * (n_arr - self._xs[-1]), out)
+        out = np.interp(n_arr, self._xs, self._shape)
+        out = np.where(n_arr > self._xs[-1], self._shape[-1] + self._slope * (n_arr - self._xs[-1]), out)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def calibrated_shape(self, n: int) -> float:
+        """Verifying n nodes in plain steps as the calibration measured it (sanitised, no online correction)."""
+        return float(np.interp(n, self._xs, self._shape_cal))
 
     def verify_s(self, n: int | np.ndarray) -> np.ndarray | float:
         """Predicted seconds to verify n nodes (monotone; extrapolated linearly past the largest size)."""
-        out = self.load * self._base_verify(n)
-        return float(out) if np.ndim(out) == 0 else out
+        return self._plain_s * self.shape(n)
 
     def draft_s(self, levels: int) -> float:
         """Predicted seconds to draft a tree with ``levels`` levels below the root (level 1 needs no expand)."""
-        return self.load * (self.draft_root_s + max(levels - 1, 0) * self.draft_level_s)
+        return self._plain_s * (self._root_rel + max(levels - 1, 0) * self._level_rel)
 
     @property
     def draft_level_now(self) -> float:
-        return self.load * self.draft_level_s
+        return self._plain_s * self._level_rel
 
     @property
     def draft_root_now(self) -> float:
-        return self.load * self.draft_root_s
+        return self._plain_s * self._root_rel
 
     @property
     def plain_rate(self) -> float:
-        """Tokens per second of plain decoding (one token per single-node pass)."""
-        return 1.0 / max(self.load * self._ys[0], 1e-12)  # runs every plain step: no numpy call
+        """Tokens per second of plain decoding (one token per plain step)."""
+        return 1.0 / self._plain_s
 
     # ------------------------------------------------------------ online correction
-    def observe_verify(self, n: int, seconds: float) -> None:
-        """Learn the load factor from one measured verification of n nodes."""
-        base = self._ys[0] if n == 1 else float(self._base_verify(n))  # n == 1: every plain step, kept cheap
-        ratio = seconds / max(base, 1e-12)
-        self.load = (1.0 - self.alpha) * self.load + self.alpha * ratio
+    def observe_plain(self, seconds: float) -> None:
+        """One plain decoding step actually taken: the unit every other cost is expressed in."""
         self.n_observed += 1
+        if self.frozen or not seconds > 0:
+            return
+        self._plain.append(float(seconds))
+        self._refresh_plain()
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        """One tree of n nodes verified: a shape correction for the nearest measured size (n = 1, the root
+        alone on the tree path, says nothing about trees and is only counted)."""
+        self.n_observed += 1
+        if self.frozen or n < 2 or not seconds > 0:
+            return
+        k = int(np.argmin(np.abs(self._log_xs - np.log(n))))
+        k = max(k, 1)
+        self._knot[k].append(seconds / self._plain_s / float(np.interp(n, self._xs, self._shape_cal)))
+        self._refresh_shape()
 
     def observe_draft(self, root_s: float, level_s: list[float]) -> None:
-        """Update drafting times (calibration units) from one round's root time and expanded levels' times."""
-        a, load = self.alpha, max(self.load, 1e-12)
-        self.draft_root_s = (1 - a) * self.draft_root_s + a * root_s / load
-        for s in level_s:
-            self.draft_level_s = (1 - a) * self.draft_level_s + a * s / load
+        """Drafting times of one steady round (root catch-up and each expanded level), in plain steps now."""
+        if self.frozen:
+            return
+        if root_s > 0:
+            self._root.append(root_s / self._plain_s)
+        self._level.extend(s / self._plain_s for s in level_s if s > 0)
+        self._refresh_shape()
 
     # ------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
@@ -118,11 +186,20 @@ class CostModel:
         return cls(list(d["sizes"]), list(d["verify_s"]), float(d["draft_root_s"]), float(d["draft_level_s"]))
 
     def summary(self) -> dict:
-        """Milliseconds at a few sizes: what the stats and the CLI show."""
+        """Milliseconds at a few sizes and what online learning changed: what the stats and the CLI show."""
         shown = [n for n in (1, 8, 16, 32, self.sizes[-1]) if n <= self.sizes[-1]]
+        corrections = {int(self._xs[i]): round(_median(d), 3) for i, d in enumerate(self._knot) if i > 0 and d}
         return {"verify_ms": {n: round(float(self.verify_s(n)) * 1e3, 3) for n in dict.fromkeys(shown)},
                 "draft_root_ms": round(self.draft_root_now * 1e3, 3),
-                "draft_level_ms": round(self.draft_level_now * 1e3, 3), "load": round(self.load, 3)}
+                "draft_level_ms": round(self.draft_level_now * 1e3, 3), "load": round(self.load, 3),
+                "plain_steps_in_window": self.n_plain, "shape_corrections": corrections}
+
+
+def _sane_shape(xs: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """Monotone in n, 1 at n = 1, and never above n plain steps (the n nodes could be decoded one by one)."""
+    out = np.minimum(np.maximum.accumulate(np.maximum(shape, 1e-6)), xs)
+    out[0] = 1.0
+    return np.maximum.accumulate(out)
 
 
 # ---------------------------------------------------------------- disk cache
@@ -193,16 +270,40 @@ def save_costs(key: CostKey, costs: CostModel, directory: Path | None = None) ->
 
 
 def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: bool = False,
-                       directory: Path | None = None) -> tuple[CostModel, dict]:
-    """The cached calibration for ``key`` unless ``refresh``; otherwise ``measure()`` it and cache it.
+                       directory: Path | None = None,
+                       check: Callable[[CostModel], tuple[bool, dict]] | None = None) -> tuple[CostModel, dict]:
+    """The cached calibration for ``key`` if ``check`` (a quick timing at start) agrees with it; otherwise
+    ``measure()`` it, and cache it only if the measurement was not disturbed (``quality["problems"]`` empty).
 
-    Returns the costs and a description of where they came from (for the stats)."""
-    costs = None if refresh else load_costs(key, directory)
-    if costs is not None:
-        return costs, {"source": "cache", "file": str((directory or cache_dir()) / key.file_name())}
+    Returns the costs and a description for the stats, whose ``source`` says which happened: "cached" (no
+    check given), "cached-verified", "fresh", "re-measured" (the cache disagreed), "fresh, not cached
+    (disturbed)" or "cached, kept (re-measure disturbed)": a disagreeing cache is kept over a disturbed
+    re-measure, since only calibrations that passed the consistency checks are ever cached."""
+    directory = directory or cache_dir()
+    file = str(directory / key.file_name())
+    cached = None if refresh else load_costs(key, directory)
+    info: dict = {}
+    if cached is not None:
+        if check is None:
+            return cached, {"source": "cached", "file": file}
+        agrees, info = check(cached)
+        if agrees:
+            return cached, {"source": "cached-verified", "check": info, "file": file}
+        log.info("the cached tree-cost calibration disagrees with a check just now (%s); re-measuring",
+                 info.get("reason", "shape differs"))
     t0 = time.perf_counter()
     costs = measure()
-    seconds = time.perf_counter() - t0
+    seconds = round(time.perf_counter() - t0, 2)
+    extra = {"check": info} if info else {}
+    problems = costs.quality.get("problems", [])
+    if problems:
+        log.warning("tree-cost calibration disturbed (%s): not cached, measured again at the next start",
+                    "; ".join(problems))
+        if cached is not None:
+            return cached, {"source": "cached, kept (re-measure disturbed)", "problems": problems,
+                            "seconds": seconds, **extra, "file": file}
+        return costs, {"source": "fresh, not cached (disturbed)", "problems": problems, "seconds": seconds}
     path = save_costs(key, costs, directory)
     log.info("calibrated tree costs in %.1f s (cached at %s)", seconds, path)
-    return costs, {"source": "measured", "seconds": round(seconds, 2), "file": str(path) if path else None}
+    return costs, {"source": "re-measured" if cached is not None else "fresh", "seconds": seconds, **extra,
+                   "file": str(path) if path else None}

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import numpy as np
 
+from .calibration import calibrate, check_cached, cost_model
 from .costs import CostModel
 from .target import Target
 from .tree import DraftTree, TreeParams, grow_candidates
@@ -115,13 +117,13 @@ def drafting_profile(llm, prompts: list[str], max_tokens: int = 64) -> dict:
 
 
 def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
-               seed: int = 0) -> tuple[float, float]:
-    """Fastest seconds of a draft round's root (``catch_up`` of one new token) and of one deeper level.
+               seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Median seconds of a draft round's root (``catch_up`` of one new token) and of one deeper level.
 
     Runs real rounds of the tree builder on random text, fed with the target's real features when the engine
     needs them (the target decodes each new token between rounds, untimed); engine and target are reset
-    afterwards. The minimum, not the median: other processes on the cores only ever add time, and the budget
-    learns the current load online.
+    afterwards. Medians, like the verify times they are weighed against (a stalled pass moves neither), and
+    the budget replaces them with the times of real rounds as soon as it drafts.
     """
     rng = np.random.default_rng(seed)
     n_vocab = target.model.n_vocab
@@ -133,9 +135,9 @@ def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int =
     for i in range(repeats + 1):  # the first round ingests the context and warms up; dropped
         new = int(rng.integers(0, n_vocab))
         marks: list[float] = []
-        t0 = time.perf_counter()
+        t0 = clock()
         root_logits = engine.catch_up(np.asarray(text + [new]), feats, 0)
-        grow_candidates(root_logits, engine.expand, params, lambda *_: marks.append(time.perf_counter()) or True)
+        grow_candidates(root_logits, engine.expand, params, lambda *_: marks.append(clock()) or True)
         engine.commit(np.zeros(0, dtype=np.int64))
         if i:
             roots.append(marks[0] - t0)
@@ -145,21 +147,71 @@ def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int =
         text.append(new)
     engine.reset()
     target.reset()
-    level_s = float(np.min(levels)) if levels else 0.0
-    log.info("draft root %.2f ms, level %.2f ms", np.min(roots) * 1e3, level_s * 1e3)
-    return float(np.min(roots)), level_s
+    level_s = float(np.median(levels)) if levels else 0.0
+    log.info("draft root %.2f ms, level %.2f ms", np.median(roots) * 1e3, level_s * 1e3)
+    return float(np.median(roots)), level_s
 
 
-def measure_costs(target: Target, engine, params: TreeParams, progress=None) -> CostModel:
-    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens`` and the
-    draft's root/level times; a few seconds on SmolLM2. Leaves target and engine empty."""
+class _Timers:
+    """Times plain steps and tree verifications on a target holding ``context_tokens`` of random text, each
+    call leaving the cache as it found it; the first call of each kind warms buffers up and is not timed."""
+
+    def __init__(self, target: Target, clock: Callable[[], float], context_tokens: int = 64, seed: int = 0) -> None:
+        self.target, self.clock = target, clock
+        self.rng = np.random.default_rng(seed)
+        self.n_vocab = target.model.n_vocab
+        target.reset()
+        target.prefill(self.rng.integers(0, self.n_vocab, context_tokens))
+        self.plain()
+        self.verify(8)
+
+    def plain(self) -> float:
+        """One plain decoding step, as the plain loop takes it (``decode_one``), then rolled back."""
+        token = int(self.rng.integers(0, self.n_vocab))
+        t0 = self.clock()
+        self.target.decode_one(token)
+        seconds = self.clock() - t0
+        self.target.rollback(self.target.n_past - 1)
+        return seconds
+
+    def verify(self, n: int) -> float:
+        tree = bushy_tree(n, self.rng, self.n_vocab)
+        t0 = self.clock()
+        self.target.verify(tree)
+        seconds = self.clock() - t0
+        self.target.abort_tree()
+        return seconds
+
+
+def calibration_sizes(params: TreeParams) -> list[int]:
+    return sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
+
+
+def measure_costs(target: Target, engine, params: TreeParams, progress=None,
+                  clock: Callable[[], float] = time.perf_counter) -> CostModel:
+    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens``, timed
+    interleaved and checked for disturbance (calibration.py), and the draft's root/level times; a few seconds
+    on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target and engine empty."""
     say = progress or log.info
-    sizes = sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
-    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes")
-    verify = verify_cost(target, sizes, context_tokens=64, repeats=2, reduce=np.min)  # min: see draft_cost
+    sizes = calibration_sizes(params)
+    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
+    timers = _Timers(target, clock)
+    cal = calibrate(timers.plain, timers.verify, sizes)
     target.reset()
     say("timing the draft")
     # every level costs the same (k frontier nodes), so three levels time it as well as six
     short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
-    root_s, level_s = draft_cost(engine, target, short, repeats=2)
-    return CostModel(sizes, [verify[n] for n in sizes], root_s, level_s)
+    root_s, level_s = draft_cost(engine, target, short, repeats=3, clock=clock)
+    return cost_model(cal, root_s, level_s)
+
+
+def check_costs(target: Target, costs: CostModel, params: TreeParams,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[bool, dict]:
+    """Quick check of a cached calibration at start (5 plain steps and 3 timings of a mid-size tree, well
+    under a second on SmolLM2); leaves the target empty."""
+    timers = _Timers(target, clock)
+    mid = max(2, min(params.total_tokens, 16))
+    try:
+        return check_cached(costs, timers.plain, timers.verify, mid)
+    finally:
+        target.reset()

@@ -251,7 +251,7 @@ def forced_budget(max_nodes: int, depth: int):
     from eagle2_local.costs import CostModel
 
     sizes = [1, 2, 4, 8, 16, 32]
-    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, alpha=0.0)
+    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, frozen=True)
     return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, probe_every=2, clock=lambda: 0.0)
 
 

@@ -1,0 +1,139 @@
+"""A calibration of the tree budget's costs that knows when it was disturbed, and the quick check of a cached one.
+
+Other processes on the cores do not slow every timing alike: a pass can stall for seconds while its neighbour
+runs at full speed (llama.cpp's threads spin-wait for each other at every graph barrier). One sweep over tree
+sizes, one timing each, can then record any curve at all, and a curve that is cached stays wrong for good.
+So the sizes are timed interleaved, in a fresh random order in each of several rounds, next to the plain
+decoding step timed the way the plain loop runs it (``decode_one``, not a one-node tree); each size keeps the
+median of its timings, and the result is checked:
+
+* spread: the interquartile range of every size's timings, relative to its median, stays under a limit;
+* monotone: a larger tree never costs clearly less than a smaller one (within a tolerance for noise);
+* one node: verifying a one-node tree costs about a plain step.
+
+A calibration that fails is measured once more; if that fails too, its problems are reported and the caller
+does not cache it. Pure: the timing functions are passed in, so tests simulate any load deterministically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .costs import CostModel
+
+TimePlain = Callable[[], float]  # seconds of one plain decoding step
+TimeVerify = Callable[[int], float]  # seconds of verifying one tree of n nodes
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a calibration counts as disturbed."""
+
+    max_spread: float = 0.5  # interquartile range / median of one size's timings
+    monotone_tolerance: float = 0.25  # a larger tree may cost this fraction less than a smaller one (noise)
+    one_node_ratio: float = 1.6  # verify(1) / plain step must lie within [1/this, this]
+    check_tolerance: float = 1.6  # a cached shape agrees with a quick check within this factor
+
+
+@dataclass
+class Calibration:
+    """The medians of one calibration (seconds per size; size 1 is the plain step) and what went wrong."""
+
+    verify: dict[int, float]
+    one_node_tree: float
+    spread: dict[int, float]
+    problems: list[str] = field(default_factory=list)
+    attempts: int = 1
+
+    def quality(self) -> dict:
+        return {"problems": list(self.problems), "attempts": self.attempts,
+                "max_spread": round(max(self.spread.values()), 3),
+                "one_node_over_plain": round(self.one_node_tree / self.verify[1], 3)}
+
+
+def time_interleaved(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], rounds: int,
+                     rng: np.random.Generator) -> tuple[dict[int, list[float]], list[float]]:
+    """Timings per size (size 1: plain steps) and of one-node trees, every size once per round in a random
+    order, so a burst of load spreads over the sizes instead of spoiling some of them entirely."""
+    jobs = [("plain", 1), ("tree", 1)] + [("tree", n) for n in sizes if n > 1]
+    out: dict[int, list[float]] = {n: [] for n in sizes}
+    one_node: list[float] = []
+    for _ in range(rounds):
+        for i in rng.permutation(len(jobs)):
+            kind, n = jobs[i]
+            if kind == "plain":
+                out[1].append(time_plain())
+            elif n == 1:
+                one_node.append(time_verify(1))
+            else:
+                out[n].append(time_verify(n))
+    return out, one_node
+
+
+def relative_spread(times: list[float]) -> float:
+    """Interquartile range over median: 0 for steady timings, ~1 when a quarter of them stalled."""
+    q25, q50, q75 = np.percentile(times, [25, 50, 75])
+    return float((q75 - q25) / max(q50, 1e-12))
+
+
+def summarise(times: dict[int, list[float]], one_node: list[float], limits: Limits) -> Calibration:
+    """Medians, spreads and the consistency problems of one set of timings."""
+    sizes = sorted(times)
+    med = {n: float(np.median(times[n])) for n in sizes}
+    spread = {n: relative_spread(times[n]) for n in sizes}
+    one = float(np.median(one_node))
+    problems = [f"{n} nodes spread {s:.0%}" for n, s in spread.items() if s > limits.max_spread]
+    for a, b in zip(sizes, sizes[1:]):
+        if med[b] < (1.0 - limits.monotone_tolerance) * med[a]:
+            problems.append(f"{b} nodes ({med[b] * 1e3:.1f} ms) cheaper than {a} ({med[a] * 1e3:.1f} ms)")
+    ratio = one / max(med[1], 1e-12)
+    if not 1.0 / limits.one_node_ratio <= ratio <= limits.one_node_ratio:
+        problems.append(f"a one-node tree costs {ratio:.2f} plain steps")
+    return Calibration(med, one, spread, problems)
+
+
+def calibrate(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], rounds: int = 5,
+              attempts: int = 2, seed: int = 0, limits: Limits = Limits()) -> Calibration:
+    """Verify times per size (median of ``rounds`` interleaved timings), re-measured up to ``attempts`` times
+    while the checks fail; the attempt with the fewest problems (then the smallest spread) is returned."""
+    rng = np.random.default_rng(seed)
+    sizes = sorted(set(sizes) | {1})
+    best: Calibration | None = None
+    for attempt in range(1, attempts + 1):
+        cal = summarise(*time_interleaved(time_plain, time_verify, sizes, rounds, rng), limits)
+        cal.attempts = attempt
+        if best is None or (len(cal.problems), max(cal.spread.values())) < \
+                (len(best.problems), max(best.spread.values())):
+            best = cal
+        if not cal.problems:
+            break
+    best.attempts = attempt
+    return best
+
+
+def cost_model(cal: Calibration, draft_root_s: float, draft_level_s: float) -> CostModel:
+    sizes = sorted(cal.verify)
+    return CostModel(sizes, [cal.verify[n] for n in sizes], draft_root_s, draft_level_s, quality=cal.quality())
+
+
+def check_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerify, mid_size: int,
+                 n_plain: int = 5, n_tree: int = 3, limits: Limits = Limits()) -> tuple[bool, dict]:
+    """Does a cached calibration still describe this machine? A few plain steps and a mid-size tree, timed;
+    their ratio (load cancels out) is compared with the cached shape. The plain steps also seed ``costs``'
+    plain rate, so the budget starts from the machine's speed now, not the calibration's."""
+    plain = [time_plain() for _ in range(n_plain)]
+    tree = [time_verify(mid_size) for _ in range(n_tree)]
+    p, t = float(np.median(plain)), float(np.median(tree))
+    measured, cached = t / max(p, 1e-12), costs.calibrated_shape(mid_size)
+    agrees = 1.0 / limits.check_tolerance <= measured / cached <= limits.check_tolerance
+    if agrees:
+        for s in plain:
+            costs.observe_plain(s)
+    info = {"plain_ms": round(p * 1e3, 3), "nodes": mid_size, "tree_ms": round(t * 1e3, 3),
+            "tree_over_plain": round(measured, 2), "cached_tree_over_plain": round(cached, 2)}
+    if not agrees:
+        info["reason"] = f"{mid_size} nodes cost {measured:.1f} plain steps, the cache says {cached:.1f}"
+    return agrees, info
