@@ -299,7 +299,7 @@ class TreeBudget:
         the tokens emitted. Draft times come from the clock marks taken while the tree grew."""
         self.acceptance.observe(node_scores, accepted)
         n_nodes = len(node_scores) + 1
-        realised_s = self._realised_draft_s() + verify_s
+        realised_s = self._realised_s(verify_s)
         self.guard.add_tree(n_emitted, realised_s)
         self.costs.observe_verify(n_nodes, verify_s)
         levels = np.diff(np.asarray(self._marks)).tolist() if self._marks else []
@@ -334,13 +334,16 @@ class TreeBudget:
         rt, rp = self.guard.tree_rate(), self.guard.plain_rate()
         return 1.0 if rt is None or rp is None or not np.isfinite(rt) or not np.isfinite(rp) else rt / rp
 
-    def _realised_draft_s(self) -> float:
-        """This round's measured draft time, with a backlog catch-up counted at the steady root cost (paid
-        once whatever the tree, and the tree is what the guard judges)."""
+    def _realised_s(self, verify_s: float) -> float:
+        """This round's measured time from :meth:`start_round` until now (drafting, verifying, accepting,
+        committing), with a backlog catch-up counted at the steady root cost (paid once whatever the tree, and
+        the tree is what the guard judges); at least the draft levels plus ``verify_s``."""
+        now = self.clock()
         if not self._marks:
-            return self.costs.draft_root_now
-        root = self._marks[0] - self._t0 if self._steady else self.costs.draft_root_now
-        return root + self._marks[-1] - self._marks[0]
+            return max(now - self._t0, self.costs.draft_root_now + verify_s)
+        root = self._marks[0] - self._t0
+        steady_root = root if self._steady else self.costs.draft_root_now
+        return max(now - self._t0 - root, self._marks[-1] - self._marks[0] + verify_s) + steady_root
 
     def observe_plain(self, verify_s: float) -> None:
         self.plain_steps += 1

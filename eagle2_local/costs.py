@@ -298,7 +298,7 @@ def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: 
     problems = costs.quality.get("problems", [])
     if problems:
         log.warning("tree-cost calibration disturbed (%s): not cached, measured again at the next start",
-                    "; ".join(problems))
+                    "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else ""))
         if cached is not None:
             return cached, {"source": "cached, kept (re-measure disturbed)", "problems": problems,
                             "seconds": seconds, **extra, "file": file}

@@ -156,14 +156,15 @@ class _Timers:
     """Times plain steps and tree verifications on a target holding ``context_tokens`` of random text, each
     call leaving the cache as it found it; the first call of each kind warms buffers up and is not timed."""
 
-    def __init__(self, target: Target, clock: Callable[[], float], context_tokens: int = 64, seed: int = 0) -> None:
+    def __init__(self, target: Target, clock: Callable[[], float], warm_size: int, context_tokens: int = 64,
+                 seed: int = 0) -> None:
         self.target, self.clock = target, clock
         self.rng = np.random.default_rng(seed)
         self.n_vocab = target.model.n_vocab
         target.reset()
         target.prefill(self.rng.integers(0, self.n_vocab, context_tokens))
         self.plain()
-        self.verify(8)
+        self.verify(warm_size)
 
     def plain(self) -> float:
         """One plain decoding step, as the plain loop takes it (``decode_one``), then rolled back."""
@@ -195,7 +196,7 @@ def measure_costs(target: Target, engine, params: TreeParams, progress=None,
     say = progress or log.info
     sizes = calibration_sizes(params)
     say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
-    timers = _Timers(target, clock)
+    timers = _Timers(target, clock, warm_size=min(8, params.total_tokens))
     cal = calibrate(timers.plain, timers.verify, sizes)
     target.reset()
     say("timing the draft")
@@ -209,8 +210,8 @@ def check_costs(target: Target, costs: CostModel, params: TreeParams,
                 clock: Callable[[], float] = time.perf_counter) -> tuple[bool, dict]:
     """Quick check of a cached calibration at start (5 plain steps and 3 timings of a mid-size tree, well
     under a second on SmolLM2); leaves the target empty."""
-    timers = _Timers(target, clock)
     mid = max(2, min(params.total_tokens, 16))
+    timers = _Timers(target, clock, warm_size=mid)
     try:
         return check_cached(costs, timers.plain, timers.verify, mid)
     finally:
