@@ -36,6 +36,8 @@ class Limits:
     monotone_tolerance: float = 0.25  # a larger tree may cost this fraction less than a smaller one (noise)
     one_node_ratio: float = 1.6  # verify(1) / plain step must lie within [1/this, this]
     check_tolerance: float = 1.6  # a cached shape agrees with a quick check within this factor
+    max_remeasure_s: float = 15.0  # no re-measure after an attempt whose timings took longer than this: a
+    # machine that busy (a token can cost 100 times its idle time) would spoil the next one too, and the user waits
 
 
 @dataclass
@@ -98,17 +100,18 @@ def summarise(times: dict[int, list[float]], one_node: list[float], limits: Limi
 def calibrate(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], rounds: int = 5,
               attempts: int = 2, seed: int = 0, limits: Limits = Limits()) -> Calibration:
     """Verify times per size (median of ``rounds`` interleaved timings), re-measured up to ``attempts`` times
-    while the checks fail; the attempt with the fewest problems (then the smallest spread) is returned."""
+    while the checks fail (unless an attempt took longer than ``limits.max_remeasure_s``); the attempt with the
+    fewest problems (then the smallest spread) is returned."""
     rng = np.random.default_rng(seed)
     sizes = sorted(set(sizes) | {1})
     best: Calibration | None = None
     for attempt in range(1, attempts + 1):
-        cal = summarise(*time_interleaved(time_plain, time_verify, sizes, rounds, rng), limits)
-        cal.attempts = attempt
+        times, one_node = time_interleaved(time_plain, time_verify, sizes, rounds, rng)
+        cal = summarise(times, one_node, limits)
         if best is None or (len(cal.problems), max(cal.spread.values())) < \
                 (len(best.problems), max(best.spread.values())):
             best = cal
-        if not cal.problems:
+        if not cal.problems or sum(map(sum, times.values())) + sum(one_node) > limits.max_remeasure_s:
             break
     best.attempts = attempt
     return best
