@@ -26,7 +26,11 @@ from .upstream_gguf import translate_upstream_gguf
               help="EAGLE-3: read the config's eagle_aux_hidden_state_layer_ids as layer inputs or outputs. "
                    "Default: by where the config keeps them (top level: inputs, as vLLM/speculators; nested "
                    "eagle_config: outputs, as SGLang/SpecForge/ModelOpt).")
-def convert_command(head_dir: str, out: str, target: str | None, outtype: str, layer_ids_mean: str | None) -> None:
+@click.option("--rope-theta", type=float, default=None,
+              help="EAGLE-3: the RoPE base the head was trained with, when its training code ignored the config's "
+                   "(the summary says where the base came from).")
+def convert_command(head_dir: str, out: str, target: str | None, outtype: str, layer_ids_mean: str | None,
+                    rope_theta: float | None) -> None:
     """Convert an EAGLE head folder (config.json + weights) to GGUF, or translate another llama.cpp's eagle3 GGUF.
 
     EAGLE-1/2 heads become eagle2-local's ``eagle1`` GGUF (run in numpy). EAGLE-3 heads (config with
@@ -44,7 +48,8 @@ def convert_command(head_dir: str, out: str, target: str | None, outtype: str, l
         bar.update(1, name)
 
     try:
-        path = _convert(Path(head_dir), out, target, outtype, layer_ids_mean, progress)
+        path = _convert(Path(head_dir), out, target, outtype, progress, layer_ids_mean=layer_ids_mean,
+                        rope_theta=rope_theta)
     except Eagle2Error as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -53,18 +58,22 @@ def convert_command(head_dir: str, out: str, target: str | None, outtype: str, l
     click.echo(f"wrote {path}")
 
 
-def _convert(head: Path, out: str, target: str | None, outtype: str, layer_ids_mean: str | None, progress):
+def _convert(head: Path, out: str, target: str | None, outtype: str, progress, **eagle3_options):
+    given = [f"--{k.replace('_', '-')}" for k, v in eagle3_options.items() if v is not None]
+    eagle3 = head.is_dir() and is_eagle3_config(read_config(head))
+    if given and not eagle3:
+        raise click.ClickException(f"{', '.join(given)} apply to EAGLE-3 head folders only")
     if head.is_file():
         if head.suffix != ".gguf":
             raise click.ClickException(f"{head} is a file: give the head folder (config.json + weights), or an "
                                        "eagle3 .gguf to translate")
         return translate_upstream_gguf(head, out, on_choices=print_choices)
-    if is_eagle3_config(read_config(head)):
+    if eagle3:
         if target is None:
             raise click.ClickException("EAGLE-3 heads need --target TARGET.gguf (the head file carries its "
                                        "tokenizer, and layer ids / sizes are checked against it)")
-        return convert_eagle3(head, out, target, outtype=outtype, progress=progress, layer_ids_mean=layer_ids_mean,
-                              on_choices=print_choices)
+        return convert_eagle3(head, out, target, outtype=outtype, progress=progress, on_choices=print_choices,
+                              **eagle3_options)
     return convert_head(head, out, target=target, outtype=outtype, progress=progress, on_choices=print_choices)
 
 

@@ -95,7 +95,8 @@ def is_eagle3_config(config: dict) -> bool:
     return "draft_vocab_size" in cfg or "eagle3" in archs or cfg.get("speculators_model_type") == "eagle3"
 
 
-def eagle3_hparams(config: dict, target_layers_n: int, layer_ids_mean: str | None = None) -> dict:
+def eagle3_hparams(config: dict, target_layers_n: int, layer_ids_mean: str | None = None,
+                   rope_theta: float | None = None) -> dict:
     """Hyper-parameters from an EAGLE-3 ``config.json`` (nested ``transformer_layer_config`` flattened).
 
     ``hp["choices"]`` says, for the summary and the GGUF, what was decided on the user's behalf and why."""
@@ -127,7 +128,7 @@ def eagle3_hparams(config: dict, target_layers_n: int, layer_ids_mean: str | Non
         raise ModelError(f"unknown eagle2_local.feature_source {hp['feature_source']!r}")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ModelError(f"hidden_act {cfg['hidden_act']!r}: the eagle3 graph runs a SiLU-gated MLP only")
-    rope = rope_settings(cfg, hp["head_dim"])
+    rope = rope_settings(cfg, hp["head_dim"], theta=rope_theta)
     layers = feature_layers(config, target_layers_n, layer_ids_mean)
     hp.update(rope_theta=rope.theta, rope_freqs=rope.freq_factors, target_layers=layers.target_layers,
               layers=layers)
@@ -233,7 +234,8 @@ def check_tensors(t: dict[str, np.ndarray], hp: dict, target_vocab: int, target_
 
 def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str | Path, outtype: str = "f16",
                    progress: Progress | None = None, provenance: dict | None = None,
-                   layer_ids_mean: str | None = None, on_choices: Callable[[dict], None] | None = None) -> Path:
+                   layer_ids_mean: str | None = None, on_choices: Callable[[dict], None] | None = None,
+                   rope_theta: float | None = None) -> Path:
     """Convert an EAGLE-3 checkpoint folder into an ``eagle3`` GGUF for ``target_gguf``; returns the path.
 
     ``progress(tensor_name, done, total)`` is called per tensor prepared; ``on_choices(choices)`` receives what
@@ -246,7 +248,7 @@ def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str 
     ckpt = load_checkpoint(head_dir)
     config, raw = ckpt.config, ckpt.tensors
     target = read_gguf_info(target_gguf)
-    hp = eagle3_hparams(config, target.n_layer, layer_ids_mean)
+    hp = eagle3_hparams(config, target.n_layer, layer_ids_mean, rope_theta)
     tensors = map_tensors(raw, hp)
     if int(flat_config(config).get("vocab_size", target.n_vocab)) != target.n_vocab:
         raise ModelError(f"the head was trained for a {flat_config(config)['vocab_size']}-token vocabulary, "

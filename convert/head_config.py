@@ -51,8 +51,14 @@ class RopeSettings:
         return f"{base}, {kind} scaling ({args}) stored as rope_freqs.weight"
 
 
-def rope_settings(cfg: dict, head_dim: int, allow_scaling: bool = True) -> RopeSettings:
-    """The RoPE the head was trained with; ModelError for a scaling llama.cpp's graph cannot reproduce."""
+def rope_settings(cfg: dict, head_dim: int, allow_scaling: bool = True, theta: float | None = None) -> RopeSettings:
+    """The RoPE the head was trained with; ModelError for a scaling llama.cpp's graph cannot reproduce.
+
+    ``theta`` (``--rope-theta``) overrides the config's base, for training code that ignored it."""
+    if theta is not None:
+        cfg = {k: v for k, v in cfg.items() if k != "rope_theta"}
+        cfg["rope_parameters"] = {k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k != "rope_theta"}
+        cfg["rope_theta"], cfg["_rope_source"] = float(theta), "--rope-theta"
     params = cfg.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ModelError(f"rope_parameters must be an object, got {params!r}")
@@ -62,6 +68,7 @@ def rope_settings(cfg: dict, head_dim: int, allow_scaling: bool = True) -> RopeS
     if len({v for _, v in candidates}) > 1:
         raise ModelError(f"config.json names two RoPE bases: {dict(candidates)}")
     source, theta = candidates[0] if candidates else ("default: the config names none", 10000.0)
+    source = cfg.get("_rope_source", source)
     scaling = cfg.get("rope_scaling") or None
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = params

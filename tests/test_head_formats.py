@@ -101,6 +101,10 @@ def test_specforge_nested_ids_are_layer_outputs(tmp_path, smollm2_path, plain_te
                       "input")
     assert res.exit_code == 0, res.output
     assert fields(tmp_path / "as-inputs.gguf")["eagle3.target_layers"] == [1, 14, 26]
+    # and give the RoPE base its training code really used (AngelSlim's ignores the config's)
+    res = convert_cli(folder, "-o", tmp_path / "theta.gguf", "--target", smollm2_path, "--rope-theta", "10000")
+    assert res.exit_code == 0 and "base 10000 (--rope-theta)" in res.output, res.output
+    assert fields(tmp_path / "theta.gguf")["eagle3.rope.freq_base"] == 10000.0
 
 
 def test_modelopt_sharded_with_custom_ids(tmp_path, smollm2_path, plain_text):
@@ -154,6 +158,8 @@ def test_upstream_llama_cpp_gguf_is_translated(tmp_path, smollm2_path, plain_tex
         assert np.array_equal(gguf_tensor(tmp_path / "local.gguf", name), gguf_tensor(ours, name))
     res = convert_cli(ours, "-o", tmp_path / "again.gguf")
     assert res.exit_code == 1 and "already stores eagle3.target_layers" in res.output
+    res = convert_cli(upstream, "-o", tmp_path / "again.gguf", "--rope-theta", "1")
+    assert res.exit_code == 1 and "--rope-theta apply to EAGLE-3 head folders only" in res.output
 
 
 def _qwen3_speculators(d):
