@@ -36,8 +36,8 @@ class Limits:
     monotone_tolerance: float = 0.25  # a larger tree may cost this fraction less than a smaller one (noise)
     one_node_ratio: float = 1.6  # verify(1) / plain step must lie within [1/this, this]
     check_tolerance: float = 1.6  # a cached shape agrees with a quick check within this factor
-    max_remeasure_s: float = 15.0  # no re-measure after an attempt whose timings took longer than this: a
-    # machine that busy (a token can cost 100 times its idle time) would spoil the next one too, and the user waits
+    max_remeasure_s: float = 15.0  # an attempt whose timings took longer stops after 3 rounds and is not
+    # re-measured: a machine that busy (a token can cost 100 times its idle time) spoils the next one too
 
 
 @dataclass
@@ -57,13 +57,17 @@ class Calibration:
 
 
 def time_interleaved(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], rounds: int,
-                     rng: np.random.Generator) -> tuple[dict[int, list[float]], list[float]]:
+                     rng: np.random.Generator, max_s: float = float("inf"),
+                     min_rounds: int = 3) -> tuple[dict[int, list[float]], list[float]]:
     """Timings per size (size 1: plain steps) and of one-node trees, every size once per round in a random
-    order, so a burst of load spreads over the sizes instead of spoiling some of them entirely."""
+    order, so a burst of load spreads over the sizes instead of spoiling some of them entirely. Stops after
+    ``min_rounds`` once the timings add up to ``max_s`` (a machine that busy is not kept waiting)."""
     jobs = [("plain", 1), ("tree", 1)] + [("tree", n) for n in sizes if n > 1]
     out: dict[int, list[float]] = {n: [] for n in sizes}
     one_node: list[float] = []
-    for _ in range(rounds):
+    for r in range(rounds):
+        if r >= min_rounds and sum(map(sum, out.values())) + sum(one_node) > max_s:
+            break
         for i in rng.permutation(len(jobs)):
             kind, n = jobs[i]
             if kind == "plain":
@@ -106,7 +110,7 @@ def calibrate(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], 
     sizes = sorted(set(sizes) | {1})
     best: Calibration | None = None
     for attempt in range(1, attempts + 1):
-        times, one_node = time_interleaved(time_plain, time_verify, sizes, rounds, rng)
+        times, one_node = time_interleaved(time_plain, time_verify, sizes, rounds, rng, limits.max_remeasure_s)
         cal = summarise(times, one_node, limits)
         if best is None or (len(cal.problems), max(cal.spread.values())) < \
                 (len(best.problems), max(best.spread.values())):
