@@ -599,6 +599,40 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
         click.echo(dim(_stats_line(llm.stats())))
 
 
+@main.command()
+@runtime_options
+@sampling_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. The default answers only this machine; anything else exposes the model.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0 = any free port.")
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on every route but /health.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one is answered; beyond that: 503 with Retry-After.")
+@click.option("--alias", default=None, help="The model name clients see [default: the GGUF file name].")
+@friendly_errors
+def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
+          seed, **rt):
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models).
+
+    One request is answered at a time, in arrival order; consecutive requests reuse their common KV prefix.
+    The sampling options are the defaults for fields a request leaves out. Needs `pip install
+    "eagle2-local[server]"`.
+    """
+    try:
+        from eagle2_local.server import Defaults, serve as run_server
+    except ImportError as exc:
+        fail(f"the server needs its optional packages ({exc.name} is missing): pip install 'eagle2-local[server]'")
+    llm = load(**rt)
+    defaults = Defaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                        repeat_penalty=repeat_penalty, seed=seed)
+    try:
+        run_server(llm, host=host, port=port, api_key=api_key, max_waiting=max_queue, defaults=defaults,
+                   model_name=alias or llm.model_path.name.removesuffix(".gguf"),
+                   say=lambda msg: click.echo(msg, err=True))
+    finally:
+        llm.close()
+
+
 def _add_convert() -> None:
     """``eagle2-local convert``: the converter package's own click command (also ``python -m convert``)."""
     from convert.command import convert_command

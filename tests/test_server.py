@@ -1,0 +1,321 @@
+"""`eagle2-local serve` as its clients see it: the real server in a subprocess on a free loopback port, serving
+the default SmolLM2 model with its shipped head, driven by the official `openai` client and by raw HTTP.
+
+The server runs with one thread so that greedy answers are bit-identical to `generate --plain` (NOTES.md:
+batch invariance holds with one thread); prompts stay short (< 64 tokens) for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.smollm2
+
+KEY = "sekret-test-key"
+NAME = "SmolLM2-135M-Instruct.Q4_1"
+N_CTX = 1024
+MAX_TOKENS = 24
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+PROMPTS = ["What is the capital of France?", "Name three primary colours.", "What is 7 times 8?",
+           "Give me a synonym for happy.", "What do bees make?", "Translate 'cat' into Spanish.",
+           "Which planet is closest to the sun?", "At what temperature does water boil?"]
+RECORD_ENV = "EAGLE2_LOCAL_SERVER_RECORD"  # write the load test's throughput record to this JSON path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    base: str
+    log: Path
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+    def http(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120, **kw)
+
+    def health(self) -> dict:
+        assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()[-3000:]}"
+        r = httpx.get(self.base + "/health", timeout=30)
+        assert r.status_code == 200
+        return r.json()
+
+
+def start_server(log: Path, *args: str) -> Server:
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port), *args],
+                                stdout=out, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(server.base + "/health", timeout=5).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+    stop_server(server)
+    pytest.fail(f"server did not answer within 180 s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    """No --model: the built-in default model with its head; the API key guards everything but /health."""
+    s = start_server(tmp_path_factory.mktemp("serve") / "server.log", "--threads", "1", "--n-ctx", str(N_CTX),
+                     "--api-key", KEY, "--max-queue", "16")
+    yield s
+    alive = s.proc.poll() is None
+    stop_server(s)
+    assert alive, "the server died during the tests"
+
+
+def reference(prompt: str, max_tokens: int = MAX_TOKENS) -> dict:
+    """What `eagle2-local generate --plain` answers to ``prompt`` as a chat message, greedy, one thread."""
+    out = subprocess.run([sys.executable, "-m", "cli", "generate", "--plain", "--threads", "1", "--n-ctx", str(N_CTX),
+                          "--chat", "--json", "--temperature", "0", "-n", str(max_tokens), "-p", prompt],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def chat(client: openai.OpenAI, prompt: str, **kw):
+    return client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
+                                          max_tokens=MAX_TOKENS, temperature=0, **kw)
+
+
+# ------------------------------------------------------------------ the official client
+def test_models_names_the_model_not_its_path(server):
+    assert [m.id for m in server.openai().models.list().data] == [NAME]
+
+
+def test_chat_completion_and_its_stream_agree(server):
+    client = server.openai()
+    whole = chat(client, PROMPTS[0])
+    text = whole.choices[0].message.content
+    assert text and whole.model == NAME and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 0
+    eagle = whole.model_extra["eagle"]
+    assert eagle["engine"] != "plain" and eagle["tau"] > 0 and eagle["tokens_per_s"] > 0
+    assert "mean_tree_size" in eagle and len(eagle["tokens"]) == whole.usage.completion_tokens
+
+    deltas, usage, reasons, finals = [], None, [], []
+    for chunk in chat(client, PROMPTS[0], stream=True, stream_options={"include_usage": True}):
+        assert chunk.model == NAME
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            deltas.append(choice.delta.content or "")
+            if choice.finish_reason:
+                reasons.append(choice.finish_reason)
+                finals.append(chunk.model_extra["eagle"])
+    assert "".join(deltas) == text
+    assert reasons == [whole.choices[0].finish_reason]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    assert finals[0]["tokens"] == eagle["tokens"]
+
+
+def test_completion_streamed_and_whole(server):
+    client = server.openai()
+    whole = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=12, temperature=0)
+    assert whole.choices[0].text and whole.model == NAME
+    assert whole.usage.completion_tokens == len(whole.model_extra["eagle"]["tokens"]) > 0
+    parts = [c.choices[0].text for c in client.completions.create(
+        model=NAME, prompt="The capital of France is", max_tokens=12, temperature=0, stream=True)]
+    assert "".join(parts) == whole.choices[0].text
+
+
+# ------------------------------------------------------------------ bad input over raw HTTP
+GOOD = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+BAD = [  # (what, method, path, httpx kwargs, status, error code or None)
+    ("malformed JSON", "POST", CHAT, {"content": b'{"messages": [', "headers": {"content-type": "application/json"}},
+     400, "invalid_json"),
+    ("body not an object", "POST", CHAT, {"json": [1, 2]}, 400, "invalid_value"),
+    ("no body", "POST", CHAT, {}, 400, "invalid_value"),
+    ("max_tokens not an integer", "POST", CHAT, {"json": {**GOOD, "max_tokens": "many"}}, 400, "invalid_value"),
+    ("temperature not a number", "POST", CHAT, {"json": {**GOOD, "temperature": "hot"}}, 400, "invalid_value"),
+    ("stream not a boolean", "POST", CHAT, {"json": {**GOOD, "stream": "sometimes"}}, 400, "invalid_value"),
+    ("stop not a string", "POST", CHAT, {"json": {**GOOD, "stop": 5}}, 400, "invalid_value"),
+    ("messages not a list", "POST", CHAT, {"json": {"messages": "hello"}}, 400, "invalid_value"),
+    ("message without a role", "POST", CHAT, {"json": {"messages": [{"content": "x"}]}}, 400, "invalid_value"),
+    ("no messages", "POST", CHAT, {"json": {"messages": []}}, 400, "invalid_value"),
+    ("image content", "POST", CHAT, {"json": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}}, 400, None),
+    ("negative temperature", "POST", CHAT, {"json": {**GOOD, "temperature": -1}}, 400, None),
+    ("top_p above 1", "POST", CHAT, {"json": {**GOOD, "top_p": 1.5}}, 400, None),
+    ("n = 2", "POST", CHAT, {"json": {**GOOD, "n": 2}}, 400, "unsupported_parameter"),
+    ("token id outside the vocabulary", "POST", COMPLETIONS, {"json": {"prompt": [1, 10 ** 9]}}, 400, None),
+    ("negative token id", "POST", COMPLETIONS, {"json": {"prompt": [-5]}}, 400, None),
+    ("prompt longer than the context", "POST", COMPLETIONS, {"json": {"prompt": "hello " * 3000}}, 400,
+     "context_length_exceeded"),
+    ("two prompts", "POST", COMPLETIONS, {"json": {"prompt": ["a", "b"]}}, 400, None),
+    ("no API key", "POST", CHAT, {"json": GOOD, "headers": {"Authorization": ""}}, 401, "invalid_api_key"),
+    ("wrong API key", "GET", "/v1/models", {"headers": {"Authorization": "Bearer nope"}}, 401, "invalid_api_key"),
+    ("unknown route", "POST", "/v1/embeddings", {"json": {"input": "x"}}, 404, "not_found"),
+    ("wrong method", "GET", CHAT, {}, 405, "method_not_allowed"),
+]
+
+
+@pytest.mark.parametrize("what,method,path,kw,status,code", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, what, method, path, kw, status, code):
+    with server.http() as http:
+        r = http.request(method, path, **kw)
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and err["message"] and err["type"] and "code" in err
+        if code is not None:
+            assert err["code"] == code
+        if code == "context_length_exceeded":  # the token counts are in the message
+            assert str(N_CTX) in err["message"] and any(ch.isdigit() for ch in err["message"].split(" has ")[1])
+        ok = http.post(CHAT, json=GOOD)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] > 0
+    assert server.health()["status"] == "ok"
+
+
+# ------------------------------------------------------------------ queue, disconnects, load
+def test_disconnect_stops_the_generation_and_the_next_answer_is_unaffected(server):
+    client = server.openai()
+    before = chat(client, PROMPTS[1]).model_extra["eagle"]["tokens"]
+    stopped = server.health()["queue"]["stopped_early"]
+    with server.http() as http, http.stream("POST", COMPLETIONS, json={
+            "prompt": "Once upon a time", "max_tokens": 800, "temperature": 0, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    # 800 tokens take many seconds on one thread; a stopped generation frees the model within a round or two
+    deadline = time.monotonic() + 10
+    while server.health()["queue"]["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    q = server.health()["queue"]
+    assert q["running"] == 0 and q["stopped_early"] == stopped + 1
+    assert chat(client, PROMPTS[1]).model_extra["eagle"]["tokens"] == before
+
+
+def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
+    s = start_server(tmp_path / "server.log", "--plain", "--threads", "1", "--max-queue", "2")
+    long = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "stream": True}
+    try:
+        with httpx.Client(base_url=s.base, timeout=60) as http, ExitStack() as streams:
+            for _ in range(3):  # one running, two waiting
+                assert streams.enter_context(http.stream("POST", COMPLETIONS, json=long)).status_code == 200
+            assert s.health()["queue"]["waiting"] == 2
+            r = http.post(COMPLETIONS, json=long)
+            assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+            assert r.json()["error"]["code"] == "queue_full"
+        deadline = time.monotonic() + 10  # the streams are closed: the queue drains without generating
+        while (q := s.health()["queue"])["running"] + q["waiting"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert q["running"] == q["waiting"] == 0 and q["stopped_early"] == 3
+        with httpx.Client(base_url=s.base, timeout=60) as http:
+            assert http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
+    finally:
+        stop_server(s)
+
+
+def _client_session(server: Server, client_id: int, n_requests: int) -> list[dict]:
+    """One streaming client: ``n_requests`` chat requests in turn, some abandoned after two chunks."""
+    client, results = server.openai(), []
+    for j in range(n_requests):
+        prompt = PROMPTS[(client_id + j) % len(PROMPTS)]
+        leaves = (client_id + j) % 3 == 0
+        stream = chat(client, prompt, stream=True, stream_options={"include_usage": True},
+                      max_tokens=64 if leaves else MAX_TOKENS)
+        got = {"client": client_id, "prompt": prompt, "left": leaves, "text": "", "eagle": None, "usage": None}
+        for i, chunk in enumerate(stream):
+            if leaves and i == 2:
+                stream.close()
+                break
+            got["usage"] = chunk.usage or got["usage"]
+            for choice in chunk.choices:
+                got["text"] += choice.delta.content or ""
+                if choice.finish_reason:
+                    got["eagle"] = chunk.model_extra["eagle"]
+        results.append(got)
+    return results
+
+
+def test_load_8_streaming_clients_match_plain_generate(server):
+    """8 concurrent streaming clients x 4 requests, a third of them abandoned early: every finished answer is
+    token for token what `generate --plain` gives, nothing is lost or mixed, and the server stays up."""
+    n_clients, n_requests = 8, 4
+    with ThreadPoolExecutor(2) as pool:
+        refs = dict(zip(PROMPTS, pool.map(reference, PROMPTS)))
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n_clients) as pool:
+        results = [r for rs in pool.map(lambda i: _client_session(server, i, n_requests), range(n_clients))
+                   for r in rs]
+    wall = time.perf_counter() - t0
+    assert len(results) == n_clients * n_requests
+    finished = [r for r in results if not r["left"]]
+    assert len(finished) == sum(1 for i in range(n_clients) for j in range(n_requests) if (i + j) % 3)
+    for r in finished:
+        ref = refs[r["prompt"]]
+        assert r["eagle"] is not None and r["usage"] is not None, r
+        assert r["eagle"]["tokens"] == ref["tokens"], (r["prompt"], r["text"], ref["text"])
+        assert r["text"] == ref["text"]
+        assert r["usage"].prompt_tokens == ref["stats"]["prompt_tokens"]
+        assert r["usage"].completion_tokens == ref["n_tokens"]
+    health = server.health()
+    assert health["queue"]["running"] == health["queue"]["waiting"] == 0
+    if os.environ.get(RECORD_ENV):
+        _write_record(Path(os.environ[RECORD_ENV]), finished, results, wall, (n_clients, n_requests), health,
+                      load_before)
+
+
+def _write_record(path: Path, finished: list[dict], results: list[dict], wall: float, shape: tuple[int, int],
+                  health: dict, load_before: tuple[float, ...]) -> None:
+    """The load test's throughput, for benchmarks/make_record.py (a note from $EAGLE2_LOCAL_RECORD_NOTE)."""
+    import platform
+
+    n_clients, n_requests = shape
+    tokens = sum(r["usage"].completion_tokens for r in finished)
+    taus = [r["eagle"]["tau"] for r in finished]
+    record = {
+        "kind": "server-load", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": f"{RECORD_ENV}={path} python -m pytest tests/test_server.py -k load",
+        "server": f"eagle2-local serve --threads 1 --n-ctx {N_CTX} --max-queue 16 (default model and head)",
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "load_average_at_start": [round(x, 2) for x in load_before],
+                    "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "clients": n_clients, "requests_per_client": n_requests, "requests": len(results),
+        "abandoned_early": len(results) - len(finished), "finished": len(finished),
+        "max_tokens": MAX_TOKENS, "wall_s": round(wall, 2), "completion_tokens_finished": tokens,
+        "tokens_per_s": round(tokens / wall, 2), "finished_requests_per_s": round(len(finished) / wall, 3),
+        "mean_tau": round(sum(taus) / len(taus), 3), "queue_after": health["queue"],
+        "identical_to_plain_generate": len(finished),
+    }
+    if os.environ.get("EAGLE2_LOCAL_RECORD_NOTE"):
+        record["note"] = os.environ["EAGLE2_LOCAL_RECORD_NOTE"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
