@@ -622,15 +622,10 @@ def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k,
         from eagle2_local.server import Defaults, serve as run_server
     except ImportError as exc:
         fail(f"the server needs its optional packages ({exc.name} is missing): pip install 'eagle2-local[server]'")
-    llm = load(**rt)
     defaults = Defaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                         repeat_penalty=repeat_penalty, seed=seed)
-    try:
-        run_server(llm, host=host, port=port, api_key=api_key, max_waiting=max_queue, defaults=defaults,
-                   model_name=alias or llm.model_path.name.removesuffix(".gguf"),
-                   say=lambda msg: click.echo(msg, err=True))
-    finally:
-        llm.close()
+    run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
+               defaults=defaults, say=lambda msg: click.echo(msg, err=True))
 
 
 def _add_convert() -> None:

@@ -556,15 +556,26 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(llm, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, max_waiting: int = 16,
-          model_name: str, defaults: Defaults | None = None, say: Callable[[str], None] = log.warning,
-          log_level: str = "warning") -> None:
-    """Serve until interrupted (Ctrl-C / SIGTERM)."""
+def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+          max_waiting: int = 16, model_name: str | None = None, defaults: Defaults | None = None,
+          say: Callable[[str], None] = log.warning, log_level: str = "warning") -> None:
+    """Bind, then load the model (``open_model()`` returns an :class:`eagle2_local.api.Eagle2`), then serve
+    until interrupted (Ctrl-C / SIGTERM). Binding first makes a busy port an instant error, not one after a load.
+    ``model_name`` defaults to the GGUF file name without ``.gguf``."""
     import uvicorn
 
     sock = listen(host, port)
-    bound = sock.getsockname()[1]
-    app = create_app(llm, model_name=model_name, api_key=api_key, max_waiting=max_waiting, defaults=defaults)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=False)
-    say(f"serving {model_name} (draft: {llm.engine_name}) on http://{host}:{bound}/v1")
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        llm = open_model()
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        name = model_name or llm.model_path.name.removesuffix(".gguf")
+        app = create_app(llm, model_name=name, api_key=api_key, max_waiting=max_waiting, defaults=defaults)
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=False)
+        say(f"serving {name} (draft: {llm.engine_name}) on http://{host}:{sock.getsockname()[1]}/v1")
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+        llm.close()

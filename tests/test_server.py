@@ -202,6 +202,16 @@ def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, what, met
     assert server.health()["status"] == "ok"
 
 
+def test_busy_port_is_a_one_line_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        proc = subprocess.run([sys.executable, "-m", "cli", "serve", "--port", str(busy.getsockname()[1])],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "cannot listen on 127.0.0.1" in proc.stderr
+
+
 # ------------------------------------------------------------------ queue, disconnects, load
 def test_disconnect_stops_the_generation_and_the_next_answer_is_unaffected(server):
     client = server.openai()
