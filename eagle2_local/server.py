@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # far above any prompt that fits a context; stops a client from filling memory
 TERMINAL = ("done", "error", "cancelled")
+MAX_STOPS = 16  # each stop string is checked at every token
 
 
 # ---------------------------------------------------------------- errors
@@ -95,9 +96,10 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Fields both endpoints accept, as llama-cpp-python's server does; unknown fields are ignored."""
+    """Fields both endpoints accept, as llama-cpp-python's server does; unknown fields are ignored. Python's JSON
+    parser reads ``NaN`` and ``Infinity``: refused here, they would poison the sampling arithmetic."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -387,6 +389,8 @@ class Service:
             return fn(*args)
         except Eagle2Error as exc:
             raise APIError(400, str(exc)) from None
+        except UnicodeError as exc:  # JSON can carry lone surrogates ("\ud800"), which have no UTF-8 form
+            raise APIError(400, f"the text is not valid Unicode: {exc}") from None
 
     def _completion_tokens(self, prompt) -> list[int]:
         """A string, one string in a list, token ids, or one list of token ids (as the OpenAI API allows)."""
@@ -428,7 +432,12 @@ class Service:
         if max_tokens <= 0:  # as llama-cpp-python: no limit but the context
             max_tokens = n_ctx - len(prompt)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        return Job(prompt, max_tokens, sampling, stop, _pick(body.seed, d.seed), asyncio.get_running_loop())
+        if len(stop) > MAX_STOPS:
+            raise APIError(400, f"stop: at most {MAX_STOPS} stop strings", param="stop")
+        seed = _pick(body.seed, d.seed)
+        if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
+            seed = None
+        return Job(prompt, max_tokens, sampling, stop, seed, asyncio.get_running_loop())
 
     async def _collect(self, job: Job, shape, head: dict, request: Request) -> dict:
         """A whole answer; a client that disconnects while waiting stops its generation all the same."""
