@@ -137,11 +137,11 @@ def server_load_section(path: Path, rep: dict) -> list[str]:
              f"- server: `{rep['server']}`",
              f"- command: `{rep['command']}`"] + ([f"- note: {rep['note']}"] if rep.get("note") else []) + ["",
              "| clients x requests | abandoned early | finished | max_tokens | wall s | tokens/s (finished answers) "
-             "| finished requests/s | mean tau | identical to `generate --plain` |",
-             "|---|---|---|---|---|---|---|---|---|",
+             "| finished requests/s | decode tok/s per answer (mean) | mean tau | identical to `generate --plain` |",
+             "|---|---|---|---|---|---|---|---|---|---|",
              f"| {rep['clients']} x {rep['requests_per_client']} | {rep['abandoned_early']} | {rep['finished']} | "
              f"{rep['max_tokens']} | {rep['wall_s']:.1f} | {rep['tokens_per_s']:.1f} | "
-             f"{rep['finished_requests_per_s']:.2f} | {rep['mean_tau']:.2f} | "
+             f"{rep['finished_requests_per_s']:.2f} | {rep['mean_decode_tokens_per_s']:.1f} | {rep['mean_tau']:.2f} | "
              f"{rep['identical_to_plain_generate']}/{rep['finished']} |", ""]
     return lines
 

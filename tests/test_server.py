@@ -34,6 +34,7 @@ PROMPTS = ["What is the capital of France?", "Name three primary colours.", "Wha
            "Which planet is closest to the sun?"]
 SERVER_ARGS = ("--threads", "1", "--n-ctx", str(N_CTX), "--api-key", KEY, "--max-queue", "16")
 RECORD_ENV = "EAGLE2_LOCAL_SERVER_RECORD"  # write the load test's throughput record to this JSON path
+NOTE_ENV = "EAGLE2_LOCAL_RECORD_NOTE"  # a remark stored in that record (e.g. what else loaded the machine)
 
 
 def free_port() -> int:
@@ -311,7 +312,7 @@ def test_load_8_streaming_clients_match_plain_generate(server):
 
 def _write_record(path: Path, finished: list[dict], results: list[dict], wall: float, shape: tuple[int, int],
                   health: dict, load_before: tuple[float, ...]) -> None:
-    """The load test's throughput, for benchmarks/make_record.py (a note from $EAGLE2_LOCAL_RECORD_NOTE)."""
+    """The load test's throughput, for benchmarks/make_record.py (with a note from $EAGLE2_LOCAL_RECORD_NOTE)."""
     import platform
 
     n_clients, n_requests = shape
@@ -319,7 +320,8 @@ def _write_record(path: Path, finished: list[dict], results: list[dict], wall: f
     taus = [r["eagle"]["tau"] for r in finished]
     record = {
         "kind": "server-load", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": f"{RECORD_ENV}={path} python -m pytest tests/test_server.py -k load",
+        "command": f"{RECORD_ENV}={path} " + (f"{NOTE_ENV}='...' " if os.environ.get(NOTE_ENV) else "")
+                   + "python -m pytest tests/test_server.py -k load",
         "server": "eagle2-local serve " + " ".join(a if a != KEY else "KEY" for a in SERVER_ARGS)
                   + " (default model and its head)",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -330,9 +332,10 @@ def _write_record(path: Path, finished: list[dict], results: list[dict], wall: f
         "max_tokens": MAX_TOKENS, "wall_s": round(wall, 2), "completion_tokens_finished": tokens,
         "tokens_per_s": round(tokens / wall, 2), "finished_requests_per_s": round(len(finished) / wall, 3),
         "mean_tau": round(sum(taus) / len(taus), 3), "queue_after": health["queue"],
+        "mean_decode_tokens_per_s": round(sum(r["eagle"]["tokens_per_s"] for r in finished) / len(finished), 2),
         "identical_to_plain_generate": len(finished),
     }
-    if os.environ.get("EAGLE2_LOCAL_RECORD_NOTE"):
-        record["note"] = os.environ["EAGLE2_LOCAL_RECORD_NOTE"]
+    if os.environ.get(NOTE_ENV):
+        record["note"] = os.environ[NOTE_ENV]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
