@@ -167,12 +167,8 @@ class RateGuard:
 
 @dataclass
 class TreeBudget:
-    """Decides, round by round, whether to draft, how deep, and how many nodes to verify.
-
-    The generation loop calls, per round: :meth:`wants_tree` (before drafting; False means take a plain step
-    and do not run the draft), :meth:`start_round`, :meth:`keep_expanding` (from the tree builder before each
-    deeper level), :meth:`choose_size`, then :meth:`observe_tree` or :meth:`observe_plain` with the measured
-    verify time and the outcome.
+    """Decides, round by round, whether to draft, how deep, and how many nodes to verify: a
+    :class:`~eagle2_local.tree_policy.TreePolicy` (the calls and their order are listed there).
 
     Trees stop (plain steps, with tree probes after exponentially growing gaps) when the modelled tree rate
     falls below the plain rate, or when the :class:`RateGuard` sees realised tree rounds slower than realised
@@ -276,10 +272,13 @@ class TreeBudget:
         return self.costs.draft_root_now + (now - self._marks[0] if self._marks else 0.0)
 
     # ------------------------------------------------------------ while drafting
-    def keep_expanding(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int) -> bool:
-        """Called after each drafted level: is another level worth its cost?"""
-        now = self.clock()
-        self._marks.append(now)
+    def level_done(self, levels_done: int) -> None:
+        """The tree builder finished a level: the clock mark that times the draft."""
+        self._marks.append(self.clock())
+
+    def should_expand(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int) -> bool:
+        """Is another level worth its cost (asked after :meth:`level_done`)?"""
+        now = self._marks[-1] if self._marks else self.clock()
         if levels_done >= self.max_depth:
             return False
         p = np.sort(self.acceptance.prob(cand_scores))[::-1]

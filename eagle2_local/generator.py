@@ -14,13 +14,14 @@ from typing import Iterator
 import numpy as np
 
 from .acceptance import accept
-from .budget import TreeBudget
+from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
 from .errors import ContextFullError, Eagle2Error
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import Target
-from .tree import DraftTree, TreeParams, grow_candidates, grow_tree, select_tree
+from .tree import DraftTree, TreeParams, grow_candidates, select_tree
+from .tree_policy import FixedTree, TreePolicy
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +88,16 @@ class Generator:
 
     def __init__(self, target: Target, engine: DraftEngine | None = None,
                  tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None,
-                 budget: TreeBudget | None = None) -> None:
+                 budget: TreePolicy | None = None) -> None:
+        """``budget``: the tree policy (default: EAGLE-2's fixed ``tree_params.total_tokens`` nodes a round)."""
         self.target = target
         self.engine = engine
         self.tree_params = tree_params or TreeParams()
-        self.budget = budget  # None: every round verifies tree_params.total_tokens nodes (EAGLE-2's fixed size)
+        self.budget: TreePolicy = budget if budget is not None else FixedTree(self.tree_params.total_tokens)
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.last_stats = GenerationStats()
-        # target features (embeddings on) not yet handed to the engine, the first row being position _features_from
-        self._pending: _Rows | None = None
-        self._features_from = 0
+        self.backlog = FeatureBacklog()  # target features (embeddings on) the engine has not been handed yet
         if engine is not None:
             self._check_tree_fits()
 
@@ -106,18 +106,9 @@ class Generator:
         if p.total_tokens > self.target.max_tree_nodes:
             raise ContextFullError(f"--total-tokens {p.total_tokens} exceeds the batch size "
                                    f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
-        if self.budget is not None and self.budget.max_nodes > p.total_tokens:
+        if self.budget.max_nodes > p.total_tokens:
             raise ContextFullError(f"the tree budget allows {self.budget.max_nodes} nodes but the tree is capped "
                                    f"at {p.total_tokens}")
-
-    @property
-    def _features(self) -> np.ndarray | None:
-        """Target features not yet handed to the engine, the first row being position ``_features_from``."""
-        return self._pending.array() if self._pending is not None else None
-
-    @_features.setter
-    def _features(self, rows: np.ndarray | None) -> None:
-        self._pending = _Rows(rows) if rows is not None else None
 
     def reset(self) -> None:
         """Forget the conversation (empties the KV caches)."""
@@ -125,7 +116,7 @@ class Generator:
         if self.engine is not None:
             self.engine.reset()
         self.tokens = []
-        self._pending, self._features_from = None, 0
+        self.backlog = FeatureBacklog()
 
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
@@ -155,7 +146,7 @@ class Generator:
                 self._settle(emitter)
             stats.n_tokens = len(emitter.tokens)
             stats.total_s = time.perf_counter() - t0
-            if use_draft and self.budget is not None:
+            if use_draft:
                 stats.budget = self.budget.summary()
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> np.ndarray:
@@ -169,23 +160,14 @@ class Generator:
         if self.engine is not None:
             self.engine.rollback(keep)
             if self.engine.needs_features:
-                keep = self._feature_safe_keep(keep)
+                keep = self.backlog.reusable(keep, self.engine.n_past)
         self.target.rollback(keep)
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep
         ver = self.target.prefill(prompt[keep:])
         self.tokens = list(prompt)
-        self._features, self._features_from = _join_features(self._features, self._features_from, ver.features, keep)
+        self.backlog.trim(keep, ver.features)
         return ver.logits[0]
-
-    def _feature_safe_keep(self, keep: int) -> int:
-        """How much cached text to keep so the head gets every feature it lacks: the features still pending
-        (last round, plain steps) cover positions from ``_features_from``; anything before that and after
-        the engine's ``n_past`` is recomputed by re-evaluating from ``n_past``."""
-        pending = self._features
-        covered = self._features_from if pending is not None and \
-            self._features_from <= keep <= self._features_from + len(pending) else keep
-        return min(keep, self.engine.n_past) if self.engine.n_past < covered else keep
 
     def _settle(self, emitter: TokenEmitter) -> None:
         """Trim the KV cache to the prompt plus the emitted tokens (drafted tokens past a stop are dropped)."""
@@ -216,16 +198,14 @@ class Generator:
             logits = ver.logits[0]
             stats.verify_s += time.perf_counter() - t
             self.tokens.append(token)
-            if ver.features is not None and self._pending is not None and self.engine is not None:
-                self._pending.append(ver.features)  # kept for a feature-fed draft engine's next speculative call
+            if self.engine is not None:
+                self.backlog.extend(ver.features)  # kept for a feature-fed draft engine's next speculative call
 
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
                      rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
         root = sampling.choose(logits, np.asarray(self.tokens), rng)
         yield _emit(emitter, [root])
-        backlog, features_from = _Rows(self._features), self._features_from  # features the engine has not seen
-        offered = self._features_from  # the engine has seen tokens[:offered] (rolled back to it in _prefill)
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
             # end of the context the tree shrinks to stop exactly where plain decoding stops.
@@ -233,34 +213,25 @@ class Generator:
             if room < 1:
                 yield Chunk(emitter.finish("length"), [], "length")
                 return
-            # A plain step (the draft not run) when only the root fits or the budget finds that no tree beats
-            # plain decoding now; the engine catches up on those tokens in its next catch_up.
-            fresh = len(self.tokens) + 1 - offered  # tokens the draft has not ingested yet, root included
-            if room > 1 and (self.budget is None or self.budget.wants_tree(fresh)):
-                accepted, bonus, new_features = self._tree_round(root, backlog.array(), features_from, fresh, room,
-                                                                 sampling, rng, stats)
-                backlog, features_from = _Rows(new_features), len(self.tokens)
-                offered = len(self.tokens) + 1
+            # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
+            # plain decoding now; the engine catches up on those tokens (and their features) next round.
+            fresh = len(self.tokens) + 1 - self.backlog.read  # text the draft has not read yet, root included
+            if room > 1 and self.budget.wants_tree(fresh):
+                accepted, bonus = self._tree_round(root, fresh, room, sampling, rng, stats)
             else:
-                bonus, new_features = self._plain_step(root, sampling, rng, stats)
-                accepted = []
-                backlog.append(new_features)  # the engine has not seen these features yet: keep them for it
+                accepted, bonus = [], self._plain_step(root, sampling, rng, stats)
             self.tokens.extend([root] + accepted)
-            # not delivered until the next catch_up: a later call that reuses this text needs them
-            self._pending, self._features_from = backlog, features_from
             yield _emit(emitter, accepted + [bonus])
             root = bonus
 
-    def _tree_round(self, root: int, features: np.ndarray | None, features_from: int, fresh: int, room: int,
-                    sampling: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> tuple[list[int], int, np.ndarray | None]:
-        """Draft a tree, verify it in one pass, accept, commit. Returns the accepted draft tokens, the target's
-        own next token and the features of the committed root + accepted nodes."""
+    def _tree_round(self, root: int, fresh: int, room: int, sampling: SamplingParams, rng: np.random.Generator,
+                    stats: GenerationStats) -> tuple[list[int], int]:
+        """Draft a tree, verify it in one pass, accept, commit. Returns the accepted draft tokens and the
+        target's own next token; the committed nodes' features wait in the backlog for the next round."""
         engine, budget = self.engine, self.budget
         t = time.perf_counter()
-        if budget is not None:
-            budget.start_round(fresh)
-        root_logits = engine.catch_up(np.asarray(self.tokens + [root]), features, features_from)
+        budget.start_round(fresh)
+        root_logits = engine.catch_up(np.asarray(self.tokens + [root]), *self.backlog.take())
         tree = self._draft_tree(root, root_logits, room)
         t_draft = time.perf_counter()
         ver = self.target.verify(tree, copy=False)
@@ -273,33 +244,33 @@ class Generator:
         stats.target_passes += 1
         stats.tree_sizes.append(len(tree))
         _count_depths(stats.accepted_per_depth, acc.n_accepted)
-        if budget is not None:
-            on_path = np.isin(np.arange(1, len(tree)), acc.path)
-            budget.observe_tree(tree.scores[1:], on_path, t_verify - t_draft, len(acc.path))
-        new_features = ver.features[acc.path] if ver.features is not None else None
-        return [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus, new_features
+        on_path = np.isin(np.arange(1, len(tree)), acc.path)
+        budget.observe_tree(tree.scores[1:], on_path, t_verify - t_draft, len(acc.path))
+        # the engine has now read the root; the features of root + accepted nodes are its next round's input
+        self.backlog.restart(ver.features[acc.path] if ver.features is not None else None,
+                             at=len(self.tokens), read=len(self.tokens) + 1)
+        return [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
 
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> tuple[int, np.ndarray | None]:
-        """One step of plain decoding inside the speculative loop (the same calls as the plain loop)."""
+                    stats: GenerationStats) -> int:
+        """One step of plain decoding inside the speculative loop (the same calls as the plain loop); the
+        draft is not run, so the step's features join the backlog."""
         t = time.perf_counter()
         ver = self.target.decode_one(root)
         verify_s = time.perf_counter() - t
         stats.verify_s += verify_s
         stats.target_passes += 1
         stats.plain_steps += 1
-        if self.budget is not None:
-            self.budget.observe_plain(verify_s)
-        token = sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
-        return token, ver.features
+        self.budget.observe_plain(verify_s)
+        self.backlog.extend(ver.features)
+        return sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
 
     def _draft_tree(self, root: int, root_logits: np.ndarray, room: int) -> DraftTree:
-        """Grow this round's tree: EAGLE-2's fixed size, or as many levels and nodes as the budget finds pay."""
+        """Grow this round's tree: as many levels and nodes as the policy finds pay (EAGLE-2: all of them)."""
         p = self.tree_params
         params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
-        if self.budget is None:
-            return grow_tree(root, root_logits, self.engine.expand, params)
-        cands = grow_candidates(root_logits, self.engine.expand, params, self.budget.keep_expanding)
+        cands = grow_candidates(root_logits, self.engine.expand, params, self.budget.should_expand,
+                                self.budget.level_done)
         n_nodes = min(self.budget.choose_size(cands.scores), params.total_tokens)
         return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes)
 
@@ -309,35 +280,6 @@ def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:
     n_before = len(emitter.tokens)
     text = "".join(emitter.push(tok) for tok in tokens if not emitter.done)
     return Chunk(text, emitter.tokens[n_before:], emitter.finish_reason)
-
-
-class _Rows:
-    """Feature rows gathered one decoding step at a time, concatenated only when read: appending to one array
-    would copy the whole backlog (thousands of floats per token) at every plain step."""
-
-    def __init__(self, rows: np.ndarray | None = None) -> None:
-        self._chunks = [] if rows is None else [rows]
-
-    def append(self, rows: np.ndarray | None) -> None:
-        if rows is not None and self._chunks:
-            self._chunks.append(rows)
-
-    def array(self) -> np.ndarray | None:
-        if len(self._chunks) > 1:
-            self._chunks = [np.concatenate(self._chunks)]
-        return self._chunks[0] if self._chunks else None
-
-
-def _join_features(pending: np.ndarray | None, pending_from: int, new: np.ndarray | None,
-                   new_from: int) -> tuple[np.ndarray | None, int]:
-    """Features a feature-fed engine has not seen yet: the undelivered rows before ``new_from`` plus ``new``.
-
-    Rows of the previous call's last round (or of plain decoding) never reached the engine; if the new prompt
-    reuses that text, the engine still needs them, so they are prepended.
-    """
-    if new is None or pending is None or not pending_from < new_from <= pending_from + len(pending):
-        return new, new_from
-    return np.concatenate([pending[:new_from - pending_from], new]), pending_from
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -137,7 +137,7 @@ def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int =
         marks: list[float] = []
         t0 = clock()
         root_logits = engine.catch_up(np.asarray(text + [new]), feats, 0)
-        grow_candidates(root_logits, engine.expand, params, lambda *_: marks.append(clock()) or True)
+        grow_candidates(root_logits, engine.expand, params, level_done=lambda _: marks.append(clock()))
         engine.commit(np.zeros(0, dtype=np.int64))
         if i:
             roots.append(marks[0] - t0)

@@ -212,14 +212,17 @@ class Candidates:
     levels: int  # draft levels grown (1 = only the root's children)
 
 
-# keep_going(all candidate scores so far, frontier scores, levels grown) -> grow another level?
-KeepGoingFn = Callable[[np.ndarray, np.ndarray, int], bool]
+# should_expand(all candidate scores so far, frontier scores, levels grown) -> grow another level?
+ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int], bool]
+# level_done(levels grown so far): called once after every drafted level (a clock for the caller)
+LevelDoneFn = Callable[[int], None]
 
 
 def grow_candidates(root_logits: np.ndarray, expand: ExpandFn, params: TreeParams,
-                    keep_going: KeepGoingFn | None = None) -> Candidates:
-    """Grow EAGLE-2's candidate levels; ``keep_going`` may stop early (the tree budget stops levels that
-    cannot pay for their draft and verify time)."""
+                    should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None) -> Candidates:
+    """Grow EAGLE-2's candidate levels, at most ``params.depth``; ``should_expand`` may stop earlier (the tree
+    budget stops levels that cannot pay for their draft and verify time); ``level_done`` hears of every level
+    grown, the last one included (the budget times the draft with it)."""
     k = params.top_k
     first_tok, first_lp = top_k_log_probs(root_logits[None, :], k)
     cand_tok = [first_tok[0]]
@@ -232,7 +235,9 @@ def grow_candidates(root_logits: np.ndarray, expand: ExpandFn, params: TreeParam
     all_parent = np.concatenate(cand_parent)
     levels = 1
     for level in range(2, params.depth + 1):
-        if keep_going is not None and not keep_going(np.concatenate(cand_score), frontier_scores, levels):
+        if level_done is not None:
+            level_done(levels)
+        if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels):
             break
         logits = expand(frontier, all_tok[frontier], all_parent[frontier], level - 1)
         tok, lp = top_k_log_probs(logits, k)
@@ -247,8 +252,8 @@ def grow_candidates(root_logits: np.ndarray, expand: ExpandFn, params: TreeParam
         all_tok = np.concatenate(cand_tok)
         all_parent = np.concatenate(cand_parent)
         levels = level
-    if keep_going is not None and levels == params.depth:
-        keep_going(np.concatenate(cand_score), frontier_scores, levels)  # lets the caller time the last level
+    if level_done is not None and levels == params.depth:
+        level_done(levels)
     return Candidates(all_tok, np.concatenate(cand_score), all_parent, levels)
 
 

@@ -85,7 +85,8 @@ def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator,
                 if d > 1:
                     world.now += world.load * world.level_s
                 cands = np.concatenate([cands, scores])
-                if not budget.keep_expanding(cands, frontier, d):
+                budget.level_done(d)
+                if not budget.should_expand(cands, frontier, d):
                     break
             n = budget.choose_size(cands)
             chosen = np.sort(cands)[::-1][:n - 1]

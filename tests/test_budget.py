@@ -66,18 +66,21 @@ def test_deeper_levels_only_when_they_can_pay():
     assert not deeper_can_pay(p, frontier_mass=0.0, draft_s=0.001, levels_left=4, costs=flat(), max_nodes=60)
 
 
-def test_budget_keep_expanding_and_choose_size_with_a_fake_clock():
+def test_budget_should_expand_and_choose_size_with_a_fake_clock():
     now = [0.0]
     budget = TreeBudget(flat(), max_nodes=60, max_depth=6, clock=lambda: now[0])
     budget.start_round()
     scores = np.array([-0.05, -0.5, -1.0, -2.0])
     now[0] = 0.001
-    assert budget.keep_expanding(scores, scores[:2], levels_done=1)
-    assert not budget.keep_expanding(scores, scores[:2], levels_done=6)  # depth limit
+    budget.level_done(1)
+    assert budget.should_expand(scores, scores[:2], levels_done=1)
+    assert budget.should_expand(scores, scores[:2], levels_done=1)  # a question: asking twice changes nothing
+    assert not budget.should_expand(scores, scores[:2], levels_done=6)  # depth limit
     assert budget.choose_size(eagle_like_scores(np.random.default_rng(1))) == 60
     slow = TreeBudget(steep(draft_level=0.040), max_nodes=60, max_depth=6, clock=lambda: now[0])
     slow.start_round()
-    assert not slow.keep_expanding(scores, scores[:2], levels_done=1)
+    slow.level_done(1)
+    assert not slow.should_expand(scores, scores[:2], levels_done=1)
     assert slow.choose_size(scores) <= 3
 
 
@@ -99,7 +102,8 @@ def test_losing_trees_turn_into_plain_steps_with_backoff_probes():
 
     def tree_round(accepted: bool) -> None:
         budget.start_round()
-        budget.keep_expanding(scores, scores, levels_done=1)
+        budget.level_done(1)
+        budget.should_expand(scores, scores, levels_done=1)
         budget.observe_tree(scores, np.array([accepted, False, False]), 0.02, 1 + int(accepted))
 
     assert budget.wants_tree()  # nothing known yet: try a tree
@@ -119,7 +123,8 @@ def test_losing_trees_turn_into_plain_steps_with_backoff_probes():
     assert budget.guard.tripped  # realised: 50 tok/s for trees against 111 for plain steps
     budget.tree_rate = 10 * budget.costs.plain_rate  # a probe that wins brings trees back at once
     budget.start_round()
-    budget.keep_expanding(scores, scores, levels_done=1)
+    budget.level_done(1)
+    budget.should_expand(scores, scores, levels_done=1)
     budget.observe_tree(scores, np.array([True, True, True]), 0.001, 4)
     assert not budget.guard.tripped and all(budget.wants_tree() for _ in range(10))
 
@@ -430,7 +435,8 @@ def test_probes_wait_while_the_draft_has_a_long_backlog():
         budget.observe_plain(0.009)
     assert budget.wants_tree(fresh_tokens=500)  # nothing known about trees yet: the first tree is always tried
     budget.start_round(500)
-    budget.keep_expanding(scores, scores, levels_done=1)
+    budget.level_done(1)
+    budget.should_expand(scores, scores, levels_done=1)
     budget.observe_tree(scores, np.array([False, False, False]), 0.02, 1)
     assert not any(budget.wants_tree(fresh_tokens=100 + i) for i in range(20))
     assert any(budget.wants_tree(fresh_tokens=3) for _ in range(4))

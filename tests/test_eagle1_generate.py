@@ -115,7 +115,8 @@ def test_kv_reuse_across_plain_and_speculative_calls_keeps_head_features(tmp_pat
         gen = llm.generator
         seen["text"] = gen.tokens
         # what the head holds, then what the generator keeps for it (the last round's rows)
-        seen["held"] = np.concatenate([gen.engine._feats.view()[:gen._features_from], gen._features])
+        rows, start = gen.backlog.take()
+        seen["held"] = np.concatenate([gen.engine._feats.view()[:start], rows])
 
     outputs = chat_turn_outputs(synth_q8, head, inspect, total_tokens=12, depth=4, tree_top_k=3)
     text, held = seen["text"], seen["held"]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle2_local.errors import TreeError
-from eagle2_local.tree import (DraftTree, TreeParams, ancestor_mask, grow_tree, leaf_membership, log_softmax,
-                               node_depths, tree_leaves)
+from eagle2_local.tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, grow_tree, leaf_membership,
+                               log_softmax, node_depths, tree_leaves)
 
 V = 50
 
@@ -68,6 +68,20 @@ def test_grow_tree_matches_reference(params):
     nonroot = np.arange(1, len(tree))
     par = tree.parents[nonroot]
     assert np.all(tree.scores[nonroot][par > 0] <= tree.scores[par[par > 0]] + 1e-12)
+
+
+def test_level_done_hears_every_level_and_should_expand_only_asks():
+    """The tree builder tells ``level_done`` of every level grown (the last included) and only asks
+    ``should_expand`` before a deeper one; a "no" stops the growth."""
+    _, expand, _ = fake_draft(1)
+    root_logits = np.random.default_rng(2).standard_normal(V)
+    done, asked = [], []
+    grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n: asked.append(n) or True, done.append)
+    assert done == [1, 2, 3, 4] and asked == [1, 2, 3]
+    done, asked = [], []
+    c = grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n: asked.append(n) or n < 2,
+                        done.append)
+    assert c.levels == 2 and done == [1, 2] and asked == [1, 2]
 
 
 def test_tree_params_validation():
