@@ -144,6 +144,7 @@ def test_chat_completion_and_its_stream_agree(server):
     assert usage.completion_tokens == whole.usage.completion_tokens
     assert usage.prompt_tokens == whole.usage.prompt_tokens
     assert finals[0]["tokens"] == eagle["tokens"]
+    assert finals[0]["prompt_tokens_reused"] > 0  # the same prompt again: its KV prefix was kept, not re-prefilled
 
 
 def test_completion_streamed_and_whole(server):
