@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark record for the default model + shipped head (issues 6, 7, 8). Run on an otherwise idle machine:
-# llama.cpp's threads spin, so any other load distorts every figure. About 20 minutes on 2 cores.
+# llama.cpp's threads spin, so any other load distorts every figure. About 30 minutes on 2 cores (10 of them the
+# lossless sweep).
 #   bash benchmarks/run_default_head.sh [E1_HEAD.gguf]   (an EAGLE-1/2 head of SmolLM2's size, for draft-cost)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,8 @@ R=benchmarks/results
 P=../shared/data/eagle_prompts
 HEAD=$(python -c "from eagle2_local.models import default_head_path as d; print(d())")
 E=(python cli.py)
+# losslessness first: the long sweep the default test run leaves out (50 prompts x 128 tokens, ~10 minutes)
+python -m pytest -q -m slow
 # issue 6: draft cost per level, llama.cpp EAGLE-3 engine vs the numpy EAGLE-1/2 engine (same tree width)
 "${E[@]}" draft-cost --head "$HEAD" --prompts $P/mt_bench.jsonl --n 2 --max-tokens 48 --threads 2 --json > $R/draft-cost-eagle3-default-head.json
 if [ -n "${1:-}" ]; then

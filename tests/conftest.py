@@ -69,6 +69,16 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_head(smollm2_path) -> Path:
+    """The EAGLE-3 head shipped for SmolLM2: the cheapest real draft (a level costs a fraction of a target token,
+    where the target drafting for itself costs a full pass per level), accepted often enough for multi-token paths."""
+    from eagle2_local.models import default_head_path
+    head = default_head_path()
+    assert head is not None, "the default head must ship with the package"
+    return head
+
+
+@pytest.fixture(scope="session")
 def smollm2_weak(smollm2_path, synth_dir) -> Path:
     """SmolLM2 cut to its first 24 of 30 layers: a real, weaker same-vocabulary draft (tau about 1.5-2.5)."""
     return write_truncated(smollm2_path, synth_dir / "smollm2-24layers.gguf", n_layers=24)

@@ -24,11 +24,11 @@ def without_eagle(d: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pair(smollm2_path):
+def pair(smollm2_path, smollm2_head):
     from llama_cpp import Llama
-    ours = Eagle2(smollm2_path, draft_model_path=smollm2_path, n_ctx=1024, n_threads=1, total_tokens=12, depth=4,
+    ours = Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=1024, n_threads=1, total_tokens=12, depth=4,
                   tree_top_k=3)
-    theirs = Llama(str(smollm2_path), n_ctx=1024, n_threads=1, verbose=False)
+    theirs = Llama(str(smollm2_path), n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False)  # as ours
     yield ours, theirs
     ours.close()
     theirs.close()
@@ -107,12 +107,12 @@ def test_stop_strings_and_head_errors(synth_q8):
 
 
 @pytest.mark.smollm2
-def test_chat_lossless_through_template_and_kv_reuse(smollm2_path):
+def test_chat_lossless_through_template_and_kv_reuse(smollm2_path, smollm2_head):
     """Two-turn chats at T=0: speculative answers equal plain answers, with the KV cache reused across turns."""
     turns = ["Name three fruits.", "Which of them is the sweetest? Explain briefly."]
     answers = {}
     for mode in ("plain", "eagle"):
-        kw = {"draft_model_path": smollm2_path} if mode == "eagle" else {}
+        kw = {"head_path": smollm2_head} if mode == "eagle" else {}
         with Eagle2(smollm2_path, n_ctx=2048, n_threads=1, total_tokens=10, depth=5, tree_top_k=2, **kw) as llm:
             msgs, outs = [], []
             for t in turns:

@@ -26,8 +26,8 @@ def spawn_chat(*args: str) -> pexpect.spawn:
 
 
 @pytest.mark.smollm2
-def test_chat_two_turns_ctrl_c_and_ctrl_d(smollm2_path):
-    child = spawn_chat("--model", str(smollm2_path), "--draft-model", str(smollm2_path), "--temperature", "0",
+def test_chat_two_turns_ctrl_c_and_ctrl_d(smollm2_path, smollm2_head):
+    child = spawn_chat("--model", str(smollm2_path), "--head", str(smollm2_head), "--temperature", "0",
                        "-n", "600", "--total-tokens", "12", "--depth", "4", "--tree-top-k", "3", "-t", "1")
     child.sendline("What is the capital of France? Answer in one word.")
     child.expect("tok/s")  # the stats line after the answer

@@ -18,13 +18,18 @@ N_RUNS = 1500
 PROMPT = [1, 40, 41, 42, 43]
 
 
-def token_counts(gen, sampling: SamplingParams, position: int) -> dict[int, int]:
-    counts: dict[int, int] = {}
+POSITIONS = (1, 2)  # tokens that come out of tree acceptance (position 0 comes from the prefill)
+
+
+def token_counts(gen, sampling: SamplingParams, positions=POSITIONS) -> dict[int, dict[int, int]]:
+    """Per position, how often each token came out over ``N_RUNS`` seeded runs (one run serves every position)."""
+    counts: dict[int, dict[int, int]] = {p: {} for p in positions}
     for seed in range(N_RUNS):
         toks = []
-        for ch in gen.generate(PROMPT, position + 1, sampling, seed=seed):
+        for ch in gen.generate(PROMPT, max(positions) + 1, sampling, seed=seed):
             toks += ch.tokens
-        counts[toks[position]] = counts.get(toks[position], 0) + 1
+        for p in positions:
+            counts[p][toks[p]] = counts[p].get(toks[p], 0) + 1
     return counts
 
 
@@ -68,28 +73,39 @@ def model(synth_q8):
     return LlamaModel(synth_q8)
 
 
+@pytest.fixture(scope="module")
+def plain_counts(model):
+    """Plain decoding's token counts per sampling setting, computed once for every test of this module."""
+    cache: dict[SamplingParams, dict[int, dict[int, int]]] = {}
+
+    def counts(sampling: SamplingParams) -> dict[int, dict[int, int]]:
+        if sampling not in cache:
+            cache[sampling] = token_counts(make(model, None), sampling)
+        return cache[sampling]
+    return counts
+
+
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0),
                                       SamplingParams(temperature=0.7, top_p=0.9)], ids=["T1", "T0.7-top_p0.9"])
-def test_speculative_sampling_matches_plain(model, sampling):
-    plain = make(model, None)
+def test_speculative_sampling_matches_plain(model, plain_counts, sampling):
     spec = make(model, model, TreeParams(12, 4, 3))
-    for position in (1, 2):  # tokens that come out of tree acceptance (position 0 comes from the prefill)
-        p = chi2_pvalue(token_counts(plain, sampling, position), token_counts(spec, sampling, position))
+    got = token_counts(spec, sampling)
+    for position in POSITIONS:
+        p = chi2_pvalue(plain_counts(sampling)[position], got[position])
         assert p > 0.01, f"position {position}: speculative differs from plain (p={p:.2e})"
     assert spec.last_stats.target_passes >= 1
 
 
-def test_chi_square_catches_biased_acceptance(model):
+def test_chi_square_catches_biased_acceptance(model, plain_counts):
     sampling = SamplingParams(temperature=1.0)
-    plain = make(model, None)
     spec = make(model, model, TreeParams(12, 4, 3))
     original = generator_mod.accept
     generator_mod.accept = over_accepting
     try:
-        biased = token_counts(spec, sampling, 1)
+        biased = token_counts(spec, sampling, positions=(1,))
     finally:
         generator_mod.accept = original
-    p = chi2_pvalue(token_counts(plain, sampling, 1), biased)
+    p = chi2_pvalue(plain_counts(sampling)[1], biased[1])
     assert p < 1e-4, f"the biased rule went unnoticed (p={p:.2e})"
 
 
@@ -110,7 +126,7 @@ def test_tree_rejection_sampling_exact_distribution():
     np.testing.assert_allclose(counts / n, np.exp(logits[0]), atol=0.01)
 
 
-def test_speculative_sampling_with_budget_matches_plain(model):
+def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
     """With the tree budget on, tokens come from trees of varying size and from plain steps; still exact."""
     from eagle2_local.drafts import DraftModelEngine
     from eagle2_local.generator import Generator
@@ -135,8 +151,7 @@ def test_speculative_sampling_with_budget_matches_plain(model):
             counts[i][toks[i + 1]] = counts[i].get(toks[i + 1], 0) + 1
         sizes |= set(spec.last_stats.tree_sizes)
         plain_steps += spec.last_stats.plain_steps
-    plain = make(model, None)
-    for i, position in enumerate((1, 2)):
-        p = chi2_pvalue(token_counts(plain, sampling, position), counts[i])
+    for i, position in enumerate(POSITIONS):
+        p = chi2_pvalue(plain_counts(sampling)[position], counts[i])
         assert p > 0.01, f"position {position}: speculative with budget differs from plain (p={p:.2e})"
     assert plain_steps >= N_RUNS // 2 and len(sizes) >= 3, (plain_steps, sizes)
