@@ -124,8 +124,8 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
     llm = load(**rt, seed=seed)
     if not llm.speculative and not rt["plain"] and not as_json:
         click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
-    text = llm.render_chat([{"role": "user", "content": prompt}]) if as_chat else prompt
-    tokens = llm.tokenize(text, add_bos=True, special=True)
+    from eagle2_local.chat import prompt_tokens
+    tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
     out_tokens: list[int] = []
     pieces: list[str] = []

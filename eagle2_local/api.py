@@ -18,7 +18,7 @@ import uuid
 from typing import Callable, Iterator
 
 from .budget import TreeBudget
-from .chat import render_for_model, rendered_prompt_tokens
+from .chat import prompt_tokens, render_for_model
 from .drafts import DraftModelEngine, check_same_vocab
 from .drafts.open_head import check_head_fits, open_head, read_head_info, target_settings_for
 from .errors import Eagle2Error
@@ -130,7 +130,7 @@ class Eagle2:
                           stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
                           speculative: bool | None = None):
         """Complete ``prompt``. Returns an OpenAI ``text_completion`` dict, or an iterator of chunks."""
-        tokens = prompt if isinstance(prompt, list) else self.tokenize(prompt, add_bos=True, special=True)
+        tokens = prompt if isinstance(prompt, list) else prompt_tokens(self.model, prompt)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
                            speculative)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -168,7 +168,7 @@ class Eagle2:
 
     def chat_tokens(self, messages: list[dict]) -> list[int]:
         """Prompt tokens for ``messages``: the rendered template, with BOS unless the template wrote one."""
-        return rendered_prompt_tokens(self.model, self.render_chat(messages))
+        return prompt_tokens(self.model, self.render_chat(messages))
 
     def stats(self) -> dict:
         """Statistics of the last generation (the ``eagle`` field of results)."""

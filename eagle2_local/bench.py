@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat import render_for_model, rendered_prompt_tokens
+from .chat import prompt_tokens, render_for_model
 from .errors import Eagle2Error
 from .generator import GenerationStats, Generator
 from .llama import LlamaModel, system_info
@@ -106,11 +106,10 @@ class Bench:
 
     def prompt(self, text: str) -> tuple[str, list[int]]:
         """What the model is given, as text and tokens: the chat template applied to one user turn when the
-        model has one (special tokens parsed), else the raw text."""
+        model has one, else the raw text (tokenized like every prompt: ``chat.prompt_tokens``)."""
         if self.chat and self.model.info.chat_template:
-            rendered = render_for_model(self.model, [{"role": "user", "content": text}])
-            return rendered, rendered_prompt_tokens(self.model, rendered)
-        return text, self.model.tokenize(text, add_special=True, parse_special=False)
+            text = render_for_model(self.model, [{"role": "user", "content": text}])
+        return text, prompt_tokens(self.model, text)
 
     def _one(self, gen: Generator, prompt: list[int]) -> tuple[list[int], GenerationStats]:
         gen.reset()

@@ -75,7 +75,11 @@ def render_for_model(model, messages: list[dict]) -> str:
                        eos_token=special_text(model, model.eos))
 
 
-def rendered_prompt_tokens(model, rendered: str) -> list[int]:
-    """Tokens of a rendered chat prompt: special tokens parsed, BOS added unless the template already wrote it."""
+def prompt_tokens(model, text: str) -> list[int]:
+    """The one way prompt text (raw, or rendered by a chat template) becomes tokens.
+
+    Special tokens are parsed. BOS is added when the model wants one, unless the text already starts with it:
+    templates such as Llama-3's or Gemma's write ``{{ bos_token }}`` themselves, and a second BOS changes what
+    the model sees."""
     bos = special_text(model, model.bos)
-    return model.tokenize(rendered, add_special=not (bos and rendered.startswith(bos)), parse_special=True)
+    return model.tokenize(text, add_special=not (bos and text.startswith(bos)), parse_special=True)

@@ -17,6 +17,9 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Llama-3 / Gemma style: the template itself writes BOS, so the tokenizer must not add another one.
+CHATML_WITH_BOS = "{{ bos_token }}" + CHATML
+
 WORDS = ["the", "a", "and", "to", "of", "in", "is", "it", "you", "that", "for", "on", "with", "as", "was", "he",
          "be", "at", "by", "this", "have", "from", "or", "one", "had", "not", "but", "what", "all", "were", "when",
          "we", "there", "can", "an", "your", "which", "their", "said", "if", "do", "will", "each", "about", "how",
@@ -55,7 +58,7 @@ def vocab(rename: dict[int, str] | None = None) -> tuple[list[str], list[float],
 def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                 n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 2048, arch: str = "llama",
                 logit_scale: float = 0.6, qtype: str = "f32", rename: dict[int, str] | None = None,
-                block_scale: float = 1.0) -> Path:
+                block_scale: float = 1.0, chat_template: str = CHATML) -> Path:
     """Write the model and return its path. ``seed`` changes the weights, never the vocabulary.
 
     ``block_scale`` < 1 shrinks the blocks' weights: the next token then depends mostly on the current one
@@ -87,7 +90,7 @@ def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: in
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(chat_template)
 
     def t(name: str, shape: tuple[int, ...], std: float) -> None:
         data = (rng.standard_normal(shape) * std).astype(np.float32)

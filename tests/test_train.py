@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from synthetic_model import WORDS, write_model
-from eagle2_local.chat import render_for_model, rendered_prompt_tokens
+from eagle2_local.chat import prompt_tokens, render_for_model
 from eagle2_local.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
 from eagle2_local.train.export import export_folder
@@ -187,7 +187,7 @@ def test_parallel_self_generation_matches_one_at_a_time(tiny, tmp_path):
                for _ in range(7)]
     st = tiny["settings"]
     one = FeatureExtractor(model, st.layers, st.top_k, st.max_len, st.n_batch, 1)
-    toks = [rendered_prompt_tokens(model, render_for_model(model, m)) for m in prompts]
+    toks = [prompt_tokens(model, render_for_model(model, m)) for m in prompts]
     alone = [one.generate(t, 30) for t in toks]
     one.close()
     many = FeatureExtractor(model, st.layers, st.top_k, st.max_len, st.n_batch, 1, n_parallel=3)

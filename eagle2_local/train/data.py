@@ -150,7 +150,7 @@ def first_user_turns(docs: Iterable[Document]) -> Iterator[list[dict]]:
 
 def document_tokens(model, doc: Document, max_len: int) -> list[int]:
     """Token ids of a document, the way the runtime would see it: chat template for conversations."""
-    from ..chat import render_chat, special_text, rendered_prompt_tokens
+    from ..chat import prompt_tokens, render_chat, special_text
 
     if isinstance(doc, str):
         tokens = model.tokenize(doc, add_special=True, parse_special=False)
@@ -160,7 +160,7 @@ def document_tokens(model, doc: Document, max_len: int) -> list[int]:
             return []
         text = render_chat(model.info.chat_template, msgs, bos_token=special_text(model, model.bos),
                            eos_token=special_text(model, model.eos), add_generation_prompt=False)
-        tokens = rendered_prompt_tokens(model, text)
+        tokens = prompt_tokens(model, text)
     return tokens[:max_len]
 
 

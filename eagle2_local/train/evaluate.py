@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..chat import render_for_model, rendered_prompt_tokens
+from ..chat import prompt_tokens, render_for_model
 from ..llama import LlamaModel
 from .features import FeatureExtractor, FeatureSet
 from .head import Eagle3Head, HeadConfig
@@ -54,19 +54,18 @@ def answer_rows(model: LlamaModel, layers: tuple[int, ...], prompts: list[str], 
 
     Up to ``n_parallel`` prompts are answered at once (one KV sequence each): ~1.3x faster on 2 CPU cores,
     with the same answers as one at a time."""
-    prompt_tokens = [rendered_prompt_tokens(model, render_for_model(model, [{"role": "user", "content": p}]))
-                     for p in prompts]
-    max_len = max(len(t) for t in prompt_tokens) + max_new + 1
+    prompts_ids = [prompt_tokens(model, render_for_model(model, [{"role": "user", "content": p}])) for p in prompts]
+    max_len = max(len(t) for t in prompts_ids) + max_new + 1
     ex = FeatureExtractor(model, layers, top_k=1, max_len=max_len, n_batch=256, n_threads=n_threads,
                           n_parallel=max(1, min(n_parallel, len(prompts))))
     try:
-        docs = list(ex.generate_many(prompt_tokens, max_new))
+        docs = list(ex.generate_many(prompts_ids, max_new))
     finally:
         ex.close()
     rows = FeatureSet(np.concatenate([d.tokens for d in docs]), np.concatenate([d.feats for d in docs]),
                       np.concatenate([d.top_ids for d in docs]), np.concatenate([d.top_logp for d in docs]),
                       np.array([len(d.tokens) for d in docs], np.int32))
-    return rows, np.array([len(t) - 1 for t in prompt_tokens])
+    return rows, np.array([len(t) - 1 for t in prompts_ids])
 
 
 def evaluate_sets(target: Path, folder: Path, prompt_files: list[Path], n_prompts: int, max_new: int = 128,

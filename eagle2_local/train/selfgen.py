@@ -15,17 +15,17 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..chat import rendered_prompt_tokens, render_for_model
+from ..chat import prompt_tokens, render_for_model
 from ..llama import LlamaModel
 from .features import ExtractSettings, FeatureExtractor, fill_cache
 
 log = logging.getLogger(__name__)
 
 
-def prompt_tokens(model: LlamaModel, prompts: Iterable[list[dict]], max_prompt_tokens: int):
+def fitting_prompts(model: LlamaModel, prompts: Iterable[list[dict]], max_prompt_tokens: int):
     """(messages, tokens) of each prompt rendered for a reply, skipping prompts longer than the limit."""
     for msgs in prompts:
-        tokens = rendered_prompt_tokens(model, render_for_model(model, msgs))
+        tokens = prompt_tokens(model, render_for_model(model, msgs))
         if len(tokens) <= max_prompt_tokens:
             yield msgs, tokens
 
@@ -53,6 +53,6 @@ def self_generate_to_cache(model: LlamaModel, prompts: Iterable[list[dict]], cac
                                                                "content": text.decode("utf-8", "replace")}]}) + "\n")
                 yield rows
 
-        return fill_cache(model, cache, settings, prompt_tokens(model, prompts, max_prompt_tokens), answer_all,
+        return fill_cache(model, cache, settings, fitting_prompts(model, prompts, max_prompt_tokens), answer_all,
                           max_tokens=max_tokens, docs_per_shard=16, n_threads=n_threads, progress=progress,
                           n_parallel=n_parallel)
