@@ -35,6 +35,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .chat import prompt_tokens
 from .errors import Eagle2Error
 from .sampling import SamplingParams
 
@@ -399,7 +400,7 @@ class Service:
                 raise APIError(400, "prompt: one prompt per request (batches are not supported)", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return self.llm.tokenize(prompt, add_bos=True, special=True)
+            return prompt_tokens(self.llm.model, prompt)
         n_vocab = self.llm.model.n_vocab
         bad = [t for t in prompt if not 0 <= t < n_vocab]
         if bad:
