@@ -23,6 +23,12 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
+RPC_OPTION = click.option(
+    "--rpc", "rpc", metavar="HOST:PORT[,...]", default=None,
+    help="llama.cpp RPC servers (`eagle2-local rpc-server`) that hold the offloaded layers of the target and "
+         "draft; needs an RPC build of llama-cpp-python (README).")
+
+
 def runtime_options(fn):
     """Options shared by every command that loads a model."""
     opts = [
@@ -36,8 +42,10 @@ def runtime_options(fn):
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
-        click.option("--n-gpu-layers", type=int, default=0, show_default=True,
-                     help="Layers to offload on CUDA/Metal builds (-1 = all)."),
+        click.option("--n-gpu-layers", type=int, default=None,
+                     help="Layers to offload to CUDA/Metal or to the --rpc servers (-1 = all) [default: 0; all "
+                          "with --rpc]."),
+        RPC_OPTION,
         click.option("--total-tokens", type=int, default=None,
                      help="Verify exactly N draft-tree nodes per target pass, root included (EAGLE-2's fixed "
                           "total_token; implies --budget fixed). With --budget auto: the most nodes it may pick "
@@ -90,13 +98,13 @@ def friendly_errors(fn):
 
 
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
-         tree_top_k, verbose, seed=None):
+         tree_top_k, verbose, rpc=None, seed=None):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
     from eagle2_local.api import Eagle2
     return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
                   n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
-                  plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate,
+                  plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate, rpc_servers=rpc,
                   progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
 
 
@@ -447,14 +455,16 @@ def _hms(seconds: float) -> str:
 @main.command("verify-cost")
 @click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
-@click.option("--n-gpu-layers", type=int, default=0, show_default=True, help="Layers to offload (-1 = all).")
+@click.option("--n-gpu-layers", type=int, default=None,
+              help="Layers to offload (-1 = all) [default: 0; all with --rpc].")
+@RPC_OPTION
 @click.option("--sizes", default="1,2,4,8,16,32,48,60,64", show_default=True, help="Tree sizes to time.")
 @click.option("--context", "context_tokens", type=int, default=128, show_default=True,
               help="Tokens already in the context when the tree is verified.")
 @click.option("--repeats", type=int, default=5, show_default=True, help="Timed runs per size (median kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @friendly_errors
-def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats, as_json):
+def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, repeats, as_json):
     """Time one-pass verification of n-node trees relative to decoding one token.
 
     This is what speculation has to beat on your hardware: if verifying n nodes costs c(n) single-token
@@ -463,11 +473,12 @@ def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats
     from eagle2_local.llama import ContextSettings, LlamaModel
     from eagle2_local.microbench import verify_cost
     from eagle2_local.models import resolve_model
+    from eagle2_local.rpc import parse_servers
     from eagle2_local.target import Target
 
     ns = sorted({int(x) for x in sizes.split(",") if x.strip()})
     path = resolve_model(model)
-    target = Target(LlamaModel(path, n_gpu_layers=n_gpu_layers),
+    target = Target(LlamaModel(path, n_gpu_layers=n_gpu_layers, rpc_servers=parse_servers(rpc)),
                     ContextSettings(n_ctx=max(512, context_tokens + max(ns) + 8), n_batch=max(64, max(ns)),
                                     n_seq_max=min(256, max(ns) + 2), n_threads=threads))
     cost = verify_cost(target, ns, context_tokens, repeats)
@@ -495,8 +506,9 @@ def verify_cost_cmd(model, threads, n_gpu_layers, sizes, context_tokens, repeats
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
 @click.option("--tree-top-k", type=int, default=10, show_default=True, help="Nodes decoded per tree level.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@RPC_OPTION
 @friendly_errors
-def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens, threads, tree_top_k, as_json):
+def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens, threads, tree_top_k, as_json, rpc):
     """Time the draft per tree level against one target token, during real generations.
 
     A draft pays off only if a level costs a small fraction of a target token; this prints both, measured in
@@ -511,7 +523,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     sets = load_prompt_sets(prompt_specs, n_prompts)
     prompts = [p for s in sets for p in s.prompts]
     with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
-                n_ctx=2048, budget="fixed") as llm:
+                n_ctx=2048, budget="fixed", rpc_servers=rpc) as llm:
         res = drafting_profile(llm, prompts, max_tokens)
         res["threads"] = llm.settings.threads()
     res["command"] = "eagle2-local " + " ".join(sys.argv[1:])
@@ -626,6 +638,25 @@ def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k,
                         repeat_penalty=repeat_penalty, seed=seed)
     run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
                defaults=defaults, say=lambda msg: click.echo(msg, err=True))
+
+
+@main.command("rpc-server")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback exposes an unauthenticated protocol.")
+@click.option("--port", type=int, default=50052, show_default=True)
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads for the served backend (default: half "
+              "the cores).")
+@friendly_errors
+def rpc_server_cmd(host, port, threads):
+    """Serve this machine's CPU backend to other eagle2-local processes (their --rpc HOST:PORT).
+
+    Needs an RPC build of llama-cpp-python (README). Runs until Ctrl-C. One client at a time.
+    """
+    from eagle2_local import rpc
+
+    if not rpc.is_loopback(host):
+        click.echo(rpc.UNTRUSTED_WARNING, err=True)
+    rpc.serve(host, port, threads)
 
 
 def _add_convert() -> None:

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from .budget import TreeBudget
 from .chat import prompt_tokens, render_for_model
@@ -27,6 +27,7 @@ from .costs import CostKey, cached_or_measured, file_identity
 from .llama import ContextSettings, LlamaModel, system_info
 from .microbench import check_costs, measure_costs
 from .models import default_head_path, resolve_model
+from .rpc import parse_servers
 from .sampling import SamplingParams
 from .target import Target
 from .tree import TreeParams
@@ -39,14 +40,18 @@ class Eagle2:
 
     def __init__(self, model_path: str | os.PathLike | None = None, head_path: str | os.PathLike | None = None,
                  draft_model_path: str | os.PathLike | None = None, *, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: int | None = None, n_gpu_layers: int = 0, seed: int | None = None,
+                 n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
                  total_tokens: int | None = None, depth: int = 6, tree_top_k: int = 10, plain: bool = False,
                  verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
-                 progress: Callable[[str], None] | None = None) -> None:
-        """``budget``: "auto" sizes each round's tree by measured cost and expected acceptance (at most
-        ``total_tokens`` nodes, default 60); "fixed" verifies ``total_tokens`` nodes every round (EAGLE-2).
-        Default: "fixed" when ``total_tokens`` is given, else "auto". ``recalibrate`` re-measures the costs
-        instead of reading them from the cache; ``progress`` receives the calibration's progress lines."""
+                 progress: Callable[[str], None] | None = None,
+                 rpc_servers: str | Sequence[str] | None = None) -> None:
+        """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
+        layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
+        ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
+        tree by measured cost and expected acceptance (at most ``total_tokens`` nodes, default 60); "fixed"
+        verifies ``total_tokens`` nodes every round (EAGLE-2). Default: "fixed" when ``total_tokens`` is
+        given, else "auto". ``recalibrate`` re-measures the costs instead of reading them from the cache;
+        ``progress`` receives the calibration's progress lines."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
@@ -62,7 +67,9 @@ class Eagle2:
         n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
         self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,
                                         n_threads=n_threads)
-        self.model = LlamaModel(self.model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        self.rpc_servers = parse_servers(rpc_servers)
+        offload = dict(n_gpu_layers=n_gpu_layers, verbose=verbose, rpc_servers=self.rpc_servers)
+        self.model = LlamaModel(self.model_path, **offload)
         if head_info is not None:
             check_head_fits(head_info, self.model)  # before any context exists
             self.settings = target_settings_for(head_info, self.settings)
@@ -70,16 +77,16 @@ class Eagle2:
         self.draft_model: LlamaModel | None = None
         engine = None
         if head_info is not None:
-            engine = open_head(head_info, self.target, self.tree_params, n_gpu_layers=n_gpu_layers, verbose=verbose)
+            engine = open_head(head_info, self.target, self.tree_params, **offload)
         if draft_model_path is not None and not plain:
             path = resolve_model(draft_model_path)
             self.draft_model = self.model if path.resolve() == self.model_path.resolve() else \
-                LlamaModel(path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+                LlamaModel(path, **offload)
             check_same_vocab(self.model, self.draft_model)
             engine = DraftModelEngine(self.draft_model, self.settings, tree_top_k, depth)
         tree_budget = None
         if engine is not None and mode == "auto":
-            tree_budget = self._tree_budget(engine, n_gpu_layers, recalibrate, progress)
+            tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
         self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget)
         self.seed = seed
 
@@ -94,7 +101,8 @@ class Eagle2:
                       draft=file_identity(getattr(engine, "weights_path", None)) or engine.name,
                       build=f"{llama_cpp.__version__} {system_info().strip()}", threads=self.settings.threads(),
                       n_gpu_layers=n_gpu_layers, tree_top_k=p.top_k,
-                      extra={"engine": engine.name, "max_nodes": p.total_tokens, "depth": p.depth})
+                      extra={"engine": engine.name, "max_nodes": p.total_tokens, "depth": p.depth,
+                             **({"rpc": list(self.rpc_servers)} if self.rpc_servers else {})})
         costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,

@@ -15,11 +15,12 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import llama_cpp
 
-from . import llama_ext
+from . import llama_ext, rpc
 from .errors import ContextFullError, DecodeError, ModelError, TreeError
 from .models import GGUFInfo, check_tree_capable, read_gguf_info
 
@@ -79,16 +80,25 @@ def system_info() -> str:
 class LlamaModel:
     """A loaded GGUF model plus its vocabulary helpers (tokenize, detokenize, special tokens)."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, verbose: bool = False,
-                 info: GGUFInfo | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int | None = None, verbose: bool = False,
+                 info: GGUFInfo | None = None, rpc_servers: Sequence[str] = ()) -> None:
+        """``rpc_servers``: ``HOST:PORT`` endpoints of llama.cpp RPC servers that get the offloaded layers
+        (``n_gpu_layers``; default all of them with servers, none without)."""
         ensure_backend(verbose)
         self.path = Path(path)
         self.info = info or read_gguf_info(self.path)
         check_tree_capable(self.info)
+        self.rpc_servers = rpc.parse_servers(list(rpc_servers)) if rpc_servers else ()
         params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = n_gpu_layers
+        params.n_gpu_layers = (-1 if self.rpc_servers else 0) if n_gpu_layers is None else n_gpu_layers
+        self.n_gpu_layers = int(params.n_gpu_layers)
+        devices = None
+        if self.rpc_servers:  # llama.cpp's default device selection would leave every layer on the CPU
+            devices = rpc.device_list(rpc.devices(self.rpc_servers))
+            params.devices = ctypes.addressof(devices)
         last_llama_errors()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        del devices  # llama.cpp copied the list
         if not self._model:
             why = last_llama_errors() or "llama.cpp could not load it"
             raise ModelError(f"cannot load {self.path.name}: {why}")

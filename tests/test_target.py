@@ -172,13 +172,14 @@ def free_cells(target: Target) -> int:
     return n
 
 
-def test_thousand_rounds_leak_no_cells(q8_model):
+def check_thousand_rounds_leak_no_cells(model) -> Target:
+    """1,000 random verify/commit rounds with rollbacks; the free cells always equal n_ctx - n_past."""
     settings = ContextSettings(n_ctx=512, n_batch=64, n_seq_max=40, n_threads=1)
     rng = np.random.default_rng(3)
-    t = Target(q8_model, settings)
+    t = Target(model, settings)
     t.prefill([1, 5, 6])
     for i in range(1000):
-        tree = random_tree(rng, q8_model.n_vocab, int(rng.integers(1, 30)), 4)
+        tree = random_tree(rng, model.n_vocab, int(rng.integers(1, 30)), 4)
         t.verify(tree)
         t.commit(tree.path_to(int(rng.choice(len(tree))))[:3])
         if t.n_past > 400:
@@ -188,6 +189,11 @@ def test_thousand_rounds_leak_no_cells(q8_model):
     assert t.ctx.seq_pos_max(0) == t.n_past - 1
     assert t.ctx.seq_pos_min(0) == 0
     assert free_cells(t) == t.n_ctx - t.n_past
+    return t
+
+
+def test_thousand_rounds_leak_no_cells(q8_model):
+    check_thousand_rounds_leak_no_cells(q8_model)
 
 
 def test_validation_before_llama(q8_model):

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -82,11 +83,11 @@ def target_settings_for(info: GGUFInfo, settings: ContextSettings) -> ContextSet
     return dataclasses.replace(settings, embeddings=True)
 
 
-def open_head(info: GGUFInfo, target: Target, tree_params: TreeParams, *, n_gpu_layers: int = 0,
-              verbose: bool = False, **engine_options) -> DraftEngine:
+def open_head(info: GGUFInfo, target: Target, tree_params: TreeParams, *, n_gpu_layers: int | None = None,
+              verbose: bool = False, rpc_servers: Sequence[str] = (), **engine_options) -> DraftEngine:
     """The engine for the head, next to ``target`` (whose context was made with :func:`target_settings_for`)."""
     if info.architecture == EAGLE3_ARCH:
-        head = LlamaModel(info.path, n_gpu_layers=n_gpu_layers, verbose=verbose, info=info)
+        head = LlamaModel(info.path, n_gpu_layers=n_gpu_layers, verbose=verbose, info=info, rpc_servers=rpc_servers)
         try:
             return Eagle3Engine(head, target.ctx, tree_params.top_k, tree_params.depth)
         except Exception:
