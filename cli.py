@@ -334,10 +334,11 @@ def layer_draft(model, out, layers):
 @click.option("--threads", "-t", type=int, default=None, help="CPU threads for llama.cpp and torch.")
 @click.option("--outtype", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", show_default=True)
 @click.option("--verbose", "-v", is_flag=True)
+@RPC_OPTION
 @friendly_errors
 def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max_minutes, draft_vocab, export_vocab,
               device, resume, init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype,
-              verbose):
+              verbose, rpc):
     """Train an EAGLE-3 draft head for MODEL on the target's own features and distributions."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(name)s: %(message)s")
     try:
@@ -346,6 +347,7 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
         fail("training needs torch: pip install 'eagle2-local[train]'")
     from eagle2_local.models import resolve_model
     from eagle2_local.train.loop import TrainConfig
+    from eagle2_local.rpc import parse_servers
     from eagle2_local.train.pipeline import TrainJob, run_job
 
     if export_vocab is not None and export_vocab < draft_vocab and not resume:
@@ -360,7 +362,7 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
                    export_vocab=export_vocab,
                    device=device, resume=Path(resume) if resume else None, threads=threads, outtype=outtype,
                    heldout_docs=heldout_docs, init_from=Path(init_from) if init_from else None,
-                   command=" ".join(["eagle2-local"] + sys.argv[1:]),
+                   command=" ".join(["eagle2-local"] + sys.argv[1:]), rpc_servers=parse_servers(rpc),
                    train=TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
                                      seed=seed, max_minutes=max_minutes))
     bar = ProgressLine()
@@ -382,8 +384,9 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
               help="Prompts answered at once. The context holds this many x (longest prompt + --max-tokens) "
                    "cells: lower it for big targets or long prompt sets.")
 @click.option("--threads", "-t", type=int, default=None)
+@RPC_OPTION
 @friendly_errors
-def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, parallel, threads):
+def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, parallel, threads, rpc):
     """Estimate a trained head's τ per prompt category, in torch (teacher-forced greedy chains on the target's
     own greedy answers): a lower bound of the runtime's tree τ, available without the runtime."""
     try:
@@ -391,12 +394,13 @@ def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, paral
     except ImportError:
         fail("evaluating a head needs torch: pip install 'eagle2-local[train]'")
     from eagle2_local.models import resolve_model
+    from eagle2_local.rpc import parse_servers
     from eagle2_local.train.evaluate import evaluate_sets
 
     if threads:
         torch.set_num_threads(threads)
     taus = evaluate_sets(resolve_model(model), Path(head_dir), [Path(p) for p in prompt_files], n_prompts,
-                         max_tokens, depth, threads, parallel)
+                         max_tokens, depth, threads, parallel, parse_servers(rpc))
     for name, tau in taus.items():
         click.echo(f"{name:<16} chain tau {tau:.3f}")
     click.echo(f"{'mean':<16} chain tau {sum(taus.values()) / len(taus):.3f}")

@@ -69,10 +69,12 @@ def answer_rows(model: LlamaModel, layers: tuple[int, ...], prompts: list[str], 
 
 
 def evaluate_sets(target: Path, folder: Path, prompt_files: list[Path], n_prompts: int, max_new: int = 128,
-                  depth: int = 6, n_threads: int | None = None, n_parallel: int = 16) -> dict[str, float]:
-    """Chain-τ estimate (depth ``depth``) on the greedy answers to each prompt file, keyed by the file's stem."""
+                  depth: int = 6, n_threads: int | None = None, n_parallel: int = 16,
+                  rpc_servers: tuple[str, ...] = ()) -> dict[str, float]:
+    """Chain-τ estimate (depth ``depth``) on the greedy answers to each prompt file, keyed by the file's stem.
+    ``rpc_servers``: llama.cpp RPC servers that hold the target's layers."""
     head, layers = load_head(folder, target)
-    model = LlamaModel(target)
+    model = LlamaModel(target, rpc_servers=rpc_servers)
     result = {}
     try:
         for path in prompt_files:

@@ -52,6 +52,7 @@ class TrainJob:
     heldout_docs: int = 8
     outtype: str = "f16"
     command: str = ""
+    rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC servers that hold the target while features are extracted
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -144,7 +145,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     tw = read_target_weights(job.target)
     layers = tuple(job.layers or default_layers(tw.n_layer))
     settings = ExtractSettings(sha, layers, job.top_k, job.max_len)
-    model = LlamaModel(job.target)
+    model = LlamaModel(job.target, rpc_servers=job.rpc_servers)
     try:
         caches = gather_features(job, model, settings, say, bar)
     finally:
