@@ -230,3 +230,7 @@ def test_eagle1_qwen2_biases_from_either_key(tmp_path, synth_q8, flag):
     write_head_dir(tmp_path / "bad", dict(cfg, attention_bias=not cfg.get("attention_bias", True), qkv_bias=True), t)
     with pytest.raises(ModelError, match="disagrees with itself about q/k/v biases"):
         convert_head(tmp_path / "bad", tmp_path / "bad.gguf")
+    write_head_dir(tmp_path / "scaled", dict(cfg, rope_scaling={"type": "linear", "factor": 2.0}), t)
+    with pytest.raises(ModelError, match="this head format runs plain RoPE"):  # the numpy engine has no scaling
+        convert_head(tmp_path / "scaled", tmp_path / "scaled.gguf")
+    assert not list(tmp_path.glob("bad*.gguf")) and not list(tmp_path.glob("scaled*.gguf"))
