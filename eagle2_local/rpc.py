@@ -23,6 +23,7 @@ import ctypes
 import functools
 import logging
 import os
+import re
 import socket
 import struct
 import sys
@@ -204,7 +205,7 @@ def device_list(devs: Sequence[int]) -> ctypes.Array:
 def _on_abort(message: bytes) -> None:  # pragma: no cover - runs inside a dying process, checked by rpc tests
     """ggml calls abort() right after this: say what happened in one line and leave with status 1 instead."""
     text = (message or b"").decode("utf-8", errors="replace").strip().splitlines()
-    why = text[0] if text else "unknown error"
+    why = re.sub(r"^\S+:\d+: ", "", text[0]) if text else "unknown error"  # drop ggml's source file:line
     hint = " (an RPC server stopped answering; restart it and run again)" if "RPC" in why or "connect" in why else ""
     try:
         sys.stdout.flush()
