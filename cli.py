@@ -664,8 +664,14 @@ def rpc_server_cmd(host, port, threads):
 
 
 def _add_convert() -> None:
-    """``eagle2-local convert``: the converter package's own click command (also ``python -m convert``)."""
-    from convert.command import convert_command
+    """``eagle2-local convert``: the converter package's own click command (also ``python -m convert`` from a
+    checkout, ``python -m eagle2_local.convert`` once installed: pyproject maps convert/ under the package)."""
+    try:
+        from eagle2_local.convert.command import convert_command
+    except ModuleNotFoundError as exc:
+        if exc.name != "eagle2_local.convert":
+            raise
+        from convert.command import convert_command
     main.add_command(convert_command, "convert")
 
 

@@ -48,8 +48,11 @@ def convert_to_gguf(head_dir: Path, out_path: Path, target: Path, provenance: di
 
     Returns False (and writes nothing) when it is not: the folder alone is a complete result then."""
     try:
-        from convert.eagle3 import convert_eagle3
+        from ..convert.eagle3 import convert_eagle3  # installed: pyproject maps convert/ to eagle2_local.convert
     except ImportError:
-        return False
+        try:
+            from convert.eagle3 import convert_eagle3  # a checkout: convert/ at the top level
+        except ImportError:
+            return False
     convert_eagle3(head_dir, out_path, target, outtype=outtype, provenance=provenance)
     return True
