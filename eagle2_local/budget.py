@@ -1,7 +1,7 @@
 """Per-round tree sizing by expected tokens per second (``--budget auto``), and its online acceptance calibration.
 
 EAGLE-2 keeps the ``total_tokens`` best draft nodes whatever they cost to verify. That is right on a GPU, where
-60 nodes cost about one token, and wrong on a small CPU, where they cost ~25 (DESIGN §5) and speculation ends up
+60 nodes cost about one token, and wrong on a small CPU, where they cost ~25 (docs/design.md) and speculation ends up
 slower than plain decoding. Here each round picks the number of nodes n that maximises
 
     expected emitted tokens / round time = (1 + sum of the kept nodes' acceptance probabilities)

@@ -3,7 +3,7 @@
 The tree budget (budget.py) weighs expected accepted tokens against time, so it needs two curves:
 
 * ``verify_s(n)``: seconds of one target pass over an n-node tree. Flat on a GPU, steep on a small CPU
-  (SmolLM2 on 2 cores: 60 nodes cost ~25 single-token decodes, DESIGN §5).
+  (SmolLM2 on 2 cores: 60 nodes cost ~25 single-token decodes, docs/design.md §4).
 * drafting: seconds to get the root's draft logits (``catch_up``) and seconds per deeper level (``expand``).
 
 Both start from a short calibration (calibration.py, run by microbench.measure_costs) and are corrected online

@@ -29,5 +29,9 @@ class ContextFullError(Eagle2Error):
     """The prompt plus what is being generated no longer fits the context window."""
 
 
+class EmptyPromptError(Eagle2Error):
+    """A prompt without a single token (an empty text on a model that adds no BOS): there is nothing to decode."""
+
+
 class DecodeError(Eagle2Error):
     """llama_decode returned an error code (it did not abort, but produced nothing usable)."""

@@ -16,7 +16,7 @@ import numpy as np
 from .acceptance import accept
 from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
-from .errors import ContextFullError, Eagle2Error
+from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import Target
@@ -104,11 +104,11 @@ class Generator:
     def _check_tree_fits(self) -> None:
         p = self.tree_params
         if p.total_tokens > self.target.max_tree_nodes:
-            raise ContextFullError(f"--total-tokens {p.total_tokens} exceeds the batch size "
-                                   f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
+            raise TreeError(f"total_tokens {p.total_tokens} exceeds the batch size "
+                            f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
         if self.budget.max_nodes > p.total_tokens:
-            raise ContextFullError(f"the tree budget allows {self.budget.max_nodes} nodes but the tree is capped "
-                                   f"at {p.total_tokens}")
+            raise TreeError(f"the tree budget allows {self.budget.max_nodes} nodes but the tree is capped "
+                            f"at {p.total_tokens}")
 
     def reset(self) -> None:
         """Forget the conversation (empties the KV caches)."""
@@ -151,7 +151,7 @@ class Generator:
 
     def _prefill(self, prompt: list[int], stats: GenerationStats) -> np.ndarray:
         if len(prompt) == 0:
-            raise ContextFullError("the prompt is empty")
+            raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
         if len(prompt) >= self.target.n_ctx:
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                                    "shorten it or raise n_ctx")

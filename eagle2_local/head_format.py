@@ -1,6 +1,6 @@
 """The GGUF schema of EAGLE-1/2 draft heads: one place that both ``convert/`` (writer) and the runtime (reader) use.
 
-EAGLE-2 reuses EAGLE-1's heads (DESIGN §4): ``x = fc(concat(E[token_{t+1}], f_t))``, one Llama decoder layer
+EAGLE-2 reuses EAGLE-1's heads (docs/design.md §3): ``x = fc(concat(E[token_{t+1}], f_t))``, one Llama decoder layer
 without input norm, no final norm, the target's LM head on the raw output. llama.cpp has no such architecture, so
 the file carries our own architecture name and keys; llama.cpp never loads it (the numpy engine does).
 

@@ -25,7 +25,7 @@ def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
     arch = reader.fields["general.architecture"].contents()
     n_total = reader.fields[f"{arch}.block_count"].contents()
     if not 1 <= n_layers < n_total:
-        raise Eagle2Error(f"--layers must be in 1..{n_total - 1} for this {n_total}-block model, got {n_layers}")
+        raise Eagle2Error(f"n_layers must be in 1..{n_total - 1} for this {n_total}-block model, got {n_layers}")
     writer = gguf.GGUFWriter(str(dst), arch)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":

@@ -21,7 +21,7 @@ import numpy as np
 import llama_cpp
 
 from . import llama_ext, rpc
-from .errors import ContextFullError, DecodeError, ModelError, TreeError
+from .errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError
 from .models import GGUFInfo, check_tree_capable, read_gguf_info
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ class LlamaContext:
         if not 1 <= settings.n_seq_max <= MAX_SEQ:
             raise TreeError(f"n_seq_max must be in 1..{MAX_SEQ}, got {settings.n_seq_max}")
         if settings.n_batch < 1 or settings.n_ctx < 8:
-            raise ContextFullError(f"invalid context size {settings.n_ctx} / batch {settings.n_batch}")
+            raise Eagle2Error(f"invalid context size {settings.n_ctx} / batch {settings.n_batch}")
         self.model = model
         self.settings = settings
         self.n_batch = min(settings.n_batch, settings.n_ctx)

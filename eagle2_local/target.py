@@ -1,6 +1,6 @@
 """The target model: prefill, plain next-token decode, one-pass tree verification, commit and rollback.
 
-KV layout (one unified KV buffer, see DESIGN §3). The invariant after every public call: cells
+KV layout (one unified KV buffer, see docs/design.md §1). The invariant after every public call: cells
 ``0 .. n_past-1`` hold the committed text in position order, all in sequence 0, every other cell is free, and
 llama.cpp's search head sits at ``n_past``. That is exactly the layout plain decoding produces, which matters:
 llama.cpp sums attention over cells in cell-index order (and splits the KV range by size on CPU), so any other
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ContextFullError, TreeError
+from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import ContextSettings, LlamaContext, LlamaModel
 from .tree import DraftTree, leaf_membership, node_depths, validate_parents
 
@@ -86,7 +86,7 @@ class Target:
         """
         toks = np.asarray(tokens, dtype=np.int32)
         if toks.size == 0:
-            raise ContextFullError("nothing to evaluate: empty prompt")
+            raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
         self._check_no_pending()
         self._ensure_room(len(toks))
         with_features = self.has_features if want_features is None else want_features
@@ -200,7 +200,7 @@ class Target:
     def rollback(self, n_past: int) -> None:
         """Forget committed tokens from position ``n_past`` on (their cells are the last ones, so no hole)."""
         if not 0 <= n_past <= self.n_past:
-            raise ContextFullError(f"cannot roll back to {n_past}: {self.n_past} tokens are committed")
+            raise Eagle2Error(f"cannot roll back to {n_past}: {self.n_past} tokens are committed")
         self._check_no_pending()
         # unconditional: also clears rows a commit interrupted by Ctrl-C may have left past n_past
         self.ctx.seq_rm(0, n_past, -1)

@@ -1,6 +1,6 @@
 """Synthetic EAGLE-1/2 head checkpoints (config.json + weights) of the three published variants, for tests.
 
-The weights are random; the shapes, names, biases and config keys are those of the real heads (DESIGN §4).
+The weights are random; the shapes, names, biases and config keys are those of the real heads (docs/design.md §3).
 Torch-format files are written with ``torch.save`` or, without torch, by :func:`write_torch_zip_by_hand`.
 """
 

@@ -112,6 +112,15 @@ def test_api_prompt_longer_than_context(synth_f32):
         assert out["usage"]["completion_tokens"] >= 1
 
 
+def test_api_empty_prompt_is_not_a_full_context(synth_f32):
+    from eagle2_local.api import Eagle2
+    from eagle2_local.errors import EmptyPromptError
+    with Eagle2(synth_f32, n_ctx=64) as llm:
+        with pytest.raises(EmptyPromptError, match="empty") as info:
+            llm.create_completion([], max_tokens=4)
+        assert not isinstance(info.value, ContextFullError)
+
+
 def test_cli_help_lists_commands():
     proc = run_cli("--help")
     assert proc.returncode == 0

@@ -13,7 +13,7 @@ from eagle2_local.calibration import Limits, calibrate, check_cached, cost_model
 from eagle2_local.costs import CostKey, CostModel, cached_or_measured, load_costs, save_costs
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
-STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (DESIGN §5), x one token
+STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
 
 
 def flat(one_token: float = 0.010, draft_level: float = 0.0005) -> CostModel:

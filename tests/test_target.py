@@ -14,7 +14,7 @@ from eagle2_local.tree import DraftTree
 
 # F32 matmuls take different kernels for different batch sizes on CPU: results differ in the last bits.
 F32_TOL = 1e-2
-# Measured on this CPU build (see BENCHMARKS.md / DESIGN notes): quantized models are batch-invariant for batches
+# Measured on this CPU build (see docs/design.md §1 and NOTES.md): quantized models are batch-invariant for batches
 # of up to 63 tokens with ONE thread. With 2+ threads, single-token decodes over >= 512 KV cells take
 # flash-attention's split-KV path; batches of >= 64 queries take its tiled path; both change float order.
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=128, n_seq_max=80, n_threads=1)

