@@ -53,7 +53,7 @@ def measure(servers: str | None) -> list[tuple[np.ndarray, ...]]:
             engine.reset()
             root_logits = engine.catch_up(np.array(tokens + [root]), ver.features, 0)
             singles = np.array([llm.target.decode_one(t).logits[0] for t in (root, 17, 99)])
-            out.append((ver.features, ver.logits[0], root_logits, singles))
+            out.append(tuple(np.array(x) for x in (ver.features, ver.logits[0], root_logits, singles)))  # own copies
     return out
 
 

@@ -258,7 +258,8 @@ def test_layer_inputs_and_borrowed_embedding_on_the_servers(endpoints, smollm2_p
             root_logits = engine.catch_up(np.array(tokens + [root]), ver.features, 0)
             top = np.argsort(root_logits)[-3:]
             level1 = engine.expand(np.arange(3), top, np.full(3, -1), 1)
-            runs[where] = (ver.features, ver.logits[0], root_logits, level1)
+            # copies: the engine's logits are views of llama.cpp buffers that die with the context
+            runs[where] = tuple(np.array(x) for x in (ver.features, ver.logits[0], root_logits, level1))
     host, remote = runs["host"], runs["rpc"]
     assert remote[0].shape == host[0].shape == (len(tokens), 3 * 576)
     for name, a, b in zip(("features", "target logits", "head root logits", "head level-1 logits"), host, remote):
