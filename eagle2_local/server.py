@@ -413,7 +413,7 @@ class Service:
         self.worker.admit(job)
         head = {"id": f"{shape.prefix}-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_name}
         if body.stream:
-            return EventSourceResponse(self._stream(job, shape, head, body.include_usage()), sep="\n")
+            return _JobStream(job, self._stream(job, shape, head, body.include_usage()), sep="\n")
         return await self._collect(job, shape, head, request)
 
     def _job(self, body: SamplingFields, prompt: list[int]) -> Job:
@@ -488,6 +488,21 @@ class Service:
             job.cancelled.set()
 
 
+class _JobStream(EventSourceResponse):
+    """The job stops once its response is over, however it ended: a client that leaves before the event
+    generator has started (so its ``finally`` never runs) or a failed send must not leave it generating."""
+
+    def __init__(self, job: Job, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()
+
+
 async def _cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2) -> None:
     while not job.cancelled.is_set():
         if await request.is_disconnected():
@@ -507,6 +522,8 @@ class Guard:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             problem = self._problem(scope)
+            if problem is None and not any(k.lower() == b"content-length" for k, _ in scope.get("headers", [])):
+                problem, receive = await _capped_body(receive)
             if problem is not None:
                 await problem.response()(scope, receive, send)
                 return
@@ -522,9 +539,38 @@ class Guard:
                 return APIError(401, f"{why}: send `Authorization: Bearer KEY`", code="invalid_api_key",
                                 headers={"WWW-Authenticate": "Bearer"})
         length = headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-            return APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+        if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY_BYTES:
+            return _too_large()
         return None
+
+
+def _too_large() -> APIError:
+    return APIError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+
+
+async def _capped_body(receive) -> tuple[APIError | None, Callable]:
+    """A body sent without Content-Length (chunked) is read here, up to ``MAX_BODY_BYTES``, and replayed to the
+    app; past the limit the rest is read and dropped (so the client gets to read the 413) but never kept."""
+    parts, size, message = [], 0, {"more_body": True}
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] != "http.request":  # the client left: the app sees that as it would have
+            return None, _replay([message], receive)
+        size += len(message.get("body", b""))
+        if size <= MAX_BODY_BYTES:
+            parts.append(message.get("body", b""))
+    if size > MAX_BODY_BYTES:
+        return _too_large(), receive
+    return None, _replay([{"type": "http.request", "body": b"".join(parts), "more_body": False}], receive)
+
+
+def _replay(messages: list[dict], receive) -> Callable:
+    """``receive`` that first hands out ``messages``, then the connection's own (for disconnect detection)."""
+    pending = list(messages)
+
+    async def replayed() -> dict:
+        return pending.pop(0) if pending else await receive()
+    return replayed
 
 
 # ---------------------------------------------------------------- wiring
