@@ -209,6 +209,35 @@ def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, what, met
     assert server.health()["status"] == "ok"
 
 
+def test_oversized_bodies_get_413_with_or_without_content_length(server):
+    """A declared length over the limit is refused before its body is read; a chunked body (no length) is
+    counted as it arrives and refused past the limit; a small chunked body still works."""
+    from eagle2_local.server import MAX_BODY_BYTES
+
+    host, port = server.base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {10 ** 12}\r\n\r\n".encode())
+        answer = b""
+        while chunk := raw.recv(65536):  # the server closes the connection: the body was never read
+            answer += chunk
+    head, _, payload = answer.decode("latin-1").partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 413"), head
+    assert json.loads(payload)["error"]["code"] == "body_too_large"
+
+    mib = b"x" * (1 << 20)
+    with server.http() as http:
+        r = http.post(CHAT, content=iter([mib] * (MAX_BODY_BYTES // len(mib) + 1)),
+                      headers={"content-type": "application/json"})
+        assert "content-length" not in r.request.headers and r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "body_too_large"
+        body = json.dumps(GOOD).encode()
+        ok = http.post(CHAT, content=iter([body[:10], body[10:]]), headers={"content-type": "application/json"})
+        assert "content-length" not in ok.request.headers
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] > 0
+    assert server.health()["status"] == "ok"
+
+
 def test_busy_port_is_a_one_line_error():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -259,8 +288,16 @@ def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
         stop_server(s)
 
 
-def _client_session(server: Server, client_id: int, n_requests: int) -> list[dict]:
-    """One streaming client: ``n_requests`` chat requests in turn, some abandoned after two chunks."""
+@pytest.fixture(scope="module")
+def references() -> dict[str, dict]:
+    """`generate --plain` for each of PROMPTS, the answers the load tests must reproduce token for token."""
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(PROMPTS, pool.map(reference, PROMPTS)))
+
+
+def _client_session(server: Server, client_id: int, n_requests: int, leave_after: int = 2) -> list[dict]:
+    """One streaming client: ``n_requests`` chat requests in turn, a third of them abandoned after
+    ``leave_after`` chunks (the first chunk carries only the role, the second the first token)."""
     client, results = server.openai(), []
     for j in range(n_requests):
         prompt = PROMPTS[(client_id + j) % len(PROMPTS)]
@@ -269,7 +306,7 @@ def _client_session(server: Server, client_id: int, n_requests: int) -> list[dic
                       max_tokens=64 if leaves else MAX_TOKENS)
         got = {"client": client_id, "prompt": prompt, "left": leaves, "text": "", "eagle": None, "usage": None}
         for i, chunk in enumerate(stream):
-            if leaves and i == 2:
+            if leaves and i == leave_after:
                 stream.close()
                 break
             got["usage"] = chunk.usage or got["usage"]
@@ -281,18 +318,14 @@ def _client_session(server: Server, client_id: int, n_requests: int) -> list[dic
     return results
 
 
-def test_load_8_streaming_clients_match_plain_generate(server):
-    """8 concurrent streaming clients x 4 requests, a third of them abandoned early: every finished answer is
-    token for token what `generate --plain` gives, nothing is lost or mixed, and the server stays up."""
-    n_clients, n_requests = 8, 4
-    with ThreadPoolExecutor(2) as pool:
-        refs = dict(zip(PROMPTS, pool.map(reference, PROMPTS)))
-    load_before = os.getloadavg()
-    t0 = time.perf_counter()
+def _run_clients(server: Server, n_clients: int, n_requests: int, **kw) -> list[dict]:
     with ThreadPoolExecutor(n_clients) as pool:
-        results = [r for rs in pool.map(lambda i: _client_session(server, i, n_requests), range(n_clients))
-                   for r in rs]
-    wall = time.perf_counter() - t0
+        return [r for rs in pool.map(lambda i: _client_session(server, i, n_requests, **kw), range(n_clients))
+                for r in rs]
+
+
+def _assert_finished_match(results: list[dict], refs: dict[str, dict], n_clients: int, n_requests: int) -> list:
+    """Nothing lost, every finished answer exactly `generate --plain`'s (tokens, text, usage)."""
     assert len(results) == n_clients * n_requests
     finished = [r for r in results if not r["left"]]
     assert len(finished) == sum(1 for i in range(n_clients) for j in range(n_requests) if (i + j) % 3)
@@ -304,11 +337,42 @@ def test_load_8_streaming_clients_match_plain_generate(server):
         assert r["usage"].prompt_tokens == ref["stats"]["prompt_tokens"]
         assert r["usage"].completion_tokens == ref["n_tokens"]
         assert r["eagle"]["engine"] != "plain"
+    return finished
+
+
+def test_load_8_streaming_clients_match_plain_generate(server, references):
+    """8 concurrent streaming clients x 4 requests, a third of them abandoned early: every finished answer is
+    token for token what `generate --plain` gives, nothing is lost or mixed, and the server stays up."""
+    n_clients, n_requests = 8, 4
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    results = _run_clients(server, n_clients, n_requests)
+    wall = time.perf_counter() - t0
+    finished = _assert_finished_match(results, references, n_clients, n_requests)
     health = server.health()
     assert health["queue"]["running"] == health["queue"]["waiting"] == 0
     if os.environ.get(RECORD_ENV):
         _write_record(Path(os.environ[RECORD_ENV]), finished, results, wall, (n_clients, n_requests), health,
                       load_before)
+
+
+def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path, tmp_path, references):
+    """The auto budget mostly picks plain steps on a slow CPU, so this runs a small fixed tree (every round
+    drafts and verifies 6 nodes): 4 concurrent streaming clients x 2 requests, three abandoned in the middle of
+    their tree rounds. Each finished answer still equals `generate --plain`, and drafts were really accepted."""
+    n_clients, n_requests = 4, 2
+    s = start_server(tmp_path / "server.log", *SERVER_ARGS, "--total-tokens", "6", "--depth", "3")
+    try:
+        results = _run_clients(s, n_clients, n_requests, leave_after=4)
+        finished = _assert_finished_match(results, references, n_clients, n_requests)
+        stats = [r["eagle"] for r in finished]
+        assert all(st["plain_steps"] == 0 and set(st["tree_size_hist"]) == {"6"} for st in stats), stats
+        accepted = sum(sum(st["accepted_per_depth"]) for st in stats)
+        assert accepted > 0 and sum(st["tau"] for st in stats) / len(stats) > 1.0, stats
+        q = s.health()["queue"]
+        assert q["running"] == q["waiting"] == 0 and q["stopped_early"] == len(results) - len(finished)
+    finally:
+        stop_server(s)
 
 
 def _write_record(path: Path, finished: list[dict], results: list[dict], wall: float, shape: tuple[int, int],
