@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from eagle2_local.errors import IncompatibleDraftError, ModelError
-from eagle2_local.head_format import (ARCH, GGUF_TO_HF, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_head_fits,
+from eagle2_local.head_format import (ARCH, GGUF_TO_HF, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
                                       check_tensors)
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
@@ -95,7 +95,7 @@ def check_target(target: str | Path, params: HeadParams, config: dict) -> None:
     name = info.path.name
     hidden = info.arch_get("embedding_length")
     tokens = _token_list(GGUFReader(info.path, "r"))
-    check_head_fits(params, int(hidden or -1), len(tokens), name)
+    check_eagle1_fits(params, int(hidden or -1), len(tokens), name)
     # only BOS: instruct GGUFs often set EOS to the end-of-turn token while the HF config keeps the base EOS
     want, have = config.get("bos_token_id"), info.get("tokenizer.ggml.bos_token_id")
     if isinstance(want, int) and have is not None and int(have) != want:

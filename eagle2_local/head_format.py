@@ -128,7 +128,7 @@ def check_tensors(params: HeadParams, tensors: dict[str, np.ndarray], where: str
         raise ModelError(f"{where}: unexpected tensors {sorted(extra)} (bias flags and tensors disagree?)")
 
 
-def check_head_fits(params: HeadParams, target_hidden: int, target_vocab: int, target_name: str) -> None:
+def check_eagle1_fits(params: HeadParams, target_hidden: int, target_vocab: int, target_name: str) -> None:
     """Refuse a head trained for another model: its features and token ids would mean something else."""
     if params.hidden_size != target_hidden:
         raise IncompatibleDraftError(f"the head's hidden size is {params.hidden_size} but {target_name} has "

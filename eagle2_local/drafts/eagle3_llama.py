@@ -73,7 +73,7 @@ def head_target_layers(info: GGUFInfo) -> tuple[int, ...]:
     return tuple(int(x) for x in layers)
 
 
-def check_head_fits(info: GGUFInfo, target: LlamaModel) -> None:
+def check_eagle3_fits(info: GGUFInfo, target: LlamaModel) -> None:
     """Refuse a head trained for another target: hidden size, vocabulary and layer ids must fit."""
     if info.architecture != ARCH:
         raise IncompatibleDraftError(f"{info.path.name} is a {info.architecture!r} model, not an eagle3 head")
@@ -111,7 +111,7 @@ class Eagle3Engine:
 
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
                  n_threads: int | None = None) -> None:
-        check_head_fits(head.info, target_ctx.model)
+        check_eagle3_fits(head.info, target_ctx.model)
         n_seq = 1 + max_width * max(1, max_depth - 1)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "

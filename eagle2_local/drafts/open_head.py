@@ -20,14 +20,14 @@ import numpy as np
 from ..errors import ModelError
 from ..gguf_fields import copy_gguf
 from ..gguf_tensors import load_tensor, tensor_index
-from ..head_format import ARCH as EAGLE1_ARCH, check_head_fits as check_eagle1_fits, params_from_info, read_head
+from ..head_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
 from ..llama import ContextSettings, LlamaModel
 from ..models import GGUFInfo, read_gguf_info
 from ..target import Target
 from ..tree import TreeParams
 from .base import DraftEngine
 from .eagle1_numpy import Eagle1NumpyEngine
-from .eagle3_llama import ARCH as EAGLE3_ARCH, Eagle3Engine, check_head_fits as check_eagle3_fits
+from .eagle3_llama import ARCH as EAGLE3_ARCH, Eagle3Engine, check_eagle3_fits
 from .eagle3_llama import feature_source, foreign_layer_key, head_target_layers
 
 log = logging.getLogger(__name__)
