@@ -17,7 +17,7 @@ from eagle2_local.train.export import export_folder
 from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, default_layers, extract_to_cache,
                                          load_cache, load_split, shard_files)
 from eagle2_local.train.head import draft_to_target
-from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, load_checkpoint, plan_batches
+from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, load_train_checkpoint, plan_batches
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
 from eagle2_local.train.target_weights import draft_vocabulary, read_target_weights
@@ -312,7 +312,7 @@ def test_train_cli_end_to_end_with_warm_start(tiny, tmp_path):
     assert second.exit_code == 0, second.output
     a = load_file(str(tmp_path / "a.work" / "hf" / "model.safetensors"))
     b = load_file(str(tmp_path / "b.work" / "hf" / "model.safetensors"))
-    trained = load_checkpoint(tmp_path / "b.work" / "checkpoint.pt")["head"]
+    trained = load_train_checkpoint(tmp_path / "b.work" / "checkpoint.pt")["head"]
     assert len(a["d2t"]) == 128 and len(trained["d2t"]) == 64  # the vocabulary is rebuilt for the new run ...
     b_ids, trained_ids = draft_to_target(b["d2t"]), draft_to_target(trained["d2t"])
     assert len(b_ids) == 96 and set(trained_ids.tolist()) <= set(b_ids.tolist())  # ... and widened on export,

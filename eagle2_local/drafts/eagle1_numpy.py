@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 CHUNK = 256  # catch-up rows per pass: bounds the (heads, rows, keys) score tensor on long prompts
 
 
-class _Rows:
+class _GrowingBuffer:
     """A growable (rows, ...) float32 buffer: K/V caches and stored features."""
 
     def __init__(self, shape: tuple[int, ...]) -> None:
@@ -88,9 +88,9 @@ class Eagle1NumpyEngine:
     # ------------------------------------------------------------------ DraftEngine
     def reset(self) -> None:
         p = self.params
-        self._feats = _Rows((p.hidden_size,))
-        self._k = _Rows((p.n_head_kv, p.head_dim))
-        self._v = _Rows((p.n_head_kv, p.head_dim))
+        self._feats = _GrowingBuffer((p.hidden_size,))
+        self._k = _GrowingBuffer((p.n_head_kv, p.head_dim))
+        self._v = _GrowingBuffer((p.n_head_kv, p.head_dim))
         self.n_done = 0  # head positions in the committed K/V cache
         self._forget_tree()
 

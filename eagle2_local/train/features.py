@@ -75,7 +75,7 @@ def top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass
-class Rows:
+class DocumentRows:
     """One document's training rows: its tokens and, per token, target features and top-K next-token log-probs."""
 
     tokens: np.ndarray
@@ -87,7 +87,7 @@ class Rows:
 class _Answer:
     """One prompt being answered in a sequence slot: its tokens so far and the rows of each decoded token."""
 
-    def __init__(self, index: int, prompt: Rows, limit: int) -> None:
+    def __init__(self, index: int, prompt: DocumentRows, limit: int) -> None:
         self.index = index  # position of the prompt in the input order
         self.tokens = [int(t) for t in prompt.tokens]
         self.parts = [(prompt.feats, prompt.top_ids, prompt.top_logp)]
@@ -97,7 +97,7 @@ class _Answer:
         """The target's greedy choice after the last decoded token."""
         return int(self.parts[-1][1][-1, 0])
 
-    def rows(self) -> Rows:
+    def rows(self) -> DocumentRows:
         """The finished document. Its last token (EOG or the cut) was never decoded: its row repeats the one
         before, whose prediction is that token; it predicts nothing itself."""
         n = len(self.tokens)
@@ -105,7 +105,7 @@ class _Answer:
         pad = n - len(feats)
         if pad > 0:
             feats, ids, logps = (np.concatenate([a, np.repeat(a[-1:], pad, 0)]) for a in (feats, ids, logps))
-        return Rows(np.asarray(self.tokens, np.int32), feats, ids, logps)
+        return DocumentRows(np.asarray(self.tokens, np.int32), feats, ids, logps)
 
 
 class FeatureExtractor:
@@ -137,27 +137,27 @@ class FeatureExtractor:
         ids, logps = top_logprobs(self.ctx.logits(n, copy=False), self.top_k)
         return self.ctx.layer_inputs(n), ids, logps
 
-    def document(self, tokens: list[int], seq: int = 0) -> Rows:
+    def document(self, tokens: list[int], seq: int = 0) -> DocumentRows:
         """Features (n, 3H) float32, top ids (n, K) and top log-probs (n, K) for one token sequence."""
         tokens = np.asarray(tokens[: self.max_len], dtype=np.int32)
         positions = np.arange(len(tokens), dtype=np.int32)
         self.ctx.seq_rm(seq)
         parts = [self._decode(tokens[s: s + self.n_batch], positions[s: s + self.n_batch], np.array([seq], np.int32))
                  for s in range(0, len(tokens), self.n_batch)]
-        return Rows(tokens, *(np.concatenate(p) for p in zip(*parts)))
+        return DocumentRows(tokens, *(np.concatenate(p) for p in zip(*parts)))
 
-    def generate(self, prompt: list[int], max_new: int) -> Rows:
+    def generate(self, prompt: list[int], max_new: int) -> DocumentRows:
         """The target's greedy answer to ``prompt``, with the rows of prompt and answer, in one pass."""
         return next(self.generate_many([prompt], max_new))
 
-    def generate_many(self, prompts: Iterable[list[int]], max_new: int) -> Iterator[Rows]:
+    def generate_many(self, prompts: Iterable[list[int]], max_new: int) -> Iterator[DocumentRows]:
         """Greedy answers to ``prompts`` with their rows, ``n_parallel`` at a time, yielded in prompt order.
 
         Self-generated text costs one decode per token anyway; reading the features and distributions of
         that same decode makes its training rows free."""
         source = iter(prompts)
         slots: dict[int, _Answer] = {}  # KV sequence id -> the answer decoded in it
-        done: dict[int, Rows] = {}
+        done: dict[int, DocumentRows] = {}
         n_started = n_yielded = 0
         exhausted = False
         while True:
@@ -178,7 +178,7 @@ class FeatureExtractor:
                 yield done.pop(n_yielded)
                 n_yielded += 1
 
-    def _step(self, slots: dict[int, _Answer], done: dict[int, Rows]) -> None:
+    def _step(self, slots: dict[int, _Answer], done: dict[int, DocumentRows]) -> None:
         """Append each slot's next token; decode those that go on as one batch, retire those that ended."""
         active = []
         for slot, answer in list(slots.items()):
@@ -220,9 +220,9 @@ class ShardWriter:
             with np.load(p) as z:
                 self.n_tokens += int(z["lengths"].sum())
                 self.skip += len(z["lengths"])
-        self.pending: list[Rows] = []
+        self.pending: list[DocumentRows] = []
 
-    def add(self, rows: Rows) -> None:
+    def add(self, rows: DocumentRows) -> None:
         self.pending.append(rows)
         self.n_tokens += len(rows.tokens)
         if len(self.pending) >= self.docs_per_shard:
@@ -264,10 +264,10 @@ def check_meta(cache: Path, settings: ExtractSettings) -> None:
 
 
 def fill_cache(model: LlamaModel, cache: Path, settings: ExtractSettings, items: Iterable[T],
-               rows_of: Callable[[FeatureExtractor, Iterator[T]], Iterator[Rows]], *, max_tokens: int,
+               rows_of: Callable[[FeatureExtractor, Iterator[T]], Iterator[DocumentRows]], *, max_tokens: int,
                docs_per_shard: int, n_threads: int | None, progress: Callable[[int, int], None] | None,
                n_parallel: int = 1) -> int:
-    """Turn ``items`` into rows with ``rows_of`` (one Rows per item, in item order) until ``cache`` holds
+    """Turn ``items`` into rows with ``rows_of`` (one DocumentRows per item, in item order) until ``cache`` holds
     ``max_tokens`` tokens; return that count.
 
     Items already stored by an earlier (interrupted) run are skipped, so the item order must not change."""

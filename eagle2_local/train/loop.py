@@ -46,7 +46,7 @@ class TrainConfig:
 
 
 @dataclass
-class Batch:
+class TrainBatch:
     feats: torch.Tensor  # (B, T, 3Ht) float32
     tokens: torch.Tensor  # (B, T) int64
     top_ids: torch.Tensor  # (B, T, K) int64 target ids
@@ -79,7 +79,7 @@ def plan_batches(lengths: np.ndarray, batch_tokens: int, rng: np.random.Generato
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def make_batch(fs: FeatureSet, docs: np.ndarray, starts: np.ndarray, device: str = "cpu") -> Batch:
+def make_batch(fs: FeatureSet, docs: np.ndarray, starts: np.ndarray, device: str = "cpu") -> TrainBatch:
     """Pad the chosen documents into tensors (padding rows are masked by their lengths)."""
     lens = fs.lengths[docs]
     B, T, K = len(docs), int(lens.max()), fs.top_ids.shape[1]
@@ -94,10 +94,10 @@ def make_batch(fs: FeatureSet, docs: np.ndarray, starts: np.ndarray, device: str
         top_ids[b, :n] = fs.top_ids[s: s + n]
         top_logp[b, :n] = fs.top_logp[s: s + n]
     arrays = (feats, tokens, top_ids, top_logp, lens.astype(np.int64))
-    return Batch(*(torch.from_numpy(a).to(device) for a in arrays))
+    return TrainBatch(*(torch.from_numpy(a).to(device) for a in arrays))
 
 
-def step_rows(batch: Batch, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+def step_rows(batch: TrainBatch, j: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask of rows P with a label at step j, label row index P+1+j). A label row r needs r <= length-2:
     the last row's distribution predicts past the text (and is a copy for self-generated documents)."""
     T = batch.tokens.shape[1]
@@ -114,7 +114,7 @@ def soft_labels(head: Eagle3Head, top_ids: torch.Tensor, top_logp: torch.Tensor)
     return d.clamp(min=0), p / total.clamp(min=1e-9), total.squeeze(-1) > 0
 
 
-def ttt_losses(head: Eagle3Head, batch: Batch, cfg: TrainConfig):
+def ttt_losses(head: Eagle3Head, batch: TrainBatch, cfg: TrainConfig):
     """Weighted loss over the unrolled steps, plus per-step loss and top-1 agreement with the target."""
     logits = head.unroll(batch.feats, batch.tokens, cfg.ttt_steps)
     total, per_loss, per_acc = 0.0, [], []
@@ -145,7 +145,7 @@ def lr_at(step: int, total: int, cfg: TrainConfig, time_frac: float = 0.0) -> fl
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_train_checkpoint(path: Path) -> dict:
     """A checkpoint written by :meth:`Trainer.save` (head and optimiser state, schedule position), on the CPU."""
     return torch.load(path, map_location="cpu", weights_only=False)
 
@@ -192,7 +192,7 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         """Resume from a checkpoint file written by :meth:`save`."""
-        self.load_state(load_checkpoint(path), source=path)
+        self.load_state(load_train_checkpoint(path), source=path)
 
     def load_state(self, state: dict, source: object = "a checkpoint") -> None:
         """Resume from a checkpoint already read (the pipeline reads it once for its vocabulary too);

@@ -22,7 +22,7 @@ from .export import convert_to_gguf, export_folder
 from ..models import file_sha256
 from .features import ExtractSettings, bytes_per_token, default_layers, extract_to_cache, load_split
 from .head import Eagle3Head, HeadConfig, draft_to_target
-from .loop import Progress, TrainConfig, Trainer, chain_acceptance, load_checkpoint
+from .loop import Progress, TrainConfig, Trainer, chain_acceptance, load_train_checkpoint
 from .selfgen import self_generate_to_cache
 from .target_weights import TargetWeights, draft_vocabulary, read_target_weights, widen_vocabulary
 
@@ -105,7 +105,7 @@ def widened(head: Eagle3Head, tw: TargetWeights, export_ids: np.ndarray, say: Ca
 
 
 def checkpoint_draft_ids(state: dict) -> np.ndarray:
-    """The draft vocabulary (target ids) a checkpoint (as loaded by :func:`load_checkpoint`) was trained with.
+    """The draft vocabulary (target ids) a checkpoint (as loaded by :func:`load_train_checkpoint`) was trained with.
 
     A resumed run must keep it even when the cache has grown since: its LM head rows and optimiser state belong
     to those tokens, and the labels must be mapped through the same vocabulary."""
@@ -155,7 +155,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
         f"held out: {held.n_tokens:,} tokens")
     counts = np.bincount(train_set.tokens, minlength=tw.n_vocab) + \
         np.bincount(train_set.top_ids[:, 0], minlength=tw.n_vocab)
-    resumed = load_checkpoint(job.resume) if job.resume is not None else None
+    resumed = load_train_checkpoint(job.resume) if job.resume is not None else None
     if resumed is not None:
         draft_ids = checkpoint_draft_ids(resumed)
         say(f"resuming {job.resume}: keeping its draft vocabulary of {len(draft_ids)} tokens")
@@ -167,7 +167,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     export_ids = widen_vocabulary(draft_ids, counts, n_export)  # checked before training, not after
     head = build_head(tw, draft_ids, job.train.seed)
     if job.init_from is not None:
-        warm_start(head, load_checkpoint(job.init_from)["head"])
+        warm_start(head, load_train_checkpoint(job.init_from)["head"])
         say(f"warm start from {job.init_from}")
     head = head.to(job.device)
     tau_untrained = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
