@@ -138,7 +138,7 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
     out_tokens: list[int] = []
     pieces: list[str] = []
     reason = None
-    for chunk in llm.generator.generate(tokens, max_tokens, _sampling(sampling), seed=seed):
+    for chunk in llm.stream(tokens, max_tokens, _sampling(sampling), seed=seed):
         out_tokens.extend(chunk.tokens)
         pieces.append(chunk.text)
         reason = chunk.finish_reason or reason
@@ -158,7 +158,7 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
 def _draft_sha256(llm) -> str | None:
     """Hash of the draft's weights file (draft model or head), so reports name exactly what drafted."""
     from eagle2_local.models import file_sha256
-    path = getattr(llm.generator.engine, "weights_path", None)
+    path = llm.draft_weights
     return file_sha256(path) if path is not None else None
 
 
@@ -224,7 +224,6 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     """
     from eagle2_local.bench import Bench, LlamaCppTools, load_prompt_sets
     from eagle2_local.models import file_sha256
-    from eagle2_local.generator import Generator
     from eagle2_local.sampling import SamplingParams
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts)
@@ -233,9 +232,8 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
         fail("bench compares against a draft: give --head or --draft-model (the default model uses its shipped "
              "head when there is one)")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    b = Bench(plain=Generator(llm.target, None, llm.tree_params), eagle=llm.generator, model=llm.model,
-              sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance, seed=seed,
-              chat=not no_chat)
+    b = Bench(llm, sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance,
+              seed=seed, chat=not no_chat)
     if llama_cpp_bin:
         if llm.draft_model is None:
             fail("--llama-cpp-bin compares against llama.cpp's draft-simple and needs --draft-model")
@@ -472,15 +470,16 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     """
     from eagle2_local.api import Eagle2
     from eagle2_local.bench import load_prompt_sets
-    from eagle2_local.microbench import drafting_profile
+    from eagle2_local.microbench import DraftTimes, drafting_profile
 
     if (head is None) == (draft_model is None):
         fail("give exactly one of --head or --draft-model")
     sets = load_prompt_sets(prompt_specs, n_prompts)
     prompts = [p for s in sets for p in s.prompts]
+    times = DraftTimes()
     with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
-                n_ctx=2048, budget="fixed", rpc_servers=rpc) as llm:
-        res = drafting_profile(llm, prompts, max_tokens)
+                n_ctx=2048, budget="fixed", rpc_servers=rpc, draft_timer=times) as llm:
+        res = drafting_profile(llm, times, prompts, max_tokens)
         res["threads"] = llm.settings.threads()
     res["command"] = "eagle2-local " + " ".join(sys.argv[1:])
     if as_json:
@@ -549,7 +548,7 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
         answer = ""
         try:
             with _ctrl_c_stops() as interrupted:
-                stream = llm.generator.generate(llm.chat_tokens(messages), max_tokens, sampling, seed=seed)
+                stream = llm.stream(llm.chat_tokens(messages), max_tokens, sampling, seed=seed)
                 for chunk in stream:
                     click.echo(chunk.text, nl=False)
                     sys.stdout.flush()

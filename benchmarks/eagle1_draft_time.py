@@ -16,8 +16,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
-from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from conftest import load_prompts  # noqa: E402
 from convert.eagle1 import convert_head  # noqa: E402
 from eagle2_local import Eagle2  # noqa: E402
 from eagle2_local.bench import machine_info  # noqa: E402
+from eagle2_local.microbench import DraftTimes  # noqa: E402
 from eagle2_local.models import default_model_path  # noqa: E402
 from eagle_heads import head_config, head_tensors, write_head_dir  # noqa: E402
 
@@ -38,15 +37,6 @@ def synthetic_smollm2_head(folder: Path) -> Path:
     cfg = head_config("vicuna", hidden=576, vocab=49152, n_head=9, ff=1536)
     return convert_head(write_head_dir(folder / "head", cfg, head_tensors(cfg, seed=0, with_embedding=False)),
                         folder / "head.gguf", outtype="f16")
-
-
-def timed(fn, store: list):
-    def wrapper(*args):
-        t = time.perf_counter()
-        out = fn(*args)
-        store.append(time.perf_counter() - t)
-        return out
-    return wrapper
 
 
 def main() -> None:
@@ -66,19 +56,8 @@ def main() -> None:
                 plain.create_chat_completion(msgs, max_tokens=args.max_tokens, temperature=0)
                 s = plain.stats()
                 per_token.append(s["verify_s"] / max(1, s["target_passes"]))
-        with Eagle2(model, head_path=head, n_threads=args.threads) as llm:
-            engine = llm.generator.engine
-            levels: dict[int, list[float]] = defaultdict(list)
-            catch_up: list[float] = []
-            engine.catch_up = timed(engine.catch_up, catch_up)
-            expand = engine.expand
-
-            def expand_timed(cand_ids, tokens, parent_ids, level):
-                t = time.perf_counter()
-                out = expand(cand_ids, tokens, parent_ids, level)
-                levels[int(level)].append(time.perf_counter() - t)
-                return out
-            engine.expand = expand_timed
+        times = DraftTimes()
+        with Eagle2(model, head_path=head, n_threads=args.threads, draft_timer=times) as llm:
             verify = []
             for msgs in prompts:
                 llm.create_chat_completion(msgs, max_tokens=args.max_tokens, temperature=0)
@@ -95,9 +74,9 @@ def main() -> None:
         "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
         "target_ms_per_token": round(target_ms, 3),
         "verify_ms_per_tree": round(statistics.median(verify) * 1e3, 3),
-        "draft_ms_catch_up": round(statistics.median(catch_up) * 1e3, 3),
-        "draft_ms_per_level": {str(k): round(statistics.median(v) * 1e3, 3) for k, v in sorted(levels.items())},
-        "calls_per_level": {str(k): len(v) for k, v in sorted(levels.items())},
+        "draft_ms_catch_up": round(statistics.median(times.catch_up_s) * 1e3, 3),
+        "draft_ms_per_level": {str(k): round(statistics.median(v) * 1e3, 3) for k, v in sorted(times.level_s.items())},
+        "calls_per_level": {str(k): len(v) for k, v in sorted(times.level_s.items())},
     }
     report["draft_ms_per_level_over_target_token"] = {
         k: round(v / target_ms, 3) for k, v in report["draft_ms_per_level"].items()}

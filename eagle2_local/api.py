@@ -11,18 +11,21 @@ Each result also carries an ``eagle`` field with the speculative statistics (τ,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
+
+import numpy as np
 
 from .budget import TreeBudget
 from .chat import prompt_tokens, render_for_model
-from .drafts import DraftModelEngine, check_same_vocab
-from .drafts.open_head import check_head_fits, open_head, read_head_info, target_settings_for
+from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft
 from .errors import Eagle2Error
-from .generator import Generator
+from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .costs import CostKey, cached_or_measured, file_identity
 from .llama import ContextSettings, LlamaModel, system_info
 from .microbench import check_costs, measure_costs
@@ -44,24 +47,25 @@ class Eagle2:
                  total_tokens: int | None = None, depth: int = 6, tree_top_k: int = 10, plain: bool = False,
                  verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
                  progress: Callable[[str], None] | None = None,
-                 rpc_servers: str | Sequence[str] | None = None) -> None:
+                 rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
+                 draft_timer: DraftTimer | None = None) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
         ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
         tree by measured cost and expected acceptance (at most ``total_tokens`` nodes, default 60); "fixed"
         verifies ``total_tokens`` nodes every round (EAGLE-2). Default: "fixed" when ``total_tokens`` is
         given, else "auto". ``recalibrate`` re-measures the costs instead of reading them from the cache;
-        ``progress`` receives the calibration's progress lines."""
+        ``progress`` receives the calibration's progress lines.
+
+        The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
+        :class:`DraftSpec`); none and no ``model_path``: the default model's shipped head. ``plain``: none.
+        ``draft_timer`` hears how long each draft call takes (benchmarks)."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
         total_tokens = 60 if total_tokens is None else total_tokens
         self.budget_mode = mode
-        if head_path is not None and draft_model_path is not None:
-            raise Eagle2Error("give either a head or a draft model, not both")
-        if model_path is None and head_path is None and draft_model_path is None:
-            head_path = default_head_path()  # the default model comes with its trained head
-        head_info = read_head_info(head_path) if head_path is not None and not plain else None
+        spec = _draft_of(model_path, head_path, draft_model_path, draft)
         self.model_path = resolve_model(model_path)
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
         n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
@@ -70,27 +74,19 @@ class Eagle2:
         self.rpc_servers = parse_servers(rpc_servers)
         offload = dict(n_gpu_layers=n_gpu_layers, verbose=verbose, rpc_servers=self.rpc_servers)
         self.model = LlamaModel(self.model_path, **offload)
-        if head_info is not None:
-            check_head_fits(head_info, self.model)  # before any context exists
-            self.settings = target_settings_for(head_info, self.settings)
+        prepared = None
+        if spec is not None and not plain:
+            prepared = prepare_draft(spec, self.model, self.settings, **offload)
+            self.settings = prepared.settings
         self.target = Target(self.model, self.settings)
-        self.draft_model: LlamaModel | None = None
-        engine = None
-        if head_info is not None:
-            engine = open_head(head_info, self.target, self.tree_params, **offload)
-        if draft_model_path is not None and not plain:
-            path = resolve_model(draft_model_path)
-            self.draft_model = self.model if path.resolve() == self.model_path.resolve() else \
-                LlamaModel(path, **offload)
-            check_same_vocab(self.model, self.draft_model)
-            engine = DraftModelEngine(self.draft_model, self.settings, tree_top_k, depth)
+        engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
         tree_budget = None
         if engine is not None and mode == "auto":
             tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
-        self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget)
+        self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget, timer=draft_timer)
         self.seed = seed
 
-    def _tree_budget(self, engine, n_gpu_layers: int, recalibrate: bool,
+    def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,
                      progress: Callable[[str], None] | None) -> TreeBudget:
         """The auto budget, with costs from the on-disk cache (checked by a quick timing) or a fresh calibration
         (a few seconds; cached only if it passed its consistency checks)."""
@@ -98,7 +94,7 @@ class Eagle2:
 
         p = self.tree_params
         key = CostKey(model=file_identity(self.model_path),
-                      draft=file_identity(getattr(engine, "weights_path", None)) or engine.name,
+                      draft=file_identity(engine.weights_path) or engine.name,
                       build=f"{llama_cpp.__version__} {system_info().strip()}", threads=self.settings.threads(),
                       n_gpu_layers=n_gpu_layers, tree_top_k=p.top_k,
                       extra={"engine": engine.name, "max_nodes": p.total_tokens, "depth": p.depth,
@@ -117,6 +113,18 @@ class Eagle2:
     def engine_name(self) -> str:
         return self.generator.engine.name if self.generator.engine is not None else "plain"
 
+    @property
+    def draft_weights(self) -> Path | None:
+        """The file the draft's weights came from (None: no draft, or one without a weights file)."""
+        engine = self.generator.engine
+        return engine.weights_path if engine is not None else None
+
+    @property
+    def draft_model(self) -> LlamaModel | None:
+        """The draft model, when the draft is a same-vocabulary GGUF (not a head)."""
+        engine = self.generator.engine
+        return engine.model if isinstance(engine, DraftModelEngine) else None
+
     def n_ctx(self) -> int:
         return self.target.n_ctx
 
@@ -131,6 +139,53 @@ class Eagle2:
     def reset(self) -> None:
         """Forget the KV cache (the next call prefills from scratch)."""
         self.generator.reset()
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True, *,
+                 max_tokens: int | None = None, stop: str | list[str] | None = None, seed: int | None = None,
+                 speculative: bool | None = None) -> Iterator[int]:
+        """Yield the generated token ids for the prompt ``tokens``, like llama-cpp-python's ``Llama.generate``
+        (same leading parameters; ``typical_p`` must stay 1.0).
+
+        ``reset=True`` reuses the KV cache for the longest common prefix, as ``Llama.generate`` does;
+        ``reset=False`` continues the previous call: ``tokens`` follow its prompt and every token it yielded.
+        Unlike ``Llama.generate``, the stream ends by itself: at an end-of-generation token (not yielded), a
+        ``stop`` string, ``max_tokens`` or a full context. ``stats()`` then describes the generation.
+        """
+        if typical_p != 1.0:
+            raise Eagle2Error("typical_p sampling is not supported (keep typical_p=1.0)")
+        prompt = list(tokens) if reset else self.generator.transcript + list(tokens)
+        sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                  repeat_penalty=repeat_penalty)
+        with contextlib.closing(self.stream(prompt, max_tokens, sampling, stop=stop, seed=seed,
+                                            speculative=speculative)) as chunks:
+            for chunk in chunks:
+                yield from chunk.tokens
+
+    def stream(self, tokens: Sequence[int], max_tokens: int | None = None, sampling: SamplingParams | None = None,
+               *, stop: str | list[str] | None = None, seed: int | None = None,
+               speculative: bool | None = None) -> Iterator[Chunk]:
+        """Stream :class:`~eagle2_local.generator.Chunk` pieces (text, the token ids it came from, and the
+        finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
+
+        ``max_tokens`` None: up to the context's end; ``sampling`` None: greedy; ``seed`` None: the
+        model's seed; ``speculative`` None: draft when a draft is attached. Closing the stream early trims
+        the KV cache to what was yielded."""
+        if max_tokens is None:
+            max_tokens = self.target.n_ctx - len(tokens)
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        return self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
+                                       stop=stops, seed=self.seed if seed is None else seed, speculative=speculative)
+
+    def next_token_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """The target's logits for the token after ``tokens`` (a fresh evaluation: the KV cache is emptied
+        before and after)."""
+        self.reset()
+        try:
+            return self.target.prefill(list(tokens)).logits[0].copy()
+        finally:
+            self.reset()
 
     # ------------------------------------------------------------------ completion
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, temperature: float = 0.8,
@@ -180,17 +235,20 @@ class Eagle2:
 
     def stats(self) -> dict:
         """Statistics of the last generation (the ``eagle`` field of results)."""
-        return self.generator.last_stats.as_dict()
+        return self.last_stats.as_dict()
+
+    @property
+    def last_stats(self) -> GenerationStats:
+        """The last generation's statistics (as numbers; :meth:`stats` gives them as a dict)."""
+        return self.generator.last_stats
 
     # ------------------------------------------------------------------ internals
     def _run(self, tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed, speculative):
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty)
-        if max_tokens is None or max_tokens <= 0:
-            max_tokens = self.target.n_ctx - len(tokens)
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        return self.generator.generate(list(tokens), max_tokens, sampling, stop=stops,
-                                       seed=self.seed if seed is None else seed, speculative=speculative)
+        if max_tokens is not None and max_tokens <= 0:
+            max_tokens = None  # llama-cpp-python's convention: no limit but the context
+        return self.stream(tokens, max_tokens, sampling, stop=stop, seed=seed, speculative=speculative)
 
     def _usage(self) -> dict:
         s = self.generator.last_stats
@@ -218,12 +276,10 @@ class Eagle2:
         yield chunk({}, reason or "stop")
 
     def close(self) -> None:
-        """Free the llama.cpp contexts and models."""
+        """Free the llama.cpp contexts and models (a draft engine closes what it loaded)."""
         if self.generator.engine is not None:
             self.generator.engine.close()
         self.target.close()
-        if self.draft_model is not None and self.draft_model is not self.model:
-            self.draft_model.close()
         self.model.close()
 
     def __enter__(self) -> "Eagle2":
@@ -231,6 +287,19 @@ class Eagle2:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _draft_of(model_path, head_path, draft_model_path, draft: DraftSpec | str | None) -> DraftSpec | None:
+    """The one draft the arguments name; the default model's shipped head when none is named."""
+    spec = draft_spec(head_path, draft_model_path)
+    if draft is not None:
+        if spec is not None:
+            raise Eagle2Error("give the draft once: draft, head_path or draft_model_path")
+        spec = DraftSpec.parse(draft) if isinstance(draft, str) else draft
+    if spec is None and model_path is None:
+        head = default_head_path()  # the default model comes with its trained head
+        spec = draft_spec(head=head) if head is not None else None
+    return spec
 
 
 def _collect(chunks) -> tuple[str, str | None]:

@@ -1,7 +1,8 @@
 """Side-by-side benchmark: plain decoding and eagle2-local on the same target context, alternating per prompt.
 
-Both modes share one :class:`Target` (same llama.cpp build, model, context settings and threads) and are reset
-before every run, so neither profits from the other's KV cache. Speed is tokens per second of decoding (the
+Both modes run on one :class:`~eagle2_local.api.Eagle2` (same llama.cpp build, model, context settings and
+threads; plain decoding is its ``speculative=False`` path), reset before every run, so neither profits from the
+other's KV cache. Speed is tokens per second of decoding (the
 prompt's prefill is the same for both and excluded); the speedup of a set is the median of per-prompt ratios.
 At temperature 0 the outputs are compared token for token; a divergence is reported as a near-tie when the
 target's top-2 logits at that position differ by less than ``tie_tolerance`` (multi-threaded CPU runs are not
@@ -18,14 +19,18 @@ import platform
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .chat import prompt_tokens, render_for_model
 from .errors import Eagle2Error
-from .generator import GenerationStats, Generator
+from .generator import GenerationStats
 from .llama import LlamaModel, system_info
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .api import Eagle2
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +95,9 @@ class PromptResult:
 
 @dataclass
 class Bench:
-    """Runs the comparison; ``plain`` and ``eagle`` are generators over the same target."""
+    """Runs the comparison on ``llm`` (an :class:`~eagle2_local.api.Eagle2` with a draft)."""
 
-    plain: Generator
-    eagle: Generator
-    model: LlamaModel
+    llm: "Eagle2"
     sampling: SamplingParams
     max_tokens: int
     repeat: int = 1
@@ -104,6 +107,10 @@ class Bench:
     tools: "LlamaCppTools | None" = None
     results: list[PromptResult] = field(default_factory=list)
 
+    @property
+    def model(self) -> LlamaModel:
+        return self.llm.model
+
     def prompt(self, text: str) -> tuple[str, list[int]]:
         """What the model is given, as text and tokens: the chat template applied to one user turn when the
         model has one, else the raw text (tokenized like every prompt: ``chat.prompt_tokens``)."""
@@ -111,12 +118,13 @@ class Bench:
             text = render_for_model(self.model, [{"role": "user", "content": text}])
         return text, prompt_tokens(self.model, text)
 
-    def _one(self, gen: Generator, prompt: list[int]) -> tuple[list[int], GenerationStats]:
-        gen.reset()
+    def _one(self, mode: str, prompt: list[int]) -> tuple[list[int], GenerationStats]:
+        self.llm.reset()
         tokens: list[int] = []
-        for ch in gen.generate(prompt, self.max_tokens, self.sampling, seed=self.seed):
+        for ch in self.llm.stream(prompt, self.max_tokens, self.sampling, seed=self.seed,
+                                  speculative=mode == "eagle"):
             tokens += ch.tokens
-        return tokens, gen.last_stats
+        return tokens, self.llm.last_stats
 
     def run_prompt(self, set_name: str, index: int, text: str) -> PromptResult:
         rendered, prompt = self.prompt(text)
@@ -124,7 +132,7 @@ class Bench:
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
         for _ in range(self.repeat):
             for mode in order:
-                runs[mode].append(self._one(getattr(self, mode), prompt))
+                runs[mode].append(self._one(mode, prompt))
         plain_tokens = runs["plain"][0][0]
         eagle_tokens = runs["eagle"][0][0]
         res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
@@ -140,10 +148,7 @@ class Bench:
         return res
 
     def _top2_gap(self, tokens: list[int]) -> float:
-        target = self.plain.target
-        target.reset()
-        logits = target.prefill(tokens).logits[0]
-        top = np.sort(logits)[-2:]
+        top = np.sort(self.llm.next_token_logits(tokens))[-2:]
         return float(top[1] - top[0])
 
     def summary(self) -> dict[str, dict]:
@@ -161,7 +166,7 @@ class Bench:
                 "speedup": round(statistics.median(r.speedup for r in rs), 4),
                 "tokens_per_s_plain": round(statistics.median(r.plain["tokens_per_s"] for r in rs), 3),
                 "tokens_per_s_eagle": round(statistics.median(r.eagle["tokens_per_s"] for r in rs), 3),
-                "tau": round(sum(r.eagle["n_tokens"] for r in rs) / n_rounds, 4),
+                "tau": round(sum(r.eagle["pass_tokens"] for r in rs) / n_rounds, 4),
                 "acceptance_per_depth": [round(d / n_rounds, 4) for d in depth],
                 "mean_tree_size": round(statistics.mean(r.eagle["mean_tree_size"] for r in rs), 2),
                 "plain_steps": sum(r.eagle.get("plain_steps", 0) for r in rs),

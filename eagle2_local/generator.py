@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import Target
-from .tree import DraftTree, TreeParams, grow_candidates, select_tree
+from .tree import DraftOutput, DraftTree, TreeParams, grow_candidates, select_tree
 from .tree_policy import FixedTree, TreePolicy
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ class GenerationStats:
     prompt_tokens: int = 0
     prompt_tokens_reused: int = 0
     n_tokens: int = 0
-    target_passes: int = 0
+    target_passes: int = 0  # decoding passes (the prompt's prefill excluded)
+    pass_tokens: int = 0  # tokens those passes produced: accepted + the target's own, also any past a stop
     accepted_per_depth: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)  # nodes verified per drafted round
     plain_steps: int = 0  # rounds the budget (or a full context) turned into plain decoding steps
@@ -55,14 +56,16 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """Tokens emitted per target forward pass (1.0 for plain decoding)."""
-        return self.n_tokens / self.target_passes if self.target_passes else 0.0
+        """Tokens produced per target decoding pass, as EAGLE counts them: every pass produces its accepted
+        draft tokens plus one of its own, so τ >= 1 (exactly 1 for plain decoding). Counting emitted tokens
+        instead would credit the prefill's token to the passes and drop an end-of-generation token."""
+        return self.pass_tokens / self.target_passes if self.target_passes else 1.0
 
     def as_dict(self) -> dict:
         return {
             "engine": self.engine, "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_reused": self.prompt_tokens_reused, "n_tokens": self.n_tokens,
-            "target_passes": self.target_passes, "tau": round(self.tau, 4),
+            "target_passes": self.target_passes, "pass_tokens": self.pass_tokens, "tau": round(self.tau, 4),
             "accepted_per_depth": list(self.accepted_per_depth),
             "mean_tree_size": round(float(np.mean(self.tree_sizes)), 2) if self.tree_sizes else 0.0,
             "tree_size_hist": {int(n): int(c) for n, c in zip(*np.unique(self.tree_sizes, return_counts=True))},
@@ -83,19 +86,32 @@ class Chunk:
     finish_reason: str | None = None
 
 
+class DraftTimer(Protocol):
+    """Hears how long each draft call of a speculative round takes (``drafting_profile``'s measurements)."""
+
+    def catch_up(self, seconds: float) -> None:
+        """One ``catch_up`` call (the draft ingesting new text, up to the root's output)."""
+
+    def level(self, level: int, seconds: float) -> None:
+        """One ``expand`` call at tree level ``level`` (the frontier's depth)."""
+
+
 class Generator:
     """Runs generations on one target, optionally with a draft engine; keeps the KV cache between calls."""
 
     def __init__(self, target: Target, engine: DraftEngine | None = None,
                  tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None,
-                 budget: TreePolicy | None = None) -> None:
-        """``budget``: the tree policy (default: EAGLE-2's fixed ``tree_params.total_tokens`` nodes a round)."""
+                 budget: TreePolicy | None = None, timer: DraftTimer | None = None) -> None:
+        """``budget``: the tree policy (default: EAGLE-2's fixed ``tree_params.total_tokens`` nodes a round);
+        ``timer``: told the time of every draft call."""
         self.target = target
         self.engine = engine
+        self.timer = timer
         self.tree_params = tree_params or TreeParams()
         self.budget: TreePolicy = budget if budget is not None else FixedTree(self.tree_params.total_tokens)
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
+        self.transcript: list[int] = []  # the last call's prompt and the tokens it emitted
         self.last_stats = GenerationStats()
         self.backlog = FeatureBacklog()  # target features (embeddings on) the engine has not been handed yet
         if engine is not None:
@@ -116,6 +132,7 @@ class Generator:
         if self.engine is not None:
             self.engine.reset()
         self.tokens = []
+        self.transcript = []
         self.backlog = FeatureBacklog()
 
     # ------------------------------------------------------------------ public
@@ -173,6 +190,7 @@ class Generator:
         """Trim the KV cache to the prompt plus the emitted tokens (drafted tokens past a stop are dropped)."""
         self.target.abort_tree()  # only does something if interrupted between verify and commit
         full = self._prompt + emitter.tokens
+        self.transcript = full
         keep = min(self.target.n_past, len(full))
         self.target.rollback(keep)
         if self.engine is not None:
@@ -193,6 +211,7 @@ class Generator:
                 yield Chunk(emitter.finish("length"), [], "length")
                 return
             stats.target_passes += 1
+            stats.pass_tokens += 1
             t = time.perf_counter()
             ver = self.target.decode_one(token)
             logits = ver.logits[0]
@@ -231,8 +250,11 @@ class Generator:
         engine, budget = self.engine, self.budget
         t = time.perf_counter()
         budget.start_round(fresh)
-        root_logits = engine.catch_up(np.asarray(self.tokens + [root]), *self.backlog.take())
-        tree = self._draft_tree(root, root_logits, room)
+        t_catch_up = time.perf_counter()
+        root_out = engine.catch_up(np.asarray(self.tokens + [root]), *self.backlog.take())
+        if self.timer is not None:
+            self.timer.catch_up(time.perf_counter() - t_catch_up)
+        tree = self._draft_tree(root, root_out, room)
         t_draft = time.perf_counter()
         ver = self.target.verify(tree, copy=False)
         t_verify = time.perf_counter()
@@ -242,6 +264,7 @@ class Generator:
         stats.draft_s += t_draft - t
         stats.verify_s += t_verify - t_draft
         stats.target_passes += 1
+        stats.pass_tokens += len(acc.path)  # the accepted draft tokens and the target's own
         stats.tree_sizes.append(len(tree))
         _count_depths(stats.accepted_per_depth, acc.n_accepted)
         on_path = np.isin(np.arange(1, len(tree)), acc.path)
@@ -260,19 +283,28 @@ class Generator:
         verify_s = time.perf_counter() - t
         stats.verify_s += verify_s
         stats.target_passes += 1
+        stats.pass_tokens += 1
         stats.plain_steps += 1
         self.budget.observe_plain(verify_s)
         self.backlog.extend(ver.features)
         return sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
 
-    def _draft_tree(self, root: int, root_logits: np.ndarray, room: int) -> DraftTree:
+    def _draft_tree(self, root: int, root_out: DraftOutput, room: int) -> DraftTree:
         """Grow this round's tree: as many levels and nodes as the policy finds pay (EAGLE-2: all of them)."""
         p = self.tree_params
         params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
-        cands = grow_candidates(root_logits, self.engine.expand, params, self.budget.should_expand,
-                                self.budget.level_done)
+        expand = self.engine.expand if self.timer is None else self._timed_expand
+        cands = grow_candidates(root_out, expand, params, self.budget.should_expand, self.budget.level_done)
         n_nodes = min(self.budget.choose_size(cands.scores), params.total_tokens)
         return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes)
+
+
+    def _timed_expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray,
+                      level: int) -> DraftOutput:
+        t = time.perf_counter()
+        out = self.engine.expand(cand_ids, tokens, parent_ids, level)
+        self.timer.level(int(level), time.perf_counter() - t)
+        return out
 
 
 def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -57,62 +58,47 @@ def verify_cost(target: Target, sizes=DEFAULT_SIZES, context_tokens: int = 128, 
     return out
 
 
-class _TimedEngine:
-    """Wraps a draft engine and records how long each call takes (delegates everything else)."""
+@dataclass
+class DraftTimes:
+    """A :class:`~eagle2_local.generator.DraftTimer` that keeps every draft call's time: give it to
+    ``Eagle2(draft_timer=...)``, generate, then read it (:func:`drafting_profile`)."""
 
-    def __init__(self, engine) -> None:
-        self._engine = engine
-        self.catch_up_s: list[float] = []
-        self.level_s: dict[int, list[float]] = {}
+    catch_up_s: list[float] = field(default_factory=list)
+    level_s: dict[int, list[float]] = field(default_factory=dict)
 
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
+    def catch_up(self, seconds: float) -> None:
+        self.catch_up_s.append(seconds)
 
-    def catch_up(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = self._engine.catch_up(*args, **kwargs)
-        self.catch_up_s.append(time.perf_counter() - t0)
-        return out
-
-    def expand(self, cand_ids, tokens, parent_ids, level):
-        t0 = time.perf_counter()
-        out = self._engine.expand(cand_ids, tokens, parent_ids, level)
-        self.level_s.setdefault(int(level), []).append(time.perf_counter() - t0)
-        return out
+    def level(self, level: int, seconds: float) -> None:
+        self.level_s.setdefault(level, []).append(seconds)
 
 
-def drafting_profile(llm, prompts: list[str], max_tokens: int = 64) -> dict:
+def drafting_profile(llm, times: DraftTimes, prompts: list[str], max_tokens: int = 64) -> dict:
     """Per-call cost of the attached draft engine during real greedy generations, against the target's cost
     of one plain decoding step measured on the same prompts in the same process.
 
-    ``llm`` is an :class:`eagle2_local.api.Eagle2` with a draft. Times are medians in milliseconds; a "level" is
-    one ``expand`` call (``tree_top_k`` nodes in one batch).
+    ``llm`` is an :class:`eagle2_local.api.Eagle2` with a draft, made with ``draft_timer=times``. Times are
+    medians in milliseconds; a "level" is one ``expand`` call (``tree_top_k`` nodes in one batch).
     """
-    gen = llm.generator
-    timed = _TimedEngine(gen.engine)
     plain_token_s = []
-    gen.engine = timed
-    try:
-        for prompt in prompts:
-            llm.reset()
-            messages = [{"role": "user", "content": prompt}]
-            llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0)
-            llm.reset()
-            llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0, speculative=False)
-            st = gen.last_stats
-            plain_token_s.append(st.verify_s / max(st.target_passes, 1))
-    finally:
-        gen.engine = timed._engine
+    for prompt in prompts:
+        llm.reset()
+        messages = [{"role": "user", "content": prompt}]
+        llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0)
+        llm.reset()
+        llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0, speculative=False)
+        st = llm.stats()
+        plain_token_s.append(st["verify_s"] / max(st["target_passes"], 1))
     target_ms = float(np.median(plain_token_s)) * 1e3
-    levels = {lvl: float(np.median(v)) * 1e3 for lvl, v in sorted(timed.level_s.items())}
-    all_levels = [t for v in timed.level_s.values() for t in v]
+    levels = {lvl: float(np.median(v)) * 1e3 for lvl, v in sorted(times.level_s.items())}
+    all_levels = [t for v in times.level_s.values() for t in v]
     level_ms = float(np.median(all_levels)) * 1e3 if all_levels else 0.0
     return {
-        "engine": gen.engine.name, "width": llm.tree_params.top_k, "target_token_ms": round(target_ms, 3),
-        "catch_up_ms": round(float(np.median(timed.catch_up_s)) * 1e3, 3) if timed.catch_up_s else 0.0,
+        "engine": llm.engine_name, "width": llm.tree_params.top_k, "target_token_ms": round(target_ms, 3),
+        "catch_up_ms": round(float(np.median(times.catch_up_s)) * 1e3, 3) if times.catch_up_s else 0.0,
         "level_ms": round(level_ms, 3), "level_ms_by_level": {k: round(v, 3) for k, v in levels.items()},
         "level_over_target_token": round(level_ms / target_ms, 4) if target_ms else None,
-        "rounds": len(timed.catch_up_s),
+        "rounds": len(times.catch_up_s),
     }
 
 

@@ -277,8 +277,7 @@ class ModelWorker:
 
     def _generate(self, job: Job) -> tuple[str, Any]:
         """Stream ``job``'s chunks; stop between rounds once its client has gone (or the server stops)."""
-        stream = self.llm.generator.generate(job.prompt, job.max_tokens, job.sampling, stop=job.stop,
-                                             seed=job.seed)
+        stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed)
         tokens: list[int] = []
         reason = None
         try:

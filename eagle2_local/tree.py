@@ -47,8 +47,38 @@ class TreeParams:
         return self.top_k + (self.depth - 1) * self.top_k * self.top_k
 
 
-# expand(frontier candidate ids, their tokens, their parent candidate ids (-1 = root), level) -> logits (k, V)
-ExpandFn = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+@dataclass
+class Proposals:
+    """A draft's next-token candidates with their log-probabilities, one row per drafted node: what a drafter
+    that already has candidates (an n-gram lookup, a suffix index) returns instead of dense logit rows.
+
+    ``tokens`` and ``log_probs`` are (n, m) arrays; a row with fewer than m candidates pads with
+    ``log_probs = -inf`` (padding is never drafted). Log-probabilities are the draft's own (each row's
+    probabilities sum to at most 1); the tree ranks paths by their sums, as it does with dense rows.
+    """
+
+    tokens: np.ndarray
+    log_probs: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.tokens = np.atleast_2d(np.asarray(self.tokens, dtype=np.int64))
+        self.log_probs = np.atleast_2d(np.asarray(self.log_probs, dtype=np.float64))
+        if self.tokens.shape != self.log_probs.shape:
+            raise TreeError(f"proposal tokens {self.tokens.shape} and log-probs {self.log_probs.shape} differ")
+        if np.any(self.log_probs > 1e-9):
+            raise TreeError("proposal log-probabilities must be <= 0")
+
+    @classmethod
+    def from_logits(cls, logits: np.ndarray, k: int) -> "Proposals":
+        """The k most probable tokens of dense logit rows (what the tree takes from dense rows itself)."""
+        return cls(*top_k_log_probs(np.atleast_2d(logits), k))
+
+
+# What a draft returns for the rows it ran: dense logits (n, V), or candidates with log-probabilities.
+DraftOutput = np.ndarray | Proposals
+
+# expand(frontier candidate ids, their tokens, their parent candidate ids (-1 = root), level) -> (k rows)
+ExpandFn = Callable[[np.ndarray, np.ndarray, np.ndarray, int], DraftOutput]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -97,6 +127,14 @@ def top_k_log_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     """The k most probable tokens of each row and their log-probabilities (float64)."""
     idx, vals = top_k_rows(logits, k)
     return idx, vals.astype(np.float64) - log_normalizer(logits)[:, None]
+
+
+def top_children(out: "DraftOutput", k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each drafted row's k best next tokens and their log-probabilities, from dense logits or proposals."""
+    if isinstance(out, Proposals):
+        cols, lp = top_k_rows(out.log_probs, k)
+        return np.take_along_axis(out.tokens, cols, axis=-1), lp
+    return top_k_log_probs(np.atleast_2d(out), k)
 
 
 @dataclass
@@ -218,18 +256,20 @@ ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int], bool]
 LevelDoneFn = Callable[[int], None]
 
 
-def grow_candidates(root_logits: np.ndarray, expand: ExpandFn, params: TreeParams,
+def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreeParams,
                     should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None) -> Candidates:
     """Grow EAGLE-2's candidate levels, at most ``params.depth``; ``should_expand`` may stop earlier (the tree
     budget stops levels that cannot pay for their draft and verify time); ``level_done`` hears of every level
-    grown, the last one included (the budget times the draft with it)."""
+    grown, the last one included (the budget times the draft with it). Children with a log-probability of
+    -inf (a proposal's padding, a token outside a draft's vocabulary) are never candidates."""
     k = params.top_k
-    first_tok, first_lp = top_k_log_probs(root_logits[None, :], k)
-    cand_tok = [first_tok[0]]
-    cand_score = [first_lp[0]]
-    cand_parent = [np.full(len(first_tok[0]), -1, dtype=np.int64)]
-    frontier = np.arange(len(first_tok[0]), dtype=np.int64)
-    frontier_scores = first_lp[0]
+    first_tok, first_lp = top_children(root_logits, k)
+    drafted = np.isfinite(first_lp[0])
+    cand_tok = [first_tok[0][drafted]]
+    cand_score = [first_lp[0][drafted]]
+    cand_parent = [np.full(len(cand_tok[0]), -1, dtype=np.int64)]
+    frontier = np.arange(len(cand_tok[0]), dtype=np.int64)
+    frontier_scores = cand_score[0]
     n_cand = len(frontier)
     all_tok = np.concatenate(cand_tok)
     all_parent = np.concatenate(cand_parent)
@@ -237,18 +277,20 @@ def grow_candidates(root_logits: np.ndarray, expand: ExpandFn, params: TreeParam
     for level in range(2, params.depth + 1):
         if level_done is not None:
             level_done(levels)
+        if len(frontier) == 0:  # the draft proposed nothing more
+            break
         if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels):
             break
-        logits = expand(frontier, all_tok[frontier], all_parent[frontier], level - 1)
-        tok, lp = top_k_log_probs(logits, k)
-        cum = frontier_scores[:, None] + lp
-        cand_tok.append(tok.reshape(-1))
-        cand_score.append(cum.reshape(-1))
-        cand_parent.append(np.repeat(frontier, tok.shape[1]))
-        flat_best, _ = top_k_rows(cum.reshape(1, -1), k)
-        frontier = n_cand + flat_best[0]
-        frontier_scores = cum.reshape(-1)[flat_best[0]]
-        n_cand += cum.size
+        tok, lp = top_children(expand(frontier, all_tok[frontier], all_parent[frontier], level - 1), k)
+        cum = (frontier_scores[:, None] + lp).reshape(-1)
+        drafted = np.isfinite(cum)
+        cand_tok.append(tok.reshape(-1)[drafted])
+        cand_score.append(cum[drafted])
+        cand_parent.append(np.repeat(frontier, tok.shape[1])[drafted])
+        flat_best = top_k_rows(cand_score[-1][None], k)[0][0] if drafted.any() else np.zeros(0, np.int64)
+        frontier = n_cand + flat_best
+        frontier_scores = cand_score[-1][flat_best]
+        n_cand += len(cand_score[-1])
         all_tok = np.concatenate(cand_tok)
         all_parent = np.concatenate(cand_parent)
         levels = level

@@ -155,8 +155,7 @@ def chat_turn_outputs(model, head, inspect=None, **kw) -> dict[str, list[list[in
         with Eagle2(model, n_ctx=512, n_threads=1, **kw, **extra) as llm:
             prompt, outs = llm.tokenize("the cat sat"), []
             for speculative in (True, False, True, True):
-                out = [t for ch in llm.generator.generate(prompt, 12, greedy,
-                                                          speculative=speculative and mode == "eagle")
+                out = [t for ch in llm.stream(prompt, 12, greedy, speculative=speculative and mode == "eagle")
                        for t in ch.tokens]
                 outs.append(out)
                 prompt = prompt + out + llm.tokenize(" and the", add_bos=False)

@@ -186,10 +186,10 @@ def test_thousand_rounds_leak_no_cells(endpoints, synth_q8):
 def _greedy(llm, prompts: list[str], max_tokens: int) -> list[list[int]]:
     out = []
     for text in prompts:
-        llm.generator.reset()  # a fresh prefill per prompt, as plain greedy decoding of that prompt alone
+        llm.reset()  # a fresh prefill per prompt, as plain greedy decoding of that prompt alone
         tokens = llm.tokenize(llm.render_chat([{"role": "user", "content": text}]), add_bos=True, special=True)
         got = []
-        for chunk in llm.generator.generate(tokens, max_tokens, _sampling()):
+        for chunk in llm.stream(tokens, max_tokens, _sampling()):
             got += chunk.tokens
         out.append(got)
     return out

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle2_local.errors import TreeError
-from eagle2_local.tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, grow_tree, leaf_membership,
-                               log_softmax, node_depths, tree_leaves)
+from eagle2_local.tree import (DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates, grow_tree,
+                               leaf_membership, log_softmax, node_depths, select_tree, tree_leaves)
 
 V = 50
 
@@ -68,6 +68,46 @@ def test_grow_tree_matches_reference(params):
     nonroot = np.arange(1, len(tree))
     par = tree.parents[nonroot]
     assert np.all(tree.scores[nonroot][par > 0] <= tree.scores[par[par > 0]] + 1e-12)
+
+
+@pytest.mark.parametrize("params", [TreeParams(60, 6, 10), TreeParams(10, 3, 4), TreeParams(5, 5, 1)])
+def test_proposals_grow_the_same_tree_as_dense_logits(params):
+    """A drafter that returns its candidates with log-probabilities (no dense rows) gets exactly the tree the
+    same candidates give as logits: same tokens, parents, scores and candidate ids."""
+    table, expand, _ = fake_draft(3)
+    root_logits = np.random.default_rng(5).standard_normal(V) * 2
+    dense = grow_tree(7, root_logits, expand, params)
+
+    def propose(cand_ids, tokens, parent_ids, level):
+        return Proposals.from_logits(expand(cand_ids, tokens, parent_ids, level), params.top_k + 2)
+
+    c = grow_candidates(Proposals.from_logits(root_logits, params.top_k), propose, params)
+    tree = select_tree(7, c.tokens, c.scores, c.parents, params.total_tokens)
+    for name in ("tokens", "parents", "scores", "cand_ids"):
+        assert np.array_equal(getattr(tree, name), getattr(dense, name)), name
+
+
+def test_proposals_padding_is_never_drafted():
+    """A lookup drafter with few continuations pads its rows with -inf: padding never becomes a candidate or a
+    frontier node, and a level without proposals ends the growth (no expand with nothing to run)."""
+    calls = []
+
+    def lookup(cand_ids, tokens, parent_ids, level):
+        calls.append(tokens.tolist())
+        # token t continues with t + 1 only while below 5 (a single chain per branch), then nothing
+        nxt = np.where(tokens < 5, tokens + 1, 0)
+        lp = np.where(tokens < 5, np.log(0.9), -np.inf)
+        return Proposals(np.stack([nxt, np.full_like(nxt, 9)], 1), np.stack([lp, np.full(len(lp), -np.inf)], 1))
+
+    root = Proposals([[2, 3, 0]], [[np.log(0.6), np.log(0.3), -np.inf]])  # two branches and a padding column
+    c = grow_candidates(root, lookup, TreeParams(60, 6, 4))
+    assert 9 not in c.tokens.tolist() and np.all(np.isfinite(c.scores))
+    assert c.tokens.tolist() == [2, 3, 3, 4, 4, 5, 5]  # two chains: 2-3-4-5 and 3-4-5
+    assert calls == [[2, 3], [3, 4], [4, 5], [5]]  # the last frontier proposes nothing: growth stops
+    tree = select_tree(1, c.tokens, c.scores, c.parents, 60)
+    assert len(tree) == 8 and tree.tokens[tree.path_to(7)].tolist() == [1, 2, 3, 4, 5]
+    with pytest.raises(TreeError):
+        Proposals([[1, 2]], [[0.5, -1.0]])  # a log-probability above 0
 
 
 def test_level_done_hears_every_level_and_should_expand_only_asks():

@@ -1,8 +1,11 @@
-"""Draft engines: whatever proposes the tree's tokens. The generator only sees :class:`DraftEngine`."""
+"""Draft engines: whatever proposes the tree's tokens. The generator only sees :class:`DraftEngine`;
+:func:`open_draft` builds one from a :class:`DraftSpec`."""
 
-from .base import DraftEngine
+from .base import DraftEngine, DraftOutput, Proposals
 from .draft_model import DraftModelEngine, check_same_vocab
 from .eagle1_numpy import Eagle1NumpyEngine
 from .open_head import open_head
+from .registry import DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft
 
-__all__ = ["DraftEngine", "DraftModelEngine", "Eagle1NumpyEngine", "check_same_vocab", "open_head"]
+__all__ = ["DRAFTERS", "DraftEngine", "DraftKind", "DraftModelEngine", "DraftOutput", "DraftSpec", "Eagle1NumpyEngine",
+           "PreparedDraft", "Proposals", "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft"]

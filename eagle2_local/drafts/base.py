@@ -1,24 +1,44 @@
-"""The one interface every draft engine implements (draft model, EAGLE heads in numpy or llama.cpp).
+"""The one interface every draft engine implements (draft model, EAGLE heads in numpy or llama.cpp, ...).
 
 A round of speculation looks like this from the engine's side:
 
 1. ``catch_up(tokens, features, features_from)``: the whole text so far, ending with the new root (the last
    sampled token); the engine ingests what it has not seen yet. Engines that need target features (EAGLE heads)
    get the target's hidden states of the newly committed positions, the first row being position
-   ``features_from``. Returns the draft logits at the root.
+   ``features_from``. Returns the draft's output at the root (one row).
 2. ``expand(cand_ids, tokens, parent_ids, level)`` once per deeper tree level: the k frontier candidates to run
-   (ids assigned by the tree builder, parents given by id, -1 = the root). Returns their logits, one row each.
+   (ids assigned by the tree builder, parents given by id, -1 = the root). Returns one output row each.
 3. ``commit(accepted_cand_ids)``: which candidates the target accepted, in path order; the engine keeps what it
    can reuse and forgets the rest of the tree.
+
+A draft's output rows come in one of two forms (:data:`~eagle2_local.tree.DraftOutput`):
+
+* dense logits, shape (rows, n_vocab): a neural draft (draft model, EAGLE head); the tree builder takes each
+  row's top k by log-softmax;
+* :class:`~eagle2_local.tree.Proposals`: a drafter that already *has* its candidates (an n-gram lookup, a suffix
+  index) returns each row's candidate tokens with their log-probabilities, padded with -inf; it must not
+  fabricate one-hot dense rows. A lookup that knows several continuations proposes them all: the root's row
+  carries each continuation's first token, and ``expand`` of a node carries the next tokens of the
+  continuations through that node (the node's path, given by ``parent_ids``, says which), so every
+  continuation becomes a branch of the tree, ranked against the others by its log-probability.
+
+Whichever form, the target verifies every drafted token, so the output is lossless; the form and its
+probabilities only decide which tokens are worth verifying.
+
+A new drafter is one module with its engine and an opener, plus one line in :data:`.registry.DRAFTERS`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import TreeError
+from ..tree import DraftOutput, Proposals
+
+__all__ = ["DraftEngine", "DraftOutput", "Proposals", "TreeSequences"]
 
 
 class DraftEngine(Protocol):
@@ -27,6 +47,7 @@ class DraftEngine(Protocol):
     name: str
     needs_features: bool
     n_past: int  # feature-fed engines: the first position whose target feature they still lack
+    weights_path: Path | None  # the file the draft's weights came from (keys cached costs, named in reports)
 
     def reset(self) -> None:
         """Forget all text (new conversation)."""
@@ -34,11 +55,12 @@ class DraftEngine(Protocol):
     def rollback(self, n_tokens: int) -> None:
         """Forget everything after the first ``n_tokens`` committed tokens."""
 
-    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> np.ndarray:
-        """Ingest the unseen tail of ``tokens`` (the last one is the tree root); return root logits (V,)."""
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> DraftOutput:
+        """Ingest the unseen tail of ``tokens`` (the last one is the tree root); return the root's output:
+        logits (V,) or one row of :class:`Proposals`."""
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
-        """Run the given frontier candidates; return logits (len(cand_ids), V)."""
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> DraftOutput:
+        """Run the given frontier candidates; return logits (len(cand_ids), V) or that many proposal rows."""
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Keep the accepted candidates' state, drop the rest of the tree."""

@@ -41,14 +41,18 @@ class DraftModelEngine:
 
     needs_features = False
 
-    def __init__(self, model: LlamaModel, settings: ContextSettings, max_width: int, max_depth: int) -> None:
+    def __init__(self, model: LlamaModel, settings: ContextSettings, max_width: int, max_depth: int,
+                 owns_model: bool = False) -> None:
+        """``settings``: the target's context settings (the draft context follows them); ``owns_model``: close
+        the model with the engine (False when the target drafts for itself and the weights are shared)."""
         n_seq = 1 + max_width * max(1, max_depth - 1)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
                             f"llama.cpp allows {MAX_SEQ}")
         self.model = model
+        self.owns_model = owns_model
         self.name = f"draft-model:{model.path.name}"
-        self.weights_path = model.path  # optional DraftEngine attribute: keys the tree budget's cost cache
+        self.weights_path = model.path
         # beyond the text, a round's tree holds up to max_width cells per expanded level
         self.ctx = LlamaContext(model, ContextSettings(
             n_ctx=settings.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(settings.n_batch, max_width),
@@ -104,3 +108,5 @@ class DraftModelEngine:
 
     def close(self) -> None:
         self.ctx.close()
+        if self.owns_model:
+            self.model.close()

@@ -64,7 +64,7 @@ class Eagle1NumpyEngine:
         p = self.params = head.params
         t = head.tensors
         self.name = name or f"eagle1-numpy:{head.path.name}"
-        self.weights_path = head.path  # keys the tree budget's cost cache
+        self.weights_path = head.path
         h = p.hidden_size
         own = head.own_embedding
         self._emb = np.asarray(own if own is not None else embedding, dtype=np.float32)

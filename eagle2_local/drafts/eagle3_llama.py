@@ -118,7 +118,7 @@ class Eagle3Engine:
                             f"llama.cpp allows {MAX_SEQ}")
         self.head = head
         self.name = f"eagle3:{head.path.name}"
-        self.weights_path = head.path  # keys the tree budget's cost cache
+        self.weights_path = head.path
         self.ctx = LlamaContext(head, ContextSettings(
             n_ctx=target_ctx.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(target_ctx.n_batch, max_width),
             n_seq_max=max(n_seq, 2), n_threads=n_threads or target_ctx.settings.n_threads),
