@@ -183,12 +183,14 @@ class Eagle3Engine:
         """The head's ``fc`` (encoder graph) over target features: one g row per position."""
         out = []
         step = self.ctx.n_batch
-        pos0 = max(self.ctx.seq_pos_max(0), -1) + 1  # the encoder ignores positions; llama.cpp wants valid ones
+        # The encoder ignores positions, but llama.cpp wants every batch to start right after the last position
+        # in the KV cache, which encoding does not advance: so each chunk starts at pos0 again.
+        pos0 = max(self.ctx.seq_pos_max(0), -1) + 1
         for start in range(0, len(feats), step):
             chunk = feats[start:start + step]
             self.batch.clear()
             for j, row in enumerate(chunk):
-                self.batch.add(None, row, pos0 + start + j, 0, output=True)
+                self.batch.add(None, row, pos0 + j, 0, output=True)
             self.ctx.process(self.batch, encode=True)
             out.append(self._prenorm(len(chunk)).copy())
         return np.concatenate(out)
