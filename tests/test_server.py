@@ -32,6 +32,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 PROMPTS = ["What is the capital of France?", "Name three primary colours.", "What do bees make?",
            "Which planet is closest to the sun?"]
+LONG = "Summarize this story: " + " ".join(  # over 512 tokens: more than one batch
+    f"On day {i} the farmer counted {i * 7} sheep and sold {i % 5} of them." for i in range(40))
 SERVER_ARGS = ("--threads", "1", "--n-ctx", str(N_CTX), "--api-key", KEY, "--max-queue", "16")
 RECORD_ENV = "EAGLE2_LOCAL_SERVER_RECORD"  # write the load test's throughput record to this JSON path
 NOTE_ENV = "EAGLE2_LOCAL_RECORD_NOTE"  # a remark stored in that record (e.g. what else loaded the machine)
@@ -294,7 +296,7 @@ def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
 def references() -> dict[str, dict]:
     """`generate --plain` for each of PROMPTS, the answers the load tests must reproduce token for token."""
     with ThreadPoolExecutor(2) as pool:
-        return dict(zip(PROMPTS, pool.map(reference, PROMPTS)))
+        return dict(zip(PROMPTS + [LONG], pool.map(reference, PROMPTS + [LONG])))
 
 
 def _client_session(server: Server, client_id: int, n_requests: int, leave_after: int = 2) -> list[dict]:
@@ -362,7 +364,8 @@ def test_load_8_streaming_clients_match_plain_generate(server, references):
 def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path, tmp_path, references):
     """The auto budget mostly picks plain steps on a slow CPU, so this runs a small fixed tree (every round
     drafts and verifies 6 nodes): 4 concurrent streaming clients x 2 requests, three abandoned in the middle of
-    their tree rounds. Each finished answer still equals `generate --plain`, and drafts were really accepted."""
+    their tree rounds, then a prompt longer than a batch. Each finished answer still equals `generate --plain`,
+    and drafts were really accepted."""
     n_clients, n_requests = 4, 2
     s = start_server(tmp_path / "server.log", *SERVER_ARGS, "--total-tokens", "6", "--depth", "3")
     try:
@@ -375,6 +378,14 @@ def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path,
         q = s.idle_queue(30)  # the last client may have just left: its job stops at its next round
         assert q["running"] == q["waiting"] == 0, q
         assert q["stopped_early"] == len(results) - len(finished) and q["completed"] == len(finished), q
+
+        # A prompt over n_batch (512) tokens that keeps the template's opening from the request before: the
+        # head encodes the new text in several batches after a kept prefix (this once failed with "inconsistent
+        # sequence positions"); the answer is still plain greedy's, and so is the next one.
+        long = chat(s.openai(), LONG).model_extra["eagle"]
+        assert long["prompt_tokens"] > 512 and long["prompt_tokens_reused"] > 0 and long["plain_steps"] == 0
+        assert long["tokens"] == references[LONG]["tokens"]
+        assert chat(s.openai(), PROMPTS[2]).model_extra["eagle"]["tokens"] == references[PROMPTS[2]]["tokens"]
     finally:
         stop_server(s)
 
