@@ -28,7 +28,7 @@ from .errors import Eagle2Error
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .costs import CostKey, cached_or_measured, file_identity
 from .llama import ContextSettings, LlamaModel, system_info
-from .microbench import check_costs, measure_costs
+from .calibration import check_costs, measure_costs
 from .models import default_head_path, resolve_model
 from .rpc import parse_servers
 from .sampling import SamplingParams

@@ -6,7 +6,7 @@ The tree budget (budget.py) weighs expected accepted tokens against time, so it 
   (SmolLM2 on 2 cores: 60 nodes cost ~25 single-token decodes, docs/design.md §4).
 * drafting: seconds to get the root's draft logits (``catch_up``) and seconds per deeper level (``expand``).
 
-Both start from a short calibration (calibration.py, run by microbench.measure_costs) and are corrected online
+Both start from a short calibration (calibration.py, run by calibration.measure_costs) and are corrected online
 from the timings of real rounds. Everything is held in units of one plain decoding step: the plain step's
 duration now is measured from the plain steps actually taken (other processes, thermal limits and context
 length change it), and the *shape* (what a tree of n nodes or a draft level costs in plain steps) is learned per

@@ -10,31 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from .calibration import calibrate, check_cached, cost_model
-from .costs import CostModel
+from .calibration import bushy_tree
 from .target import Target
-from .tree import DraftTree, TreeParams, grow_candidates
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 60, 64)
-CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 60)
-
-
-def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 6) -> DraftTree:
-    """A random tree shaped like EAGLE-2's (wide near the root, at most ``max_depth`` deep)."""
-    parents = [-1]
-    depth = [0]
-    for i in range(1, n):
-        candidates = [j for j in range(i) if depth[j] < max_depth]
-        p = int(candidates[int(rng.integers(0, min(len(candidates), 4 + i // 2)))])
-        parents.append(p)
-        depth.append(depth[p] + 1)
-    return DraftTree.from_parents(rng.integers(0, n_vocab, n), parents)
 
 
 def verify_cost(target: Target, sizes=DEFAULT_SIZES, context_tokens: int = 128, repeats: int = 5,
@@ -100,105 +84,3 @@ def drafting_profile(llm, times: DraftTimes, prompts: list[str], max_tokens: int
         "level_over_target_token": round(level_ms / target_ms, 4) if target_ms else None,
         "rounds": len(times.catch_up_s),
     }
-
-
-def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
-               seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """Median seconds of a draft round's root (``catch_up`` of one new token) and of one deeper level.
-
-    Runs real rounds of the tree builder on random text, fed with the target's real features when the engine
-    needs them (the target decodes each new token between rounds, untimed); engine and target are reset
-    afterwards. Medians, like the verify times they are weighed against (a stalled pass moves neither), and
-    the budget replaces them with the times of real rounds as soon as it drafts.
-    """
-    rng = np.random.default_rng(seed)
-    n_vocab = target.model.n_vocab
-    text = [int(t) for t in rng.integers(0, n_vocab, context_tokens)]
-    target.reset()
-    engine.reset()
-    feats = target.prefill(text).features if engine.needs_features else None
-    roots, levels = [], []
-    for i in range(repeats + 1):  # the first round ingests the context and warms up; dropped
-        new = int(rng.integers(0, n_vocab))
-        marks: list[float] = []
-        t0 = clock()
-        root_logits = engine.catch_up(np.asarray(text + [new]), feats, 0)
-        grow_candidates(root_logits, engine.expand, params, level_done=lambda _: marks.append(clock()))
-        engine.commit(np.zeros(0, dtype=np.int64))
-        if i:
-            roots.append(marks[0] - t0)
-            levels.extend(np.diff(marks).tolist())
-        if feats is not None:
-            feats = np.concatenate([feats, target.decode_one(new).features])
-        text.append(new)
-    engine.reset()
-    target.reset()
-    level_s = float(np.median(levels)) if levels else 0.0
-    log.info("draft root %.2f ms, level %.2f ms", np.median(roots) * 1e3, level_s * 1e3)
-    return float(np.median(roots)), level_s
-
-
-class _Timers:
-    """Times plain steps and tree verifications on a target holding ``context_tokens`` of random text, each
-    call leaving the cache as it found it; the first call of each kind warms buffers up and is not timed."""
-
-    def __init__(self, target: Target, clock: Callable[[], float], warm_size: int, context_tokens: int = 64,
-                 seed: int = 0) -> None:
-        self.target, self.clock = target, clock
-        self.rng = np.random.default_rng(seed)
-        self.n_vocab = target.model.n_vocab
-        target.reset()
-        target.prefill(self.rng.integers(0, self.n_vocab, context_tokens))
-        self.plain()
-        self.verify(warm_size)
-
-    def plain(self) -> float:
-        """One plain decoding step, as the plain loop takes it (``decode_one``), then rolled back."""
-        token = int(self.rng.integers(0, self.n_vocab))
-        t0 = self.clock()
-        self.target.decode_one(token)
-        seconds = self.clock() - t0
-        self.target.rollback(self.target.n_past - 1)
-        return seconds
-
-    def verify(self, n: int) -> float:
-        tree = bushy_tree(n, self.rng, self.n_vocab)
-        t0 = self.clock()
-        self.target.verify(tree)
-        seconds = self.clock() - t0
-        self.target.abort_tree()
-        return seconds
-
-
-def calibration_sizes(params: TreeParams) -> list[int]:
-    return sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
-
-
-def measure_costs(target: Target, engine, params: TreeParams, progress=None,
-                  clock: Callable[[], float] = time.perf_counter) -> CostModel:
-    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens``, timed
-    interleaved and checked for disturbance (calibration.py), and the draft's root/level times; a few seconds
-    on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target and engine empty."""
-    say = progress or log.info
-    sizes = calibration_sizes(params)
-    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
-    timers = _Timers(target, clock, warm_size=min(8, params.total_tokens))
-    cal = calibrate(timers.plain, timers.verify, sizes)
-    target.reset()
-    say("timing the draft")
-    # every level costs the same (k frontier nodes), so three levels time it as well as six
-    short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
-    root_s, level_s = draft_cost(engine, target, short, repeats=3, clock=clock)
-    return cost_model(cal, root_s, level_s)
-
-
-def check_costs(target: Target, costs: CostModel, params: TreeParams,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[bool, dict]:
-    """Quick check of a cached calibration at start (5 plain steps and 3 timings of a mid-size tree, well
-    under a second on SmolLM2); leaves the target empty."""
-    mid = max(2, min(params.total_tokens, 16))
-    timers = _Timers(target, clock, warm_size=mid)
-    try:
-        return check_cached(costs, timers.plain, timers.verify, mid)
-    finally:
-        target.reset()

@@ -381,12 +381,12 @@ def test_eagle2_calibrates_once_then_checks_the_cache(synth_q8, tmp_path, monkey
     checks, checks a cached calibration at start, never caches a disturbed one, and stays lossless."""
     from functools import partial
 
-    from eagle2_local import api, microbench
+    from eagle2_local import api, calibration
     from eagle2_local.api import Eagle2
 
     def timing(steps) -> None:  # every timed call of calibration and start check takes the next step
-        monkeypatch.setattr(api, "measure_costs", partial(microbench.measure_costs, clock=fake_clock(steps)))
-        monkeypatch.setattr(api, "check_costs", partial(microbench.check_costs, clock=fake_clock(steps)))
+        monkeypatch.setattr(api, "measure_costs", partial(calibration.measure_costs, clock=fake_clock(steps)))
+        monkeypatch.setattr(api, "check_costs", partial(calibration.check_costs, clock=fake_clock(steps)))
 
     monkeypatch.setenv("EAGLE2_LOCAL_CACHE", str(tmp_path))
     lines: list[str] = []
