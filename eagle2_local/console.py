@@ -1,4 +1,5 @@
-"""Terminal presentation for the command line: the self-updating progress line of long jobs (training).
+"""Terminal presentation for the command line: the interactive chat loop, the statistics line after an answer,
+the tables of ``bench`` and ``verify-cost``, and the self-updating progress line of long jobs (training).
 
 The click layer (the repository's cli.py) declares the commands; what they show on the terminal lives here, in
 the package, so it can be tested and reused without click's command machinery.
@@ -6,9 +7,141 @@ the package, so it can be tested and reused without click's command machinery.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
+import sys
+import threading
 import time
+from typing import Iterator
 
 import click
+
+from .errors import ContextFullError
+
+
+def stats_line(stats: dict) -> str:
+    """The one line after an answer: tokens/s, and for speculation tau, passes and the budget's tree size."""
+    line = f"{stats['n_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s"
+    if stats["engine"] != "plain":
+        line += f", tau {stats['tau']:.2f} ({stats['target_passes']} target passes)"
+        if stats.get("budget"):
+            line += f", tree {stats['mean_tree_size']:.1f} nodes, {stats['plain_steps']} plain steps"
+    return line
+
+
+@contextlib.contextmanager
+def ctrl_c_stops() -> Iterator[threading.Event]:
+    """While answering, Ctrl-C only raises a flag that the loop checks between chunks.
+
+    A KeyboardInterrupt raised at an arbitrary bytecode could land between a llama.cpp call and the Python
+    bookkeeping of the KV cache; stopping at chunk boundaries keeps target and draft consistent.
+    """
+    flag = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
+    """The read-answer loop. The KV cache is kept between turns: only the new turn is prefilled."""
+    interactive = sys.stdin.isatty()
+    dim = (lambda s: click.style(s, dim=True)) if sys.stdout.isatty() else (lambda s: s)
+    base = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages = list(base)
+    if interactive:
+        click.echo(f"eagle2-local chat: {llm.model_path.name}, draft: {llm.engine_name}")
+        click.echo("/reset forgets the conversation, /stats shows the last answer's figures, /exit or Ctrl-D quits,"
+                   " Ctrl-C stops an answer.")
+    if not llm.speculative:
+        sys.stdout.flush()
+        click.echo(dim("note: no draft head or draft model for this model; chatting with plain decoding "
+                       "(--head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
+    while True:
+        try:
+            line = input("> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            click.echo()
+            continue
+        if not interactive and line == "":
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            messages = list(base)
+            llm.reset()
+            click.echo(dim("conversation reset"))
+            continue
+        if line == "/stats":
+            click.echo(json.dumps(llm.stats(), indent=2))
+            continue
+        messages.append({"role": "user", "content": line})
+        answer = ""
+        try:
+            with ctrl_c_stops() as interrupted:
+                stream = llm.stream(llm.chat_tokens(messages), max_tokens, sampling, seed=seed)
+                for chunk in stream:
+                    click.echo(chunk.text, nl=False)
+                    sys.stdout.flush()
+                    answer += chunk.text
+                    if interrupted.is_set():
+                        stream.close()  # runs the generator's cleanup: KV cache trimmed to what was shown
+                        click.echo(dim(" [stopped]"), nl=False)
+                        break
+        except ContextFullError as exc:
+            messages.pop()
+            click.echo(f"\nerror: {exc}. Type /reset to start a new conversation.", err=True)
+            continue
+        messages.append({"role": "assistant", "content": answer})
+        click.echo()
+        click.echo(dim(stats_line(llm.stats())))
+
+
+def bench_prompt_line(done: int, total: int, set_name: str, index: int, result, tie_tolerance: float) -> str:
+    """Progress of ``bench`` after one prompt; the mark says = identical, ~ near-tie divergence, ! mismatch."""
+    r = result
+    mark = "=" if r.identical else ("~" if (r.divergence_gap or 0) < tie_tolerance else "!")
+    return (f"[{done}/{total}] {set_name}#{index}: plain {r.plain['tokens_per_s']:.1f} tok/s, "
+            f"eagle {r.eagle['tokens_per_s']:.1f} tok/s (x{r.speedup:.2f}, tau {r.eagle['tau']:.2f}) {mark}")
+
+
+def bench_table(report: dict) -> list[str]:
+    """The per-set summary table of a ``bench`` report (and llama.cpp's tools' figures when timed)."""
+    lines = [f"{'set':<12} {'plain tok/s':>11} {'eagle tok/s':>11} {'speedup':>8} {'tau':>6} {'same':>6} "
+             f"{'ties':>5} {'tree':>5}"]
+    for name, s in report["sets"].items():
+        same = "-" if s["identical_outputs"] is None else f"{s['identical_outputs']}/{s['n_prompts']}"
+        ties = "-" if s["near_tie_divergences"] is None else str(s["near_tie_divergences"])
+        lines.append(f"{name:<12} {s['tokens_per_s_plain']:>11.1f} {s['tokens_per_s_eagle']:>11.1f} "
+                     f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f}")
+        if "llama_cpp" in s:
+            t = s["llama_cpp"]
+            lines.append(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
+                         f"{t['tokens_per_s_draft_simple']:.1f} tok/s (accept {t['draft_simple_accept_rate']:.0%})")
+    return lines
+
+
+def verify_cost_table(model_name: str, threads: int, context_tokens: int, cost: dict[int, float]) -> list[str]:
+    """``verify-cost``'s table: milliseconds per tree size and the multiple of one single-token decode."""
+    one = cost.get(1) or next(iter(cost.values()))
+    lines = [f"{model_name}, {threads} threads, {context_tokens} tokens of context",
+             f"{'nodes':>6} {'ms':>9} {'x one token':>12}"]
+    lines += [f"{n:>6} {c * 1e3:>9.2f} {c / one:>12.2f}" for n, c in cost.items()]
+    return lines
+
+
+def draft_cost_line(res: dict) -> str:
+    """``draft-cost``'s summary: what one draft level costs next to one target token."""
+    return (f"{res['engine']}: catch-up {res['catch_up_ms']:.2f} ms, one level of {res['width']} nodes "
+            f"{res['level_ms']:.2f} ms; one target token {res['target_token_ms']:.2f} ms "
+            f"(level = {res['level_over_target_token']:.3f} x target token)")
 
 
 class ProgressLine:
