@@ -1,6 +1,6 @@
 """Convert an EAGLE-1/2 head folder (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) to GGUF.
 
-The schema (architecture, keys, tensor names) is :mod:`eagle2_local.head_format`; this module only maps a
+The schema (architecture, keys, tensor names) is :mod:`eagle2_local.eagle1_format`; this module only maps a
 Hugging Face checkpoint onto it. The three published head families differ only in biases and RoPE base:
 Vicuna / LLaMA2-chat (fc bias), LLaMA3-Instruct (no bias, rope_theta 500000), Qwen2 (fc and q/k/v biases).
 The flags are read from the config and cross-checked against the tensors actually present, so a config that lies
@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from eagle2_local.errors import IncompatibleDraftError, ModelError
-from eagle2_local.head_format import (ARCH, GGUF_TO_HF, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
+from eagle2_local.eagle1_format import (ARCH, GGUF_TO_HF, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
                                       check_tensors)
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from convert.eagle1 import convert_head, from_gguf_names
 from eagle2_local.errors import IncompatibleDraftError, ModelError
-from eagle2_local.head_format import ARCH, read_head
+from eagle2_local.eagle1_format import ARCH, read_head
 from eagle_heads import VARIANTS, head_config, head_tensors, write_head_dir
 from synthetic_model import vocab
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..blas_threads import single_blas_thread
 from ..errors import TreeError
-from ..head_format import HeadFile
+from ..eagle1_format import HeadFile
 
 log = logging.getLogger(__name__)
 

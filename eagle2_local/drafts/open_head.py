@@ -1,7 +1,7 @@
 """Opening a draft-head GGUF: dispatch on its architecture, check it fits the target, say which target features
 it needs, and build its engine.
 
-* ``eagle1`` (EAGLE-1/2 heads, :mod:`eagle2_local.head_format`): exact numpy engine; features are the target's
+* ``eagle1`` (EAGLE-1/2 heads, :mod:`eagle2_local.eagle1_format`): exact numpy engine; features are the target's
   post-final-norm hidden states; embedding / LM head dequantized from the target GGUF.
 * ``eagle3`` (llama.cpp's native architecture): llama.cpp engine; features are three layers' residual inputs
   (or the final-norm fallback, see :func:`eagle3_llama.feature_source`).
@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ModelError
 from ..gguf_fields import copy_gguf
 from ..gguf_tensors import load_tensor, tensor_index
-from ..head_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
+from ..eagle1_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
 from ..llama import ContextSettings, LlamaModel
 from ..models import GGUFInfo, read_gguf_info
 from ..target import Target

@@ -1,4 +1,5 @@
-"""The GGUF schema of EAGLE-1/2 draft heads: one place that both ``convert/`` (writer) and the runtime (reader) use.
+"""The GGUF schema of EAGLE-1/2 draft heads (architecture ``eagle1``): one place that both ``convert/`` (writer)
+and the runtime (reader) use. EAGLE-3 heads use llama.cpp's own ``eagle3`` architecture (``convert/eagle3.py``).
 
 EAGLE-2 reuses EAGLE-1's heads (docs/design.md §3): ``x = fc(concat(E[token_{t+1}], f_t))``, one Llama decoder layer
 without input norm, no final norm, the target's LM head on the raw output. llama.cpp has no such architecture, so
