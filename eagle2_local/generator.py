@@ -177,7 +177,7 @@ class Generator:
         if self.engine is not None:
             self.engine.rollback(keep)
             if self.engine.needs_features:
-                keep = self.backlog.reusable(keep, self.engine.n_past)
+                keep = self.backlog.reusable(keep, self.engine.n_seen)
         self.target.rollback(keep)
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep

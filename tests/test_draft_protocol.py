@@ -36,8 +36,8 @@ class ProposingEngine:
         self.weights_path = inner.weights_path
 
     @property
-    def n_past(self) -> int:
-        return self.inner.n_past
+    def n_seen(self) -> int:
+        return self.inner.n_seen
 
     def _propose(self, logits: np.ndarray) -> Proposals:
         p = Proposals.from_logits(logits, self.skip + self.width)

@@ -46,7 +46,7 @@ class DraftEngine(Protocol):
 
     name: str
     needs_features: bool
-    n_past: int  # feature-fed engines: the first position whose target feature they still lack
+    n_seen: int  # committed positions the draft has ingested; feature-fed engines lack the target feature from here on
     weights_path: Path | None  # the file the draft's weights came from (keys cached costs, named in reports)
 
     def reset(self) -> None:

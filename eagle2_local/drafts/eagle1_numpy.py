@@ -95,7 +95,7 @@ class Eagle1NumpyEngine:
         self._forget_tree()
 
     @property
-    def n_past(self) -> int:
+    def n_seen(self) -> int:
         """The first position whose target feature this engine lacks (what the generator must supply)."""
         return self._feats.n
 

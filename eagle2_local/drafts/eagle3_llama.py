@@ -10,7 +10,7 @@ pair (token t[P+1], g[P]), so the entry at P predicts t[P+2]. The decoder's pre-
 
 KV layout of the head's context:
 
-* sequence 0 holds one entry per committed position 0..n_past-1, every one built from *real* target features;
+* sequence 0 holds one entry per committed position 0..n_seen-1, every one built from *real* target features;
   the last one pairs the current root token with the feature of the position before it;
 * while a tree grows, each decoded frontier candidate gets its own sequence, copied from its parent's (cells are
   shared, metadata only), so it attends to the committed entries and its ancestors only;
@@ -127,7 +127,7 @@ class Eagle3Engine:
         self.batch = ExtBatch(self.ctx)
         self.n_embd = head.n_embd
         self.tile_features = feature_source(head.info) == "final_norm"
-        self.n_past = 0  # committed entries in sequence 0 (positions 0..n_past-1)
+        self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
         self._root_g = np.zeros(self.n_embd, dtype=np.float32)
         self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
         self.seqs = TreeSequences(self.ctx)
@@ -135,14 +135,14 @@ class Eagle3Engine:
     # ------------------------------------------------------------ state
     def reset(self) -> None:
         self.ctx.clear()
-        self.n_past = 0
+        self.n_seen = 0
         self._forget_tree()
 
     def rollback(self, n_tokens: int) -> None:
         """Keep entries whose token is among the first ``n_tokens`` (entry P holds token P+1)."""
         self._forget_tree()
-        self.n_past = min(self.n_past, max(n_tokens - 1, 0))
-        self.ctx.seq_rm(0, self.n_past, -1)
+        self.n_seen = min(self.n_seen, max(n_tokens - 1, 0))
+        self.ctx.seq_rm(0, self.n_seen, -1)
 
     # ------------------------------------------------------------ drafting
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> np.ndarray:
@@ -151,12 +151,12 @@ class Eagle3Engine:
         n_text = len(tokens) - 1  # positions with target features; tokens[-1] is the root
         if features is None:
             raise TreeError("the eagle3 engine needs target features (layer inputs)")
-        if features_from > self.n_past or features_from + len(features) < n_text:
+        if features_from > self.n_seen or features_from + len(features) < n_text:
             raise TreeError(f"features cover positions {features_from}..{features_from + len(features) - 1}; "
-                            f"the head needs {self.n_past}..{n_text - 1}")
-        if n_text <= self.n_past:
+                            f"the head needs {self.n_seen}..{n_text - 1}")
+        if n_text <= self.n_seen:
             raise TreeError("catch_up needs at least the new root token")
-        feats = np.asarray(features[self.n_past - features_from: n_text - features_from], dtype=np.float32)
+        feats = np.asarray(features[self.n_seen - features_from: n_text - features_from], dtype=np.float32)
         if self.tile_features:
             feats = np.tile(feats, (1, 3))
         g = self._encode(feats)
@@ -167,7 +167,7 @@ class Eagle3Engine:
         for start in range(0, last, step):
             self._process_entries(tokens, g, range(start, min(start + step, last)), output=False)
         self._process_entries(tokens, g, [last], output=True)
-        self.n_past = n_text
+        self.n_seen = n_text
         logits = self.ctx.logits(1)[0]
         self._root_g = self._prenorm(1)[0].copy()
         return logits
@@ -175,7 +175,7 @@ class Eagle3Engine:
     def _process_entries(self, tokens: np.ndarray, g: np.ndarray, rows, output: bool) -> None:
         self.batch.clear()
         for i in rows:
-            pos = self.n_past + i
+            pos = self.n_seen + i
             self.batch.add(int(tokens[pos + 1]), g[i], pos, 0, output=output)
         self.ctx.process(self.batch)
 
@@ -205,7 +205,7 @@ class Eagle3Engine:
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
         seqs = self.seqs.assign(cand_ids, parent_ids)
-        pos = self.n_past - 1 + level
+        pos = self.n_seen - 1 + level
         self.batch.clear()
         for tok, parent, seq in zip(np.asarray(tokens).tolist(), parent_ids.tolist(), seqs.tolist()):
             g = self._root_g if parent < 0 else self._g_of[parent]
