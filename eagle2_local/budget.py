@@ -15,7 +15,9 @@ reliability map that starts at exp(score) and learns the observed acceptance rat
 beating a plain decoding step, rounds become plain steps (the draft is not even run) and a tree is tried again
 after a while, with exponential backoff, so a losing draft costs little. A draft that could not beat plain
 decoding even if every drafted token were accepted (a chain of L tokens emits at most L + 1 per round) is
-never run at all: probing it would only pay its catch-up.
+never run at all: probing it would only pay its catch-up. And while trees are not known to win, a draft whose
+first catch-up would ingest a long backlog (a new prompt) waits until that catch-up is a small share of the
+plain decoding done since: a short answer to a long prompt on a slow machine stays plain decoding.
 
 Pure: numbers and a clock in, decisions out; unit-testable without llama.cpp.
 """
@@ -187,6 +189,8 @@ class TreeBudget:
     probe_share: float = 0.02  # a losing probe is followed by enough plain steps to cost at most this share
     max_probe_wait: int = 2048
     plain_probe_every: int = 16
+    catch_up_share: float = 0.1  # unproven trees wait until a long backlog's catch-up costs at most this share
+    # of the plain decoding done since the backlog began
     clock: Callable[[], float] = time.perf_counter
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
     guard: RateGuard = field(default_factory=RateGuard)
@@ -205,6 +209,10 @@ class TreeBudget:
         self.plain_steps = 0
         self.plain_probes = 0
         self._draft_can_pay: bool | None = None
+        self._fresh = 1  # tokens the current round's catch-up ingests
+        self._last_fresh: int | None = None  # the previous round's backlog, when it was a plain step
+        self._backlog_start = 1  # the backlog when its plain steps began (a new prompt: the prompt)
+        self.catch_up_postponed = 0  # rounds that would have drafted but stayed plain for the catch-up
 
     @property
     def tree_rate(self) -> float | None:
@@ -224,8 +232,12 @@ class TreeBudget:
 
         ``fresh_tokens``: how much text the draft would first have to catch up on. A probe is postponed while
         that backlog is long (a new prompt, many plain steps): catching a head up on hundreds of tokens costs
-        more than a probe can win, and is the main way probing would make plain-speed generation slower."""
+        more than a probe can win, and is the main way probing would make plain-speed generation slower. The
+        same backlog, while no tree has proved it wins, waits for :meth:`catch_up_too_dear`."""
         self.rounds += 1
+        if self._last_fresh is None or fresh_tokens != self._last_fresh + 1:  # not one plain step later
+            self._backlog_start = fresh_tokens
+        self._last_fresh = fresh_tokens
         if self._draft_can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
             self._draft_can_pay = self.ceiling_rate() >= self.costs.plain_rate
         if not self._draft_can_pay:
@@ -236,6 +248,8 @@ class TreeBudget:
             if self._since_plain >= self._plain_probe_gap():
                 self.plain_probes += 1
                 return False
+            if self._gain is None and self._postpone_for_catch_up(fresh_tokens):
+                return False
             self._since_plain += 1
             return True
         if self._plain_left > 0:
@@ -243,10 +257,34 @@ class TreeBudget:
             return False
         if fresh_tokens > self.probe_backlog + self._gap:  # plain steps since the last probe do not count
             return False
+        if self._postpone_for_catch_up(fresh_tokens):
+            return False
         # a probe is due: go plain for `backoff` rounds after it if it loses again
         self._plain_left = self._gap = self._backoff
         self._backoff = min(2 * self._backoff, self.max_probe_every)
         self._probing = True
+        return True
+
+    def catch_up_too_dear(self, fresh_tokens: int) -> bool:
+        """Would drafting now pay a catch-up out of proportion to what plain decoding has spent since?
+
+        A backlog that began long (more than a normal round's ``max_depth + 1`` tokens: a new prompt) costs the
+        draft ``costs.catch_up_steps`` plain steps to ingest, and only trees that win pay that back. So before
+        any tree has shown it wins, that cost must be at most ``catch_up_share`` of the plain steps taken in this
+        backlog: on a loaded CPU, where ingesting a 700-token prompt costs dozens of plain steps, a short answer
+        stays plain; where it costs a fraction of one (a GPU), trees start after a few tokens. What is charged is
+        the backlog at its start, not the plain steps' own tokens: each adds a token to the catch-up and a step
+        to the plain time, and charging them too would postpone for ever a draft whose catch-up costs more than
+        ``catch_up_share`` of a plain step per token."""
+        start = self._backlog_start
+        if start <= self.max_depth + 1:
+            return False
+        return self.costs.catch_up_steps(start) > self.catch_up_share * (fresh_tokens - start)
+
+    def _postpone_for_catch_up(self, fresh_tokens: int) -> bool:
+        if not self.catch_up_too_dear(fresh_tokens):
+            return False
+        self.catch_up_postponed += 1
         return True
 
     def _plain_probe_gap(self) -> int:
@@ -265,6 +303,8 @@ class TreeBudget:
         """A drafted round begins; ``fresh_tokens`` is how many tokens the draft's catch-up must ingest."""
         self._t0 = self.clock()
         self._marks = []
+        self._fresh = fresh_tokens
+        self._last_fresh = None  # the next round's backlog starts anew
         self._steady = fresh_tokens <= self.max_depth + 1  # a normal round, not a backlog catch-up
 
     def _draft_so_far(self, now: float) -> float:
@@ -304,6 +344,8 @@ class TreeBudget:
         levels = np.diff(np.asarray(self._marks)).tolist() if self._marks else []
         if self._marks and self._steady:
             self.costs.observe_draft(self._marks[0] - self._t0, levels)
+        elif self._marks:
+            self.costs.observe_catch_up(self._fresh, self._marks[0] - self._t0)
         self._draft_can_pay = None  # the learned shape moved
         # steady-state rate: the tokens really emitted over the round's modelled cost, which the lines above just
         # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
@@ -360,6 +402,7 @@ class TreeBudget:
                 "ceiling_tokens_per_s": round(self.ceiling_rate(), 2),
                 "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
                 "realised": self.guard.summary(), "plain_probes": self.plain_probes,
+                "catch_up_postponed": self.catch_up_postponed,
                 "acceptance_by_score": {f"{e:.1f}": round(float(r), 3)
                                         for e, r in zip(self.acceptance.edges, rates[1:])},
                 "nodes_observed": self.acceptance.n_observed}

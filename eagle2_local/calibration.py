@@ -131,9 +131,11 @@ def calibrate(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], 
     return best
 
 
-def cost_model(cal: Calibration, draft_root_s: float, draft_level_s: float) -> CostModel:
+def cost_model(cal: Calibration, draft_root_s: float, draft_level_s: float,
+               draft_token_s: float | None = None) -> CostModel:
     sizes = sorted(cal.verify)
-    return CostModel(sizes, [cal.verify[n] for n in sizes], draft_root_s, draft_level_s, quality=cal.quality())
+    return CostModel(sizes, [cal.verify[n] for n in sizes], draft_root_s, draft_level_s, draft_token_s,
+                     quality=cal.quality())
 
 
 def check_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerify, mid_size: int,
@@ -169,13 +171,15 @@ def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 
 
 
 def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
-               seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """Median seconds of a draft round's root (``catch_up`` of one new token) and of one deeper level.
+               seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float, float]:
+    """Median seconds of a draft round's root (``catch_up`` of one new token), of one deeper level, and per
+    token of a catch-up over a backlog (the whole text at once, beyond the root's cost).
 
     Runs real rounds of the tree builder on random text, fed with the target's real features when the engine
     needs them (the target decodes each new token between rounds, untimed); engine and target are reset
     afterwards. Medians, like the verify times they are weighed against (a stalled pass moves neither), and
-    the budget replaces them with the times of real rounds as soon as it drafts.
+    the budget replaces them with the times of real rounds as soon as it drafts. The backlog catch-up (what
+    a new prompt costs the draft before its first tree) is timed on the same text, a few times, warm.
     """
     rng = np.random.default_rng(seed)
     n_vocab = target.model.n_vocab
@@ -197,11 +201,28 @@ def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int =
         if feats is not None:
             feats = np.concatenate([feats, target.decode_one(new).features])
         text.append(new)
+    root_s = float(np.median(roots))
+    token_s = _backlog_catch_up(engine, np.asarray(text), None if feats is None else feats[:len(text) - 1],
+                                repeats, clock) - root_s
+    token_s = max(token_s, 0.0) / (len(text) - 1)
     engine.reset()
     target.reset()
     level_s = float(np.median(levels)) if levels else 0.0
-    log.info("draft root %.2f ms, level %.2f ms", np.median(roots) * 1e3, level_s * 1e3)
-    return float(np.median(roots)), level_s
+    log.info("draft root %.2f ms, level %.2f ms, %.3f ms per backlog token", root_s * 1e3, level_s * 1e3,
+             token_s * 1e3)
+    return root_s, level_s, token_s
+
+
+def _backlog_catch_up(engine, tokens: np.ndarray, feats: np.ndarray | None, repeats: int,
+                      clock: Callable[[], float]) -> float:
+    """Median seconds of a fresh engine ingesting all of ``tokens`` (the last one the root) in one catch-up."""
+    times = []
+    for _ in range(repeats):
+        engine.reset()
+        t0 = clock()
+        engine.catch_up(tokens, feats, 0)
+        times.append(clock() - t0)
+    return float(np.median(times))
 
 
 class _Timers:
@@ -243,8 +264,9 @@ def calibration_sizes(params: TreeParams) -> list[int]:
 def measure_costs(target: Target, engine, params: TreeParams, progress=None,
                   clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens``, timed
-    interleaved and checked for disturbance (calibration.py), and the draft's root/level times; a few seconds
-    on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target and engine empty."""
+    interleaved and checked for disturbance (calibration.py), and the draft's root, level and backlog-token
+    times; a few seconds on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target
+    and engine empty."""
     say = progress or log.info
     sizes = calibration_sizes(params)
     say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
@@ -254,8 +276,7 @@ def measure_costs(target: Target, engine, params: TreeParams, progress=None,
     say("timing the draft")
     # every level costs the same (k frontier nodes), so three levels time it as well as six
     short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
-    root_s, level_s = draft_cost(engine, target, short, repeats=3, clock=clock)
-    return cost_model(cal, root_s, level_s)
+    return cost_model(cal, *draft_cost(engine, target, short, repeats=3, clock=clock))
 
 
 def check_costs(target: Target, costs: CostModel, params: TreeParams,

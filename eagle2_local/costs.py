@@ -4,7 +4,8 @@ The tree budget (budget.py) weighs expected accepted tokens against time, so it 
 
 * ``verify_s(n)``: seconds of one target pass over an n-node tree. Flat on a GPU, steep on a small CPU
   (SmolLM2 on 2 cores: 60 nodes cost ~25 single-token decodes, docs/design.md §4).
-* drafting: seconds to get the root's draft logits (``catch_up``) and seconds per deeper level (``expand``).
+* drafting: seconds to get the root's draft logits (``catch_up``), seconds per deeper level (``expand``), and
+  seconds per extra token when the catch-up ingests a backlog (a new prompt, tokens decoded plainly).
 
 Both start from a short calibration (calibration.py, run by calibration.measure_costs) and are corrected online
 from the timings of real rounds. Everything is held in units of one plain decoding step: the plain step's
@@ -31,7 +32,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 CORRECTION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-CACHE_VERSION = 2  # 2: calibrations checked for disturbance; version-1 caches may hold a poisoned curve
+CACHE_VERSION = 3  # 2: calibrations checked for disturbance (version-1 caches may hold a poisoned curve);
+# 3: the draft's catch-up cost per backlog token is measured (version-2 caches lack it)
 
 
 def _median(values) -> float:
@@ -51,13 +53,16 @@ class CostModel:
     the median ratio of observed to calibrated shape at the nearest measured size (sizes between two
     observed ones interpolate in log size; size 1 is the anchor). Medians of short windows, not moving
     averages: one pass stalled by another process moves nothing, a wrong calibration is replaced after a
-    few rounds. ``frozen`` turns online learning off (tests that need fixed costs).
+    few rounds. ``frozen`` turns online learning off (tests that need fixed costs). ``draft_token_s``: seconds
+    per backlog token a catch-up ingests beyond the root (None: not measured; then a token is taken to cost
+    as much as a one-token catch-up, an upper bound, until a real backlog catch-up has been timed).
     """
 
     sizes: list[int]
     verify: list[float]
     draft_root_s: float
     draft_level_s: float
+    draft_token_s: float | None = None
     frozen: bool = False
     window: int = 9
     quality: dict = field(default_factory=dict)  # how the calibration went (calibration.py); not cached
@@ -82,6 +87,7 @@ class CostModel:
         self._knot: list[deque[float]] = [deque(maxlen=self.window) for _ in grid]
         self._root: deque[float] = deque(maxlen=self.window)
         self._level: deque[float] = deque(maxlen=self.window)
+        self._token: deque[float] = deque(maxlen=self.window)
         self.n_observed = 0
         self._refresh_shape()
 
@@ -99,6 +105,8 @@ class CostModel:
         self._slope = max(float(tail), 0.0)
         self._root_rel = _median(self._root) if self._root else self.draft_root_s / self.plain_cal
         self._level_rel = _median(self._level) if self._level else self.draft_level_s / self.plain_cal
+        self._token_rel = (_median(self._token) if self._token else self._root_rel if self.draft_token_s is None
+                           else self.draft_token_s / self.plain_cal)
         self._refresh_plain()
 
     def _refresh_plain(self) -> None:
@@ -133,6 +141,15 @@ class CostModel:
     def draft_s(self, levels: int) -> float:
         """Predicted seconds to draft a tree with ``levels`` levels below the root (level 1 needs no expand)."""
         return self._plain_s * (self._root_rel + max(levels - 1, 0) * self._level_rel)
+
+    def catch_up_steps(self, n_tokens: int) -> float:
+        """Plain steps a catch-up over ``n_tokens`` costs beyond a one-token catch-up (the root's)."""
+        return self._token_rel * max(n_tokens - 1, 0)
+
+    @property
+    def draft_token_now(self) -> float:
+        """Seconds per backlog token of a catch-up, at today's plain speed."""
+        return self._plain_s * self._token_rel
 
     @property
     def draft_level_now(self) -> float:
@@ -176,14 +193,25 @@ class CostModel:
         self._level.extend(s / self._plain_s for s in level_s if s > 0)
         self._refresh_shape()
 
+    def observe_catch_up(self, n_tokens: int, root_s: float) -> None:
+        """A round whose draft first ingested a backlog of ``n_tokens`` (root included) in ``root_s`` seconds:
+        what it took beyond a steady root, per backlog token, in plain steps now."""
+        if self.frozen or n_tokens < 2 or not root_s > 0:
+            return
+        self._token.append(max(root_s / self._plain_s - self._root_rel, 0.0) / (n_tokens - 1))
+        self._refresh_shape()
+
     # ------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
+        token = {} if self.draft_token_s is None else {"draft_token_s": round(self.draft_token_s, 9)}
         return {"sizes": list(self.sizes), "verify_s": [round(v, 7) for v in self.verify],
-                "draft_root_s": round(self.draft_root_s, 7), "draft_level_s": round(self.draft_level_s, 7)}
+                "draft_root_s": round(self.draft_root_s, 7), "draft_level_s": round(self.draft_level_s, 7), **token}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        return cls(list(d["sizes"]), list(d["verify_s"]), float(d["draft_root_s"]), float(d["draft_level_s"]))
+        token = d.get("draft_token_s")
+        return cls(list(d["sizes"]), list(d["verify_s"]), float(d["draft_root_s"]), float(d["draft_level_s"]),
+                   None if token is None else float(token))
 
     def summary(self) -> dict:
         """Milliseconds at a few sizes and what online learning changed: what the stats and the CLI show."""
@@ -191,7 +219,8 @@ class CostModel:
         corrections = {int(self._xs[i]): round(_median(d), 3) for i, d in enumerate(self._knot) if i > 0 and d}
         return {"verify_ms": {n: round(float(self.verify_s(n)) * 1e3, 3) for n in dict.fromkeys(shown)},
                 "draft_root_ms": round(self.draft_root_now * 1e3, 3),
-                "draft_level_ms": round(self.draft_level_now * 1e3, 3), "load": round(self.load, 3),
+                "draft_level_ms": round(self.draft_level_now * 1e3, 3),
+                "draft_token_ms": round(self.draft_token_now * 1e3, 4), "load": round(self.load, 3),
                 "plain_steps_in_window": self.n_plain, "shape_corrections": corrections}
 
 

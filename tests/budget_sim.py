@@ -27,12 +27,18 @@ class World:
     shape: list[float] = field(default_factory=lambda: list(CPU_SHAPE))
     root_s: float = 0.0018
     level_s: float = 0.0063
+    token_s: float | None = None  # catch-up seconds per backlog token (None: 5% of the root's)
     accept_power: float = 1.0  # acceptance = exp(score) ** power: 1 = a calibrated draft
     load: float = 1.0
     now: float = 0.0
 
     def clock(self) -> float:
         return self.now
+
+    def catch_up_time(self, fresh: int) -> float:
+        """The draft ingesting ``fresh`` tokens, the root included."""
+        per_token = 0.05 * self.root_s if self.token_s is None else self.token_s
+        return self.load * (self.root_s + per_token * (fresh - 1))
 
     def plain_time(self) -> float:
         return self.load * self.plain_s
@@ -68,17 +74,18 @@ def level_scores(rng: np.random.Generator, k: int = 10, depth: int = 6) -> list[
 
 
 def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator, tally: Tally | None = None,
-        load_at=None) -> Tally:
-    """``rounds`` rounds of the speculative loop on ``world``; ``load_at(i)`` may set the load per round."""
+        load_at=None, prompt: int = 1) -> Tally:
+    """``rounds`` rounds of the speculative loop on ``world``; ``load_at(i)`` may set the load per round;
+    ``prompt``: the tokens the draft has not read when the loop starts (a new prompt's length)."""
     tally = tally or Tally()
-    fresh = 1
+    fresh = prompt
     for i in range(rounds):
         if load_at is not None:
             world.load = load_at(i)
         t0 = world.now
         if budget.wants_tree(fresh):
             budget.start_round(fresh)
-            world.now += world.load * world.root_s * (1 + 0.05 * (fresh - 1))  # catch-up grows with the backlog
+            world.now += world.catch_up_time(fresh)  # grows with the backlog
             levels = level_scores(rng, depth=budget.max_depth)
             cands = np.zeros(0)
             for d, (scores, frontier) in enumerate(levels, start=1):

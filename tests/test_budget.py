@@ -433,7 +433,9 @@ def test_probes_wait_while_the_draft_has_a_long_backlog():
     scores = np.array([-1.5, -2.0, -2.5])
     for _ in range(3):
         budget.observe_plain(0.009)
-    assert budget.wants_tree(fresh_tokens=500)  # nothing known about trees yet: the first tree is always tried
+    # nothing known about trees yet, but 500 tokens cost the draft ~55 plain steps (a token as dear as its root):
+    # that catch-up waits (test_long_prompt_on_a_loaded_cpu_stays_plain); here the tree round is forced
+    assert not budget.wants_tree(fresh_tokens=500)
     budget.start_round(500)
     budget.level_done(1)
     budget.should_expand(scores, scores, levels_done=1)
@@ -442,3 +444,88 @@ def test_probes_wait_while_the_draft_has_a_long_backlog():
     assert any(budget.wants_tree(fresh_tokens=3) for _ in range(4))
     budget.tree_rate = 10 * budget.costs.plain_rate
     assert budget.wants_tree(fresh_tokens=500)
+
+
+# ------------------------------------------------------------------ a long prompt's catch-up (issue 23)
+# SmolLM2 and its EAGLE-3 head, 1 thread, 3 busy loops on the 2 cores (benchmarks/results/
+# bench-budget-default-head-auto-under-busy-loops-sum-n8.json): plain step 83 ms, draft root 11.5 ms, level 57 ms,
+# and the head's catch-up over a 769-token prompt 2.4 s, i.e. 3.1 ms a token.
+LOADED = dict(plain_s=0.083, root_s=0.0115, level_s=0.057, token_s=0.0031)
+# GPU-like: verifying 60 nodes costs ~1.3 tokens, the head is cheap and ingests a prompt in a fraction of a step
+GPU = dict(plain_s=0.015, shape=[1.0, 1.01, 1.02, 1.03, 1.05, 1.1, 1.2, 1.3], root_s=0.0008, level_s=0.0008,
+           token_s=0.000003)
+
+
+def true_costs(world: World, token_s: float | None = None) -> CostModel:
+    """What a calibration on ``world`` measures (``token_s``: the per-token catch-up it found)."""
+    return CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], world.root_s, world.level_s,
+                     world.token_s if token_s is None else token_s)
+
+
+def test_long_prompt_on_a_loaded_cpu_stays_plain():
+    """Catching the head up on a 769-token prompt costs 29 plain steps here, more than trees could save in a
+    64-token answer: with nothing known about trees yet, the draft waits (catch-up at most 10% of the plain
+    time since), so the answer is plain decoding and costs no catch-up. Without the wait, round 2 drafts."""
+    world = World(**LOADED)
+    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, clock=world.clock)
+    assert budget.ceiling_rate() > budget.costs.plain_rate  # a tree could pay, so only the catch-up holds it
+    tally = run(budget, world, 63, np.random.default_rng(0), prompt=769)
+    assert not any(tally.tree_rounds) and tally.rate() == pytest.approx(1 / world.plain_s)
+    assert budget.catch_up_postponed == 62  # every round but the first (a plain probe, no plain step known)
+    assert budget.summary()["catch_up_postponed"] == 62
+    assert budget.costs.catch_up_steps(769) == pytest.approx(768 * 0.0031 / 0.083)
+    # a long answer: the draft is tried once the catch-up is 10% of the plain time spent, and not before
+    tally = run(budget, world, 400, np.random.default_rng(0), tally=tally, prompt=769 + 63)  # the same backlog
+    first = tally.tree_rounds.index(True)
+    assert 285 <= first <= 290  # 28.7 plain steps of catch-up <= 0.1 x (steps since the prompt)
+
+
+def test_long_prompt_on_a_gpu_starts_trees_after_a_few_tokens():
+    """The same 700-token prompt where ingesting it costs 0.14 plain steps and trees win: the draft waits
+    two plain steps, then trees run and realise several tokens per plain step's time."""
+    world = World(**GPU)
+    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, clock=world.clock)
+    tally = run(budget, world, 64, np.random.default_rng(0), prompt=700)
+    first = tally.tree_rounds.index(True)
+    assert first <= 3 and budget.catch_up_postponed >= 1  # postponed, but only briefly
+    assert tally.tree_share(first) > 0.85 and tally.rate() > 2 / world.plain_s
+
+
+def test_once_trees_win_a_long_backlog_is_caught_up_at_once():
+    """When trees are known to win, the catch-up of a new prompt is an investment: paid in the first round
+    (after a plain probe at most), even where it costs dozens of plain steps."""
+    world = World(**GPU)
+    budget = TreeBudget(true_costs(world, token_s=0.001), max_nodes=60, max_depth=6, clock=world.clock)
+    world.token_s = 0.001  # 700 tokens: 47 plain steps, which a postponed draft would wait 470 rounds on
+    budget.tree_rate = 3 * budget.costs.plain_rate
+    run(budget, world, 30, np.random.default_rng(0), prompt=5)
+    assert not budget.trees_losing()
+    postponed = budget.catch_up_postponed
+    tally = run(budget, world, 8, np.random.default_rng(1), prompt=700)
+    assert any(tally.tree_rounds[:2]) and budget.catch_up_postponed == postponed
+    assert budget.costs.draft_token_now == pytest.approx(0.001, rel=0.2)  # the catch-up timed online
+
+
+def test_catch_up_cost_is_learned_from_the_first_long_catch_up():
+    """A calibration that found the catch-up free (a spoiled timing) lets the first long prompt draft at once
+    on the loaded CPU; that round's timing teaches the real cost, and a budget on those costs (trees not yet
+    judged) waits on the next prompt."""
+    world = World(**LOADED)
+    budget = TreeBudget(true_costs(world, token_s=0.0), max_nodes=60, max_depth=6, clock=world.clock)
+    first = run(budget, world, 63, np.random.default_rng(0), prompt=769)
+    assert first.tree_rounds[1] and budget.catch_up_postponed == 0
+    assert budget.costs.catch_up_steps(769) == pytest.approx(768 * 0.0031 / 0.083, rel=0.05)
+    fresh = TreeBudget(budget.costs, max_nodes=60, max_depth=6, clock=world.clock)
+    second = run(fresh, world, 63, np.random.default_rng(1), prompt=769)
+    assert not any(second.tree_rounds) and fresh.catch_up_postponed == 63  # plain steps known: no plain probe
+
+
+def test_catch_up_cost_is_calibrated_and_cached(tmp_path):
+    """The per-token catch-up cost travels through the cache; a cache without it (version 2) is not used."""
+    key = CostKey(model="m", draft="d", build="b", threads=1, n_gpu_layers=0, tree_top_k=10)
+    costs = CostModel(SIZES, STEEP, 0.001, 0.002, 0.00025)
+    save_costs(key, costs, tmp_path)
+    again = load_costs(key, tmp_path)
+    assert again.draft_token_s == 0.00025 and again.catch_up_steps(101) == pytest.approx(100 * 0.00025)
+    assert "draft_token_s" not in steep().to_dict()
+    assert steep().catch_up_steps(11) == pytest.approx(10 * 0.001 / 0.009)  # unmeasured: a token = a root
