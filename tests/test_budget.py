@@ -521,7 +521,8 @@ def test_catch_up_cost_is_learned_from_the_first_long_catch_up():
 
 
 def test_catch_up_cost_is_calibrated_and_cached(tmp_path):
-    """The per-token catch-up cost travels through the cache; a cache without it (version 2) is not used."""
+    """The per-token catch-up cost travels through the cache; a cost model without it takes a backlog token
+    to cost as much as the root (an upper bound) until a real catch-up is timed."""
     key = CostKey(model="m", draft="d", build="b", threads=1, n_gpu_layers=0, tree_top_k=10)
     costs = CostModel(SIZES, STEEP, 0.001, 0.002, 0.00025)
     save_costs(key, costs, tmp_path)
