@@ -63,6 +63,12 @@ def runtime_options(fn):
         model_option(),
         draft_model_option(),
         head_option(),
+        click.option("--draft", "draft", metavar="KIND[:PATH]", default=None,
+                     help="Any draft by kind: `lookup` (n-gram lookups in the prompt and the answer so far; no "
+                          "model or head needed, works for any GGUF), `head:PATH`, `draft-model:PATH`."),
+        click.option("--lookup/--no-lookup", default=False, show_default=True,
+                     help="Merge lookup branches (spans the text repeats) into the trees of --head/--draft-model; "
+                          "alone if no other draft is named."),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         threads_option(),
@@ -118,13 +124,14 @@ def friendly_errors(fn):
 
 
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
-         tree_top_k, verbose, rpc=None, seed=None):
+         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=False):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
     from eagle2_local.api import Eagle2
     return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
                   n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
                   plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate, rpc_servers=rpc,
+                  draft=draft, lookup=lookup,
                   progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .budget import TreeBudget
 from .chat import prompt_tokens, render_for_model
-from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft
+from .drafts import DraftEngine, DraftModelEngine, DraftSpec, MergedDraft, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .costs import CostKey, cached_or_measured, file_identity
@@ -48,7 +48,7 @@ class Eagle2:
                  verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
-                 draft_timer: DraftTimer | None = None) -> None:
+                 lookup: bool = False, draft_timer: DraftTimer | None = None) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
         ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
@@ -58,14 +58,17 @@ class Eagle2:
         ``progress`` receives the calibration's progress lines.
 
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
-        :class:`DraftSpec`); none and no ``model_path``: the default model's shipped head. ``plain``: none.
-        ``draft_timer`` hears how long each draft call takes (benchmarks)."""
+        :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
+        ``plain``: none. ``lookup``: merge n-gram lookups in the text into the draft's trees (alone when no
+        other draft is named). ``draft_timer`` hears how long each draft call takes (benchmarks)."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
         total_tokens = 60 if total_tokens is None else total_tokens
         self.budget_mode = mode
         spec = _draft_of(model_path, head_path, draft_model_path, draft)
+        if spec is None and lookup:
+            spec = DraftSpec("lookup")
         self.model_path = resolve_model(model_path)
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
         n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
@@ -80,6 +83,8 @@ class Eagle2:
             self.settings = prepared.settings
         self.target = Target(self.model, self.settings)
         engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
+        if engine is not None and lookup:
+            engine = with_lookup(engine, self.tree_params)
         tree_budget = None
         if engine is not None and mode == "auto":
             tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
@@ -123,6 +128,8 @@ class Eagle2:
     def draft_model(self) -> LlamaModel | None:
         """The draft model, when the draft is a same-vocabulary GGUF (not a head)."""
         engine = self.generator.engine
+        if isinstance(engine, MergedDraft):
+            engine = engine.model
         return engine.model if isinstance(engine, DraftModelEngine) else None
 
     def n_ctx(self) -> int:

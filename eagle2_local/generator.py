@@ -20,7 +20,7 @@ from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import Target
-from .tree import DraftOutput, DraftTree, TreeParams, grow_candidates, select_tree
+from .tree import SOURCE_NAMES, DraftOutput, DraftTree, TreeParams, grow_candidates, select_tree
 from .tree_policy import FixedTree, TreePolicy
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ class GenerationStats:
     pass_tokens: int = 0  # tokens those passes produced: accepted + the target's own, also any past a stop
     accepted_per_depth: list[int] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)  # nodes verified per drafted round
+    nodes_by_source: dict[str, int] = field(default_factory=dict)  # verified draft nodes per drafter (SOURCE_NAMES)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per drafter
     plain_steps: int = 0  # rounds the budget (or a full context) turned into plain decoding steps
     budget: dict | None = None  # the tree budget's state after this generation (None: fixed tree)
     prefill_s: float = 0.0
@@ -69,6 +71,7 @@ class GenerationStats:
             "accepted_per_depth": list(self.accepted_per_depth),
             "mean_tree_size": round(float(np.mean(self.tree_sizes)), 2) if self.tree_sizes else 0.0,
             "tree_size_hist": {int(n): int(c) for n, c in zip(*np.unique(self.tree_sizes, return_counts=True))},
+            "nodes_by_source": dict(self.nodes_by_source), "accepted_by_source": dict(self.accepted_by_source),
             "plain_steps": self.plain_steps, "budget": self.budget,
             "prefill_s": round(self.prefill_s, 4), "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
@@ -267,6 +270,8 @@ class Generator:
         stats.pass_tokens += len(acc.path)  # the accepted draft tokens and the target's own
         stats.tree_sizes.append(len(tree))
         _count_depths(stats.accepted_per_depth, acc.n_accepted)
+        _count_sources(stats.nodes_by_source, tree.sources[1:])
+        _count_sources(stats.accepted_by_source, tree.sources[acc.path[1:]])
         on_path = np.isin(np.arange(1, len(tree)), acc.path)
         budget.observe_tree(tree.scores[1:], on_path, t_verify - t_draft, len(acc.path))
         # the engine has now read the root; the features of root + accepted nodes are its next round's input
@@ -296,7 +301,7 @@ class Generator:
         expand = self.engine.expand if self.timer is None else self._timed_expand
         cands = grow_candidates(root_out, expand, params, self.budget.should_expand, self.budget.level_done)
         n_nodes = min(self.budget.choose_size(cands.scores), params.total_tokens)
-        return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes)
+        return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
 
 
     def _timed_expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray,
@@ -320,6 +325,13 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         return 0
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if diff.size else n
+
+
+def _count_sources(counts: dict[str, int], sources: np.ndarray) -> None:
+    """Add one to ``counts[name]`` per node, by the drafter that proposed it."""
+    for code, n in zip(*np.unique(sources, return_counts=True)):
+        name = SOURCE_NAMES[int(code)]
+        counts[name] = counts.get(name, 0) + int(n)
 
 
 def _count_depths(per_depth: list[int], n_accepted: int) -> None:

@@ -25,6 +25,11 @@ from .errors import TreeError
 
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences; our trees stay well below
 
+# Which drafter proposed a candidate (stats only: verification treats every node alike). A token that a neural
+# draft and a lookup both proposed is BOTH.
+MODEL, LOOKUP, BOTH = 0, 1, 2
+SOURCE_NAMES = ("model", "lookup", "both")
+
 
 @dataclass(frozen=True)
 class TreeParams:
@@ -55,16 +60,23 @@ class Proposals:
     ``tokens`` and ``log_probs`` are (n, m) arrays; a row with fewer than m candidates pads with
     ``log_probs = -inf`` (padding is never drafted). Log-probabilities are the draft's own (each row's
     probabilities sum to at most 1); the tree ranks paths by their sums, as it does with dense rows.
+    ``sources`` says which drafter proposed each entry (:data:`MODEL` unless given), for the statistics.
     """
 
     tokens: np.ndarray
     log_probs: np.ndarray
+    sources: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.tokens = np.atleast_2d(np.asarray(self.tokens, dtype=np.int64))
         self.log_probs = np.atleast_2d(np.asarray(self.log_probs, dtype=np.float64))
         if self.tokens.shape != self.log_probs.shape:
             raise TreeError(f"proposal tokens {self.tokens.shape} and log-probs {self.log_probs.shape} differ")
+        if self.sources is None:
+            self.sources = np.full(self.tokens.shape, MODEL, dtype=np.int8)
+        self.sources = np.atleast_2d(np.asarray(self.sources, dtype=np.int8))
+        if self.sources.shape != self.tokens.shape:
+            raise TreeError(f"proposal sources {self.sources.shape} and tokens {self.tokens.shape} differ")
         if np.any(self.log_probs > 1e-9):
             raise TreeError("proposal log-probabilities must be <= 0")
 
@@ -129,12 +141,14 @@ def top_k_log_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     return idx, vals.astype(np.float64) - log_normalizer(logits)[:, None]
 
 
-def top_children(out: "DraftOutput", k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each drafted row's k best next tokens and their log-probabilities, from dense logits or proposals."""
+def top_children(out: "DraftOutput", k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each drafted row's k best next tokens, their log-probabilities and sources, from dense logits (all
+    :data:`MODEL`) or proposals."""
     if isinstance(out, Proposals):
         cols, lp = top_k_rows(out.log_probs, k)
-        return np.take_along_axis(out.tokens, cols, axis=-1), lp
-    return top_k_log_probs(np.atleast_2d(out), k)
+        return np.take_along_axis(out.tokens, cols, axis=-1), lp, np.take_along_axis(out.sources, cols, axis=-1)
+    tok, lp = top_k_log_probs(np.atleast_2d(out), k)
+    return tok, lp, np.full(tok.shape, MODEL, dtype=np.int8)
 
 
 @dataclass
@@ -142,19 +156,23 @@ class DraftTree:
     """A verified-in-one-pass tree. Node 0 is the root (the last sampled token, not yet in the KV cache).
 
     ``parents[i] < i`` for every non-root node, so node order is a valid decode order.
-    ``cand_ids`` maps nodes back to the candidate ids the draft engine saw (-1 for the root).
+    ``cand_ids`` maps nodes back to the candidate ids the draft engine saw (-1 for the root); ``sources`` says
+    which drafter proposed each node (:data:`SOURCE_NAMES`; the root's entry means nothing).
     """
 
     tokens: np.ndarray
     parents: np.ndarray
     scores: np.ndarray
     cand_ids: np.ndarray
+    sources: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int32)
         self.parents = np.asarray(self.parents, dtype=np.int32)
         self.scores = np.asarray(self.scores, dtype=np.float64)
         self.cand_ids = np.asarray(self.cand_ids, dtype=np.int64)
+        self.sources = (np.full(len(self.tokens), MODEL, dtype=np.int8) if self.sources is None
+                        else np.asarray(self.sources, dtype=np.int8))
         validate_parents(self.parents)
         if len(self.tokens) != len(self.parents):
             raise TreeError("tree tokens and parents differ in length")
@@ -248,6 +266,7 @@ class Candidates:
     scores: np.ndarray  # cumulative log-probabilities of the paths (EAGLE-2's ranking score)
     parents: np.ndarray  # candidate id of the parent, -1 = the root
     levels: int  # draft levels grown (1 = only the root's children)
+    sources: np.ndarray | None = None  # which drafter proposed each candidate (MODEL when not given)
 
 
 # should_expand(all candidate scores so far, frontier scores, levels grown) -> grow another level?
@@ -263,10 +282,11 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
     grown, the last one included (the budget times the draft with it). Children with a log-probability of
     -inf (a proposal's padding, a token outside a draft's vocabulary) are never candidates."""
     k = params.top_k
-    first_tok, first_lp = top_children(root_logits, k)
+    first_tok, first_lp, first_src = top_children(root_logits, k)
     drafted = np.isfinite(first_lp[0])
     cand_tok = [first_tok[0][drafted]]
     cand_score = [first_lp[0][drafted]]
+    cand_src = [first_src[0][drafted]]
     cand_parent = [np.full(len(cand_tok[0]), -1, dtype=np.int64)]
     frontier = np.arange(len(cand_tok[0]), dtype=np.int64)
     frontier_scores = cand_score[0]
@@ -281,10 +301,11 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
             break
         if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels):
             break
-        tok, lp = top_children(expand(frontier, all_tok[frontier], all_parent[frontier], level - 1), k)
+        tok, lp, src = top_children(expand(frontier, all_tok[frontier], all_parent[frontier], level - 1), k)
         cum = (frontier_scores[:, None] + lp).reshape(-1)
         drafted = np.isfinite(cum)
         cand_tok.append(tok.reshape(-1)[drafted])
+        cand_src.append(src.reshape(-1)[drafted])
         cand_score.append(cum[drafted])
         cand_parent.append(np.repeat(frontier, tok.shape[1])[drafted])
         flat_best = top_k_rows(cand_score[-1][None], k)[0][0] if drafted.any() else np.zeros(0, np.int64)
@@ -296,17 +317,17 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
         levels = level
     if level_done is not None and levels == params.depth:
         level_done(levels)
-    return Candidates(all_tok, np.concatenate(cand_score), all_parent, levels)
+    return Candidates(all_tok, np.concatenate(cand_score), all_parent, levels, np.concatenate(cand_src))
 
 
 def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params: TreeParams) -> DraftTree:
     """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
     c = grow_candidates(root_logits, expand, params)
-    return select_tree(root_token, c.tokens, c.scores, c.parents, params.total_tokens)
+    return select_tree(root_token, c.tokens, c.scores, c.parents, params.total_tokens, c.sources)
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,
-                total_tokens: int) -> DraftTree:
+                total_tokens: int, cand_sources: np.ndarray | None = None) -> DraftTree:
     """Keep the best ``total_tokens - 1`` candidates plus the root, in candidate (= decode) order."""
     n_keep = min(total_tokens - 1, len(cand_tok))
     order = np.lexsort((np.arange(len(cand_tok)), -cand_score))
@@ -322,4 +343,5 @@ def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, c
         parents=np.concatenate([[-1], parents]),
         scores=np.concatenate([[0.0], cand_score[kept]]),
         cand_ids=np.concatenate([[-1], kept]),
+        sources=None if cand_sources is None else np.concatenate([[MODEL], cand_sources[kept]]),
     )

@@ -4,8 +4,12 @@
 from .base import DraftEngine, DraftOutput, Proposals
 from .draft_model import DraftModelEngine, check_same_vocab
 from .eagle1_numpy import Eagle1NumpyEngine
+from .lookup import LookupDraft, NgramIndex
+from .merged import MergedDraft
 from .open_head import open_head
-from .registry import DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft
+from .registry import (DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft,
+                       with_lookup)
 
 __all__ = ["DRAFTERS", "DraftEngine", "DraftKind", "DraftModelEngine", "DraftOutput", "DraftSpec", "Eagle1NumpyEngine",
-           "PreparedDraft", "Proposals", "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft"]
+           "LookupDraft", "MergedDraft", "NgramIndex", "PreparedDraft", "Proposals", "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft",
+           "with_lookup"]

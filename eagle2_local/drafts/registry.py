@@ -22,6 +22,8 @@ from ..target import Target
 from ..tree import TreeParams
 from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab
+from .lookup import LookupDraft
+from .merged import MergedDraft
 from .open_head import check_head_fits, open_head, read_head_info, target_settings_for
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ class DraftSpec:
 
     @classmethod
     def parse(cls, text: str) -> "DraftSpec":
-        """``KIND:PATH`` (``head:h.gguf``, ``draft-model:d.gguf``) or ``KIND`` alone."""
+        """``KIND:PATH`` (``head:h.gguf``, ``draft-model:d.gguf``) or ``KIND`` alone (``lookup``)."""
         kind, _, path = text.partition(":")
         return cls(kind, Path(path).expanduser() if path else None)
 
@@ -76,6 +78,7 @@ class DraftKind:
     ``verbose``, ``rpc_servers``), the same as the target's."""
 
     prepare: Callable[[DraftSpec, LlamaModel, ContextSettings, dict[str, Any]], PreparedDraft]
+    needs_file: bool = True  # False: the draft has no weights (a lookup in the text)
 
 
 def _prepare_head(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
@@ -108,10 +111,21 @@ def _prepare_draft_model(spec: DraftSpec, model: LlamaModel, settings: ContextSe
     return PreparedDraft(settings, open_engine)
 
 
+def _prepare_lookup(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
+                    offload: dict[str, Any]) -> PreparedDraft:
+    return PreparedDraft(settings, lambda target, params: LookupDraft(max_branches=params.top_k))
+
+
 DRAFTERS: dict[str, DraftKind] = {
     "head": DraftKind(_prepare_head),  # an EAGLE-1/2 or EAGLE-3 head GGUF (eagle2-local convert / train)
     "draft-model": DraftKind(_prepare_draft_model),  # a smaller GGUF with the target's vocabulary
+    "lookup": DraftKind(_prepare_lookup, needs_file=False),  # n-gram lookups in the prompt and the answer so far
 }
+
+
+def with_lookup(engine: DraftEngine, tree_params: TreeParams) -> DraftEngine:
+    """``engine`` with lookup branches merged into its trees (a lookup draft stays as it is)."""
+    return engine if isinstance(engine, (LookupDraft, MergedDraft)) else MergedDraft(engine, tree_params.top_k)
 
 
 def prepare_draft(spec: DraftSpec, model: LlamaModel, settings: ContextSettings, **offload: Any) -> PreparedDraft:
@@ -120,8 +134,10 @@ def prepare_draft(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
     kind = DRAFTERS.get(spec.kind)
     if kind is None:
         raise Eagle2Error(f"unknown draft kind {spec.kind!r}; known: {', '.join(DRAFTERS)}")
-    if spec.path is None:
+    if spec.path is None and kind.needs_file:
         raise Eagle2Error(f"a {spec.kind} draft needs a file ({spec.kind}:PATH)")
+    if spec.path is not None and not kind.needs_file:
+        raise Eagle2Error(f"a {spec.kind} draft reads no file; give just {spec.kind!r}")
     return kind.prepare(spec, model, settings, offload)
 
 

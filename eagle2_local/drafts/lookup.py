@@ -1,0 +1,187 @@
+"""Draft engine: lookup drafts from the text itself (prompt plus everything generated), no model at all.
+
+Summaries, answers over a document, code edits and long chats repeat spans of their own context. The
+:class:`NgramIndex` remembers, for every n-gram of the text (n = 1..``max_n``), the positions right after its
+occurrences; it grows by one entry per n for each committed token and shrinks the same way on rollback, so it
+never rescans the text. For the current suffix the longest n-gram that occurred before names the continuations
+that followed it, and each distinct next token becomes a branch of the draft tree.
+
+A branch's probability is the :class:`MatchConfidence` of its match length (learned online from this text:
+how often the most frequent continuation of a match of that length was the token that really came next),
+scaled by how often that token followed the match relative to the most frequent one. Deeper tree levels
+simply look the suffix up again with the node's path appended, so a copied span is followed token by token,
+and the match grows longer (and more confident) as it goes.
+
+Drafting costs a few dictionary lookups per node: the tree budget measures it like any draft and sees ~0.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..tree import LOOKUP, Proposals
+
+log = logging.getLogger(__name__)
+
+
+class MatchConfidence:
+    """Per match length n: the rate at which the top continuation of an n-token match was the next token.
+
+    Starts from a prior that rises with n and follows the text as it comes (counts capped, so recent text
+    weighs most: a prompt's own repetitiveness is a prior for its answer, not the final word)."""
+
+    def __init__(self, max_n: int, prior_weight: float = 2.0, max_count: float = 48.0) -> None:
+        n = np.arange(max_n + 1, dtype=np.float64)
+        prior = 0.15 + 0.65 * np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
+        self.trials = np.full(max_n + 1, prior_weight)
+        self.hits = prior_weight * prior
+        self.max_count = max_count
+
+    def rate(self, n: int) -> float:
+        return float(self.hits[n] / self.trials[n])
+
+    def observe(self, n: int, hit: bool) -> None:
+        self.trials[n] += 1.0
+        self.hits[n] += float(hit)
+        if self.trials[n] > self.max_count:
+            scale = self.max_count / self.trials[n]
+            self.trials[n] *= scale
+            self.hits[n] *= scale
+
+
+class NgramIndex:
+    """Every n-gram of the text (1 <= n <= ``max_n``) -> the positions that followed its occurrences, in order.
+
+    ``extend`` and ``truncate`` cost O(max_n) per token; ``continuations`` looks at the most recent
+    ``max_positions`` occurrences of the longest matching n-gram."""
+
+    def __init__(self, max_n: int = 8, max_positions: int = 64) -> None:
+        self.max_n = max_n
+        self.max_positions = max_positions
+        self.text: list[int] = []
+        self._next: dict[tuple[int, ...], list[int]] = {}
+        self.confidence = MatchConfidence(max_n)
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def clear(self) -> None:
+        self.text = []
+        self._next = {}
+        self.confidence = MatchConfidence(self.max_n)
+
+    def extend(self, tokens) -> None:
+        """Append committed tokens; each one first scores the prediction the index would have made for it."""
+        for tok in (int(t) for t in tokens):
+            match = self.longest_match(self.text)
+            if match is not None:
+                n, positions = match
+                self.confidence.observe(n, self._ranked(positions)[0][0] == tok)
+            j = len(self.text)
+            self.text.append(tok)
+            for n in range(1, min(self.max_n, j) + 1):
+                self._next.setdefault(tuple(self.text[j - n:j]), []).append(j)
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every token from ``n_tokens`` on (the learned confidences stay: they describe the text's kind)."""
+        while len(self.text) > n_tokens:
+            j = len(self.text) - 1
+            for n in range(1, min(self.max_n, j) + 1):
+                key = tuple(self.text[j - n:j])
+                positions = self._next[key]
+                positions.pop()
+                if not positions:
+                    del self._next[key]
+            self.text.pop()
+
+    def longest_match(self, context: list[int]) -> tuple[int, list[int]] | None:
+        """The longest n whose last-n-token suffix of ``context`` occurred before with a follower, and the
+        positions of those followers (None: not even the last token did)."""
+        for n in range(min(self.max_n, len(context)), 0, -1):
+            positions = self._next.get(tuple(context[-n:]))
+            if positions:
+                return n, positions
+        return None
+
+    def _ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        """Distinct follower tokens of the recent occurrences with their counts, most frequent first (ties:
+        the most recent first)."""
+        counts: dict[int, int] = {}
+        for p in reversed(positions[-self.max_positions:]):
+            tok = self.text[p]
+            counts[tok] = counts.get(tok, 0) + 1
+        return sorted(counts.items(), key=lambda item: -item[1])  # stable: recency breaks ties
+
+    def continuations(self, context: list[int], max_branches: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next tokens the text suggests after ``context`` and their probabilities (best first)."""
+        match = self.longest_match(context)
+        if match is None:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        n, positions = match
+        ranked = self._ranked(positions)[:max_branches]
+        top = ranked[0][1]
+        probs = self.confidence.rate(n) * np.array([c for _, c in ranked], dtype=np.float64) / top
+        if probs.sum() > 1.0:
+            probs /= probs.sum()
+        return np.array([t for t, _ in ranked], dtype=np.int64), probs
+
+
+class LookupDraft:
+    """A draft engine over an :class:`NgramIndex` of the text: proposals, never dense logits."""
+
+    name = "lookup"
+    needs_features = False
+    weights_path = None
+
+    def __init__(self, max_branches: int = 10, max_n: int = 8) -> None:
+        self.max_branches = max_branches
+        self.index = NgramIndex(max_n)
+        self._path: dict[int, list[int]] = {}  # candidate id -> tokens from the root's child down to it
+
+    @property
+    def n_seen(self) -> int:
+        return len(self.index)
+
+    def reset(self) -> None:
+        self.index.clear()
+        self._path.clear()
+
+    def rollback(self, n_tokens: int) -> None:
+        self._path.clear()
+        self.index.truncate(min(n_tokens, len(self.index)))
+
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> Proposals:
+        """Index the unseen tail of ``tokens`` (root included); propose the root's children."""
+        self._path.clear()
+        self.index.extend(np.asarray(tokens)[len(self.index):].tolist())
+        return self._propose([self.index.text])
+
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
+        contexts = []
+        tail = self.index.text[-self.index.max_n:]
+        for cand, tok, parent in zip(np.asarray(cand_ids).tolist(), np.asarray(tokens).tolist(),
+                                     np.asarray(parent_ids).tolist()):
+            path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
+            self._path[cand] = path
+            contexts.append(tail + path)
+        return self._propose(contexts)
+
+    def _propose(self, contexts: list[list[int]]) -> Proposals:
+        width = max(self.max_branches, 1)
+        tokens = np.zeros((len(contexts), width), dtype=np.int64)
+        log_probs = np.full((len(contexts), width), -np.inf)
+        for row, context in enumerate(contexts):
+            toks, probs = self.index.continuations(context, width)
+            tokens[row, :len(toks)] = toks
+            with np.errstate(divide="ignore"):
+                log_probs[row, :len(toks)] = np.log(probs)
+        return Proposals(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
+
+    def commit(self, accepted_cand_ids: np.ndarray) -> None:
+        """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
+        self._path.clear()
+
+    def close(self) -> None:
+        self.reset()
