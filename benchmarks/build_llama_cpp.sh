@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own speculative tools (n-gram lookup drafting) from the llama.cpp that the installed
+# llama-cpp-python vendors, so comparisons run the same ggml kernels. CPU only, only the needed targets.
+# Idempotent: reuses the downloaded sdist and the build folder; rerunning only rebuilds what changed.
+#   Usage: benchmarks/build_llama_cpp.sh            (JOBS=2 by default; runs under nice -n 10)
+#   Prints the folder with the binaries (llama-lookup, llama-speculative-simple, llama-server, llama-completion).
+set -euo pipefail
+cache="${HOME}/.cache/eagle2-local"
+ver="${LLAMA_CPP_PYTHON_VERSION:-$(python -c 'import llama_cpp; print(llama_cpp.__version__)')}"
+sdist_dir="$cache/src"
+src="$sdist_dir/llama_cpp_python-$ver"
+mkdir -p "$sdist_dir"
+if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
+  pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$sdist_dir" >&2
+  tar xzf "$sdist_dir/llama_cpp_python-$ver.tar.gz" -C "$sdist_dir"
+fi
+# The sdist names the vendored llama.cpp commit in its changelog entry for this release.
+commit=$(awk -v v="## [$ver]" '$0==v{f=1;next} f&&/^## \[/{exit} f' "$src/CHANGELOG.md" \
+         | grep -o 'llama.cpp@[0-9a-f]*' | head -1 | cut -d@ -f2)
+commit="${commit:-unknown}"
+out="$cache/llama.cpp-$commit"
+targets=(llama-lookup llama-speculative-simple llama-server llama-completion)
+if [ ! -f "$out/build/CMakeCache.txt" ]; then
+  cmake -S "$src/vendor/llama.cpp" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_COMMIT="$commit" -DBUILD_SHARED_LIBS=OFF >&2
+fi
+nice -n 10 cmake --build "$out/build" -j "${JOBS:-2}" --target "${targets[@]}" >&2
+for t in "${targets[@]}"; do test -x "$out/build/bin/$t" || { echo "error: $t was not built" >&2; exit 1; }; done
+echo "$out/build/bin"
