@@ -25,6 +25,9 @@ def stats_line(stats: dict) -> str:
     line = f"{stats['n_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s"
     if stats["engine"] != "plain":
         line += f", tau {stats['tau']:.2f} ({stats['target_passes']} target passes)"
+        by_source = stats.get("accepted_by_source") or {}
+        if set(by_source) - {"model"}:
+            line += f", {by_source.get('lookup', 0) + by_source.get('both', 0)} draft tokens from lookups"
         if stats.get("budget"):
             line += f", tree {stats['mean_tree_size']:.1f} nodes, {stats['plain_steps']} plain steps"
     return line
@@ -121,6 +124,10 @@ def bench_table(report: dict) -> list[str]:
         ties = "-" if s["near_tie_divergences"] is None else str(s["near_tie_divergences"])
         lines.append(f"{name:<12} {s['tokens_per_s_plain']:>11.1f} {s['tokens_per_s_eagle']:>11.1f} "
                      f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f}")
+        by_source = s.get("accepted_by_source") or {}
+        if set(by_source) - {"model"}:
+            lines.append(f"{'':<12} accepted draft tokens by source: "
+                         + ", ".join(f"{k} {v}" for k, v in sorted(by_source.items())))
         if "llama_cpp" in s:
             t = s["llama_cpp"]
             lines.append(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
