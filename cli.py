@@ -246,8 +246,8 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     sets = load_prompt_sets(list(prompt_specs), n_prompts)
     llm = load(**rt, seed=seed)
     if not llm.speculative:
-        fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model uses its shipped "
-             "head when there is one)")
+        fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "
+             "uses its shipped head when there is one)")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     b = Bench(llm, sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance,
               seed=seed, chat=not no_chat)
