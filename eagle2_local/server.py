@@ -215,6 +215,34 @@ class Job:
                 return
 
 
+class GenerationTotals:
+    """What the generations since the server started produced, summed: tokens, target passes (so τ), and the
+    draft tokens verified and accepted per drafter (model, lookup, both)."""
+
+    def __init__(self) -> None:
+        self.generations = self.n_tokens = self.target_passes = self.pass_tokens = self.plain_steps = 0
+        self.nodes_by_source: dict[str, int] = {}
+        self.accepted_by_source: dict[str, int] = {}
+        self.last: dict | None = None
+
+    def add(self, stats: dict) -> None:
+        self.generations += 1
+        self.last = stats
+        for key in ("n_tokens", "target_passes", "pass_tokens", "plain_steps"):
+            setattr(self, key, getattr(self, key) + int(stats.get(key, 0)))
+        for key in ("nodes_by_source", "accepted_by_source"):
+            total = getattr(self, key)
+            for source, n in (stats.get(key) or {}).items():
+                total[source] = total.get(source, 0) + n
+
+    def as_dict(self) -> dict:
+        tau = self.pass_tokens / self.target_passes if self.target_passes else 1.0
+        return {"generations": self.generations, "n_tokens": self.n_tokens, "target_passes": self.target_passes,
+                "pass_tokens": self.pass_tokens, "tau": round(tau, 4), "plain_steps": self.plain_steps,
+                "nodes_by_source": dict(self.nodes_by_source),
+                "accepted_by_source": dict(self.accepted_by_source), "last": self.last}
+
+
 class ModelWorker:
     """Runs generations on one dedicated thread, one at a time, in the order they were admitted."""
 
@@ -227,11 +255,16 @@ class ModelWorker:
         self.waiting = self.running = 0
         self.completed = self.stopped_early = self.failed = 0
         self._mean_s = 1.0  # running mean of a request's duration, for Retry-After
+        self.totals = GenerationTotals()
 
     def status(self) -> dict:
         with self._lock:
             return {"running": self.running, "waiting": self.waiting, "max_waiting": self.max_waiting,
                     "completed": self.completed, "stopped_early": self.stopped_early, "failed": self.failed}
+
+    def totals_dict(self) -> dict:
+        with self._lock:
+            return self.totals.as_dict()
 
     def admit(self, job: Job) -> None:
         """Queue ``job``, or refuse with 503 + Retry-After when ``max_waiting`` requests already wait."""
@@ -289,6 +322,8 @@ class ModelWorker:
                     return "cancelled", None
         finally:
             stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
+            with self._lock:
+                self.totals.add(self.llm.stats())
         return "done", {"tokens": tokens, "finish_reason": reason or "stop", "stats": self.llm.stats()}
 
 
@@ -363,6 +398,11 @@ class Service:
     async def health(self) -> dict:
         return {"status": "ok", "model": self.model_name, "engine": self.llm.engine_name,
                 "n_ctx": self.llm.n_ctx(), "queue": self.worker.status()}
+
+    async def stats(self) -> dict:
+        """Totals since the server started (τ, draft tokens accepted per drafter) and the last generation's
+        statistics."""
+        return {"model": self.model_name, "engine": self.llm.engine_name, **self.worker.totals_dict()}
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
@@ -586,6 +626,7 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
     app = FastAPI(title="eagle2-local", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/stats", service.stats, methods=["GET"])
     app.add_api_route("/v1/models", service.models, methods=["GET"])
     app.add_api_route("/v1/completions", service.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])

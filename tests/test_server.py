@@ -365,9 +365,9 @@ def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path,
     """The auto budget mostly picks plain steps on a slow CPU, so this runs a small fixed tree (every round
     drafts and verifies 6 nodes): 4 concurrent streaming clients x 2 requests, three abandoned in the middle of
     their tree rounds, then a prompt longer than a batch. Each finished answer still equals `generate --plain`,
-    and drafts were really accepted."""
+    and drafts were really accepted. Lookup branches join the head's trees (--lookup); /stats sums it all up."""
     n_clients, n_requests = 4, 2
-    s = start_server(tmp_path / "server.log", *SERVER_ARGS, "--total-tokens", "6", "--depth", "3")
+    s = start_server(tmp_path / "server.log", *SERVER_ARGS, "--total-tokens", "6", "--depth", "3", "--lookup")
     try:
         results = _run_clients(s, n_clients, n_requests, leave_after=4)
         finished = _assert_finished_match(results, references, n_clients, n_requests)
@@ -385,7 +385,15 @@ def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path,
         long = chat(s.openai(), LONG).model_extra["eagle"]
         assert long["prompt_tokens"] > 512 and long["prompt_tokens_reused"] > 0 and long["plain_steps"] == 0
         assert long["tokens"] == references[LONG]["tokens"]
-        assert chat(s.openai(), PROMPTS[2]).model_extra["eagle"]["tokens"] == references[PROMPTS[2]]["tokens"]
+        last = chat(s.openai(), PROMPTS[2]).model_extra["eagle"]
+        assert last["tokens"] == references[PROMPTS[2]]["tokens"]
+
+        with s.http() as http:
+            totals = http.get("/stats").json()
+        assert totals["engine"].endswith("+lookup") and totals["generations"] == len(results) + 2, totals
+        assert totals["last"]["accepted_by_source"] == last["accepted_by_source"]
+        assert sum(totals["accepted_by_source"].values()) >= accepted + sum(long["accepted_by_source"].values())
+        assert totals["tau"] == round(totals["pass_tokens"] / totals["target_passes"], 4) > 1.0
     finally:
         stop_server(s)
 
