@@ -107,7 +107,7 @@ class Eagle2:
         costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
-                          calibration={**info, **costs.summary()})
+                          calibration={**info, **costs.summary()}, free_lookup=isinstance(engine, MergedDraft))
 
     # ------------------------------------------------------------------ info
     @property

@@ -94,13 +94,15 @@ def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes:
 
 
 def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, levels_left: int,
-                   costs: CostModel, max_nodes: int) -> bool:
+                   costs: CostModel, max_nodes: int, level_s: float | None = None) -> bool:
     """Could one or more further levels beat the best tree available now?
 
     A level's nodes are children of the frontier, and children's path probabilities sum to at most their
     parent's, so j more levels add at most ``j * frontier_mass`` expected tokens. That optimistic gain, at
     the cost of j more draft levels plus verifying the larger tree, is compared with the best rate now.
+    ``level_s``: a level's draft time (default: the cost model's; 0 for lookup branches).
     """
+    level_s = costs.draft_level_now if level_s is None else level_s
     _, now = best_size(p_sorted, draft_s, costs, max_nodes)
     m = min(len(p_sorted), max_nodes - 1)
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])
@@ -108,7 +110,7 @@ def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, l
     n = np.arange(1, len(expected) + 1)
     verify = costs.verify_s(n)
     for j in range(1, levels_left + 1):
-        bound = (expected + j * frontier_mass) / (draft_s + j * costs.draft_level_now + verify)
+        bound = (expected + j * frontier_mass) / (draft_s + j * level_s + verify)
         if float(bound.max()) > now:
             return True
     return False
@@ -191,6 +193,7 @@ class TreeBudget:
     plain_probe_every: int = 16
     catch_up_share: float = 0.1  # unproven trees wait until a long backlog's catch-up costs at most this share
     # of the plain decoding done since the backlog began
+    free_lookup: bool = False  # the draft merges lookup branches, which cost ~nothing: rounds may run them alone
     clock: Callable[[], float] = time.perf_counter
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
     guard: RateGuard = field(default_factory=RateGuard)
@@ -209,6 +212,9 @@ class TreeBudget:
         self.plain_steps = 0
         self.plain_probes = 0
         self._draft_can_pay: bool | None = None
+        self._lookup_can_pay = False
+        self._free = False  # this round runs only the free lookup branches (the model draft sits out)
+        self.lookup_only_rounds = 0
         self._fresh = 1  # tokens the current round's catch-up ingests
         self._last_fresh: int | None = None  # the previous round's backlog, when it was a plain step
         self._backlog_start = 1  # the backlog when its plain steps began (a new prompt: the prompt)
@@ -240,7 +246,9 @@ class TreeBudget:
         self._last_fresh = fresh_tokens
         if self._draft_can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
             self._draft_can_pay = self.ceiling_rate() >= self.costs.plain_rate
-        if not self._draft_can_pay:
+            self._lookup_can_pay = self.free_lookup and self.ceiling_rate(free=True) >= self.costs.plain_rate
+        self._free = self.free_lookup and not self._draft_can_pay
+        if not self._draft_can_pay and not (self._free and self._lookup_can_pay):
             return False
         if not self.trees_losing():
             self._backoff = self.probe_every
@@ -248,16 +256,16 @@ class TreeBudget:
             if self._since_plain >= self._plain_probe_gap():
                 self.plain_probes += 1
                 return False
-            if self._gain is None and self._postpone_for_catch_up(fresh_tokens):
+            if self._gain is None and not self._free and self._postpone_for_catch_up(fresh_tokens):
                 return False
             self._since_plain += 1
             return True
         if self._plain_left > 0:
             self._plain_left -= 1
             return False
-        if fresh_tokens > self.probe_backlog + self._gap:  # plain steps since the last probe do not count
-            return False
-        if self._postpone_for_catch_up(fresh_tokens):
+        if not self._free and fresh_tokens > self.probe_backlog + self._gap:  # plain steps since the last
+            return False  # probe do not count
+        if not self._free and self._postpone_for_catch_up(fresh_tokens):
             return False
         # a probe is due: go plain for `backoff` rounds after it if it loses again
         self._plain_left = self._gap = self._backoff
@@ -293,10 +301,20 @@ class TreeBudget:
         measured = max(self.plain_steps, self.costs.n_plain)
         return 0 if measured == 0 else 1 if measured < 3 else self.plain_probe_every
 
-    def ceiling_rate(self) -> float:
+    def model_sits_out(self) -> bool:
+        """Does this drafted round run only the lookup branches? Yes when the model draft could not pay even
+        with every token accepted, but free lookup branches could (asked after :meth:`wants_tree`)."""
+        return self._free
+
+    def _root_s(self) -> float:
+        """The steady draft time of a round's root: none when only lookups draft."""
+        return 0.0 if self._free else self.costs.draft_root_now
+
+    def ceiling_rate(self, free: bool = False) -> float:
         """Tokens/s of the best conceivable round: a chain of L drafted tokens, all accepted (L + 1 emitted)."""
         levels = np.arange(1, self.max_depth + 1)
-        times = np.array([self.costs.draft_s(int(n)) for n in levels]) + self.costs.verify_s(levels + 1)
+        draft = np.zeros(len(levels)) if free else np.array([self.costs.draft_s(int(n)) for n in levels])
+        times = draft + self.costs.verify_s(levels + 1)
         return float(np.max((levels + 1) / times))
 
     def start_round(self, fresh_tokens: int = 1) -> None:
@@ -306,10 +324,11 @@ class TreeBudget:
         self._fresh = fresh_tokens
         self._last_fresh = None  # the next round's backlog starts anew
         self._steady = fresh_tokens <= self.max_depth + 1  # a normal round, not a backlog catch-up
+        self.lookup_only_rounds += self._free
 
     def _draft_so_far(self, now: float) -> float:
         """Steady-state draft time of this round: the calibrated root cost plus the levels measured so far."""
-        return self.costs.draft_root_now + (now - self._marks[0] if self._marks else 0.0)
+        return self._root_s() + (now - self._marks[0] if self._marks else 0.0)
 
     # ------------------------------------------------------------ while drafting
     def level_done(self, levels_done: int) -> None:
@@ -324,7 +343,7 @@ class TreeBudget:
         p = np.sort(self.acceptance.prob(cand_scores))[::-1]
         frontier_mass = float(self.acceptance.prob(frontier_scores).sum())
         return deeper_can_pay(p, frontier_mass, self._draft_so_far(now), self.max_depth - levels_done,
-                              self.costs, self.max_nodes)
+                              self.costs, self.max_nodes, level_s=0.0 if self._free else None)
 
     def choose_size(self, cand_scores: np.ndarray) -> int:
         """Nodes to verify (root included) among the ranked candidates."""
@@ -342,16 +361,18 @@ class TreeBudget:
         self.guard.add_tree(n_emitted, realised_s)
         self.costs.observe_verify(n_nodes, verify_s)
         levels = np.diff(np.asarray(self._marks)).tolist() if self._marks else []
-        if self._marks and self._steady:
-            self.costs.observe_draft(self._marks[0] - self._t0, levels)
-        elif self._marks:
-            self.costs.observe_catch_up(self._fresh, self._marks[0] - self._t0)
+        if self._marks and not self._free:  # a lookup-only round says nothing of the model draft's costs
+            if self._steady:
+                self.costs.observe_draft(self._marks[0] - self._t0, levels)
+            else:
+                self.costs.observe_catch_up(self._fresh, self._marks[0] - self._t0)
         self._draft_can_pay = None  # the learned shape moved
         # steady-state rate: the tokens really emitted over the round's modelled cost, which the lines above just
         # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
         # kept relative to the plain rate, so a change of load between rounds does not skew the comparison
         levels_grown = max(len(self._marks), 1)
-        round_s = self.costs.draft_s(levels_grown) + float(self.costs.verify_s(n_nodes))
+        draft_s = 0.0 if self._free else self.costs.draft_s(levels_grown)
+        round_s = draft_s + float(self.costs.verify_s(n_nodes))
         gain = n_emitted / max(round_s, 1e-12) / self.costs.plain_rate
         a = self.rate_alpha
         self._gain = gain if self._gain is None else (1 - a) * self._gain + a * gain
@@ -381,9 +402,9 @@ class TreeBudget:
         the tree is what the guard judges); at least the draft levels plus ``verify_s``."""
         now = self.clock()
         if not self._marks:
-            return max(now - self._t0, self.costs.draft_root_now + verify_s)
+            return max(now - self._t0, self._root_s() + verify_s)
         root = self._marks[0] - self._t0
-        steady_root = root if self._steady else self.costs.draft_root_now
+        steady_root = root if self._steady else self._root_s()
         return max(now - self._t0 - root, self._marks[-1] - self._marks[0] + verify_s) + steady_root
 
     def observe_plain(self, verify_s: float) -> None:
@@ -402,6 +423,7 @@ class TreeBudget:
                 "ceiling_tokens_per_s": round(self.ceiling_rate(), 2),
                 "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
                 "realised": self.guard.summary(), "plain_probes": self.plain_probes,
+                "lookup_only_rounds": self.lookup_only_rounds,
                 "catch_up_postponed": self.catch_up_postponed,
                 "acceptance_by_score": {f"{e:.1f}": round(float(r), 3)
                                         for e, r in zip(self.acceptance.edges, rates[1:])},

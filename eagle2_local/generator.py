@@ -6,6 +6,7 @@ of the previous call for the longest common token prefix (multi-turn chat withou
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import numpy as np
 from .acceptance import accept
 from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
+from .drafts.merged import MergedDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
@@ -249,15 +251,21 @@ class Generator:
     def _tree_round(self, root: int, fresh: int, room: int, sampling: SamplingParams, rng: np.random.Generator,
                     stats: GenerationStats) -> tuple[list[int], int]:
         """Draft a tree, verify it in one pass, accept, commit. Returns the accepted draft tokens and the
-        target's own next token; the committed nodes' features wait in the backlog for the next round."""
-        engine, budget = self.engine, self.budget
+        target's own next token; the committed nodes' features wait in the backlog for the next round.
+
+        A draft that merges lookup branches may run them alone (the policy says when the model draft cannot
+        pay): the model then sits the round out like a plain step, and catches up on it later."""
+        budget = self.budget
+        lookup_only = isinstance(self.engine, MergedDraft) and budget.model_sits_out()
+        engine = self.engine.lookup if lookup_only else self.engine
         t = time.perf_counter()
-        budget.start_round(fresh)
+        budget.start_round(1 if lookup_only else fresh)
         t_catch_up = time.perf_counter()
-        root_out = engine.catch_up(np.asarray(self.tokens + [root]), *self.backlog.take())
+        features = (None, 0) if lookup_only else self.backlog.take()
+        root_out = engine.catch_up(np.asarray(self.tokens + [root]), *features)
         if self.timer is not None:
             self.timer.catch_up(time.perf_counter() - t_catch_up)
-        tree = self._draft_tree(root, root_out, room)
+        tree = self._draft_tree(root, root_out, room, engine)
         t_draft = time.perf_counter()
         ver = self.target.verify(tree, copy=False)
         t_verify = time.perf_counter()
@@ -274,9 +282,11 @@ class Generator:
         _count_sources(stats.accepted_by_source, tree.sources[acc.path[1:]])
         on_path = np.isin(np.arange(1, len(tree)), acc.path)
         budget.observe_tree(tree.scores[1:], on_path, t_verify - t_draft, len(acc.path))
-        # the engine has now read the root; the features of root + accepted nodes are its next round's input
-        self.backlog.restart(ver.features[acc.path] if ver.features is not None else None,
-                             at=len(self.tokens), read=len(self.tokens) + 1)
+        rows = ver.features[acc.path] if ver.features is not None else None
+        if lookup_only:  # the model draft has read nothing new: these rows join its backlog
+            self.backlog.extend(rows)
+        else:  # the engine has now read the root; the features of root + accepted nodes are its next input
+            self.backlog.restart(rows, at=len(self.tokens), read=len(self.tokens) + 1)
         return [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
 
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
@@ -294,20 +304,20 @@ class Generator:
         self.backlog.extend(ver.features)
         return sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
 
-    def _draft_tree(self, root: int, root_out: DraftOutput, room: int) -> DraftTree:
+    def _draft_tree(self, root: int, root_out: DraftOutput, room: int, engine: DraftEngine) -> DraftTree:
         """Grow this round's tree: as many levels and nodes as the policy finds pay (EAGLE-2: all of them)."""
         p = self.tree_params
         params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
-        expand = self.engine.expand if self.timer is None else self._timed_expand
+        expand = engine.expand if self.timer is None else functools.partial(self._timed_expand, engine)
         cands = grow_candidates(root_out, expand, params, self.budget.should_expand, self.budget.level_done)
         n_nodes = min(self.budget.choose_size(cands.scores), params.total_tokens)
         return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
 
 
-    def _timed_expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray,
+    def _timed_expand(self, engine: DraftEngine, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray,
                       level: int) -> DraftOutput:
         t = time.perf_counter()
-        out = self.engine.expand(cand_ids, tokens, parent_ids, level)
+        out = engine.expand(cand_ids, tokens, parent_ids, level)
         self.timer.level(int(level), time.perf_counter() - t)
         return out
 

@@ -3,7 +3,8 @@
 The loop asks a :class:`TreePolicy` the same questions every round, whichever policy it holds:
 
 1. :meth:`~TreePolicy.wants_tree` before drafting (False: take a plain decoding step, do not run the draft);
-2. :meth:`~TreePolicy.start_round` when a drafted round begins;
+2. :meth:`~TreePolicy.model_sits_out` (a draft with lookup branches: run only those?), then
+   :meth:`~TreePolicy.start_round` when a drafted round begins;
 3. while the tree grows, :meth:`~TreePolicy.level_done` after every drafted level (the policy's clock) and
    :meth:`~TreePolicy.should_expand` before every deeper one (a question without side effects);
 4. :meth:`~TreePolicy.choose_size` once the candidates are in: how many nodes (root included) to verify;
@@ -27,6 +28,10 @@ class TreePolicy(Protocol):
 
     def wants_tree(self, fresh_tokens: int = 1) -> bool:
         """Draft this round? ``fresh_tokens``: the text the draft must first catch up on, root included."""
+
+    def model_sits_out(self) -> bool:
+        """Asked after :meth:`wants_tree` said yes, for a draft that merges lookup branches: run only those
+        this round (the model draft costs more than it could win now, the lookups cost nothing)?"""
 
     def start_round(self, fresh_tokens: int = 1) -> None:
         """A drafted round begins."""
@@ -58,6 +63,9 @@ class FixedTree:
 
     def wants_tree(self, fresh_tokens: int = 1) -> bool:
         return True
+
+    def model_sits_out(self) -> bool:
+        return False
 
     def start_round(self, fresh_tokens: int = 1) -> None:
         pass

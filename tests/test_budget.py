@@ -92,6 +92,31 @@ def test_a_draft_that_cannot_pay_is_never_run():
     assert TreeBudget(flat(), max_nodes=60, max_depth=6).ceiling_rate() > 5 * flat().plain_rate
 
 
+def test_free_lookup_branches_draft_alone_where_the_model_draft_cannot_pay():
+    """The model draft costs 5 target tokens a level, so it sits out; its lookup branches cost nothing, so
+    lookup-only trees are still tried, sized without any draft time, and counted in the summary."""
+    costs = steep(draft_root=0.009, draft_level=0.045)
+    clock = [0.0]
+    merged = TreeBudget(costs, max_nodes=60, max_depth=6, free_lookup=True, clock=lambda: clock[0])
+    assert merged.ceiling_rate() < costs.plain_rate < merged.ceiling_rate(free=True)
+    assert not merged.wants_tree()  # the first round measures a plain step
+    merged.observe_plain(0.009)
+    assert merged.wants_tree() and merged.model_sits_out()
+    merged.start_round(500)  # a lookup catch-up over a long backlog is free: no postponement, steady
+    sure = np.log(np.full(8, 0.95)).cumsum()  # a copied span: a chain of confident lookup nodes
+    assert merged.should_expand(sure[:1], sure[:1], 1)
+    assert merged.choose_size(sure) == 9
+    merged.observe_tree(sure, np.ones(8, dtype=bool), costs.verify_s(9), 9)
+    assert merged.summary()["lookup_only_rounds"] == 1
+    assert costs.draft_root_now == pytest.approx(0.009)  # a lookup-only round teaches nothing of the model
+    alone = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)
+    assert not alone.wants_tree() and not alone.model_sits_out()
+    cheap = TreeBudget(steep(), max_nodes=60, max_depth=6, free_lookup=True)
+    cheap.wants_tree()
+    cheap.observe_plain(0.009)
+    assert cheap.wants_tree() and not cheap.model_sits_out()  # a draft that can pay drafts with its lookups
+
+
 def test_losing_trees_turn_into_plain_steps_with_backoff_probes():
     budget = TreeBudget(steep(), max_nodes=60, max_depth=6, probe_every=4, max_probe_every=16, clock=lambda: 0.0,
                         probe_share=1.0)  # backoff only: cheap losing probes add no wait of their own

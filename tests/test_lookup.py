@@ -14,6 +14,7 @@ from eagle2_local.llama import LlamaModel
 from eagle2_local.sampling import SamplingParams
 from eagle2_local.target import Target
 from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates
+from eagle2_local.tree_policy import FixedTree
 from test_generate import ONE_THREAD, assert_lossless, chat_prompt, make, random_prompts, run
 import eagle2_local.generator as generator_mod
 from test_sampling_lossless import N_RUNS, chi2_pvalue, over_accepting
@@ -160,6 +161,47 @@ def test_chi_square_catches_biased_acceptance_of_lookup_branches(synth_q8, monke
     monkeypatch.setattr(generator_mod, "accept", over_accepting)
     biased, _, _ = sampled_counts(lookup_gen(model, None, TreeParams(12, 4, 3)), prompt, sampling)
     assert chi2_pvalue(plain[1], biased[1]) < 1e-4
+
+
+class Alternating(FixedTree):
+    """A fixed tree whose model draft sits out every other drafted round (lookup branches only)."""
+
+    def __init__(self, max_nodes: int) -> None:
+        super().__init__(max_nodes)
+        self.asked = 0
+
+    def model_sits_out(self) -> bool:
+        self.asked += 1
+        return self.asked % 2 == 1
+
+
+def test_model_draft_sitting_out_rounds_stays_lossless(synth_q8, synth_q8_weak):
+    """Lookup-only rounds leave the model draft behind; it catches up on their tokens in its next round."""
+    model, weak = LlamaModel(synth_q8), LlamaModel(synth_q8_weak)
+    plain = make(model, None)
+    spec = lookup_gen(model, weak, TreeParams(16, 6, 4))
+    spec.budget = Alternating(16)
+    for i, prompt in enumerate(random_prompts(model, 10, seed=5)):
+        assert_lossless(plain, spec, prompt, 96, i)
+    assert spec.budget.asked > 40
+
+
+@pytest.mark.smollm2
+def test_head_catches_up_after_lookup_only_rounds_on_smollm2(smollm2_path):
+    """The EAGLE-3 head reads target features: after lookup-only rounds it must get those rounds' features
+    from the backlog. Alternating rounds, one thread: bit-identical to plain, and both kinds of rounds ran."""
+    prompt = "Repeat exactly, three times: the quick brown fox jumps over the lazy dog."
+    outs = {}
+    for name, kw in (("plain", dict(plain=True)), ("alternating", dict(lookup=True))):
+        with Eagle2(n_threads=1, total_tokens=16, **kw) as llm:
+            if name == "alternating":
+                llm.generator.budget = Alternating(16)
+            outs[name] = list(llm.generate(llm.chat_tokens([{"role": "user", "content": prompt}]), temp=0.0,
+                                           top_k=0, top_p=1.0, min_p=0.0, max_tokens=64))
+            stats = llm.stats()
+    assert outs["alternating"] == outs["plain"]
+    assert stats["accepted_by_source"].get("model", 0) + stats["accepted_by_source"].get("both", 0) > 0
+    assert stats["accepted_by_source"].get("lookup", 0) > 0
 
 
 @pytest.mark.smollm2
