@@ -85,7 +85,9 @@ def runtime_options(fn):
         click.option("--recalibrate", is_flag=True,
                      help="Re-measure the costs --budget auto uses instead of reading them from the cache "
                           "($EAGLE2_LOCAL_CACHE or ~/.cache/eagle2-local)."),
-        depth_option(),
+        depth_option(default=None, show_default=False,
+                     help="Draft levels below the root (draft passes per round) [default: 6; 12 for --draft "
+                          "lookup, whose levels cost nothing]."),
         tree_top_k_option(),
         verbose_option(),
     ]
@@ -268,8 +270,8 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
                 "draft_sha256": _draft_sha256(llm),
                 "n_ctx": rt["n_ctx"], "threads": llm.settings.threads(), "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": top_p, "top_k": top_k, "repeat": repeat,
-                "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": rt["depth"], "top_k": rt["tree_top_k"],
-                         "budget": llm.budget_mode},
+                "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": llm.tree_params.depth,
+                         "top_k": rt["tree_top_k"], "budget": llm.budget_mode, "engine": llm.engine_name},
                 "tie_tolerance": tie_tolerance, "chat_template": not no_chat,
                 "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None}
     report = b.report(settings)

@@ -37,6 +37,8 @@ from .tree import TreeParams
 
 log = logging.getLogger(__name__)
 
+LOOKUP_DEPTH = 12  # default draft levels for a lookup draft alone (a model draft's default is 6)
+
 
 class Eagle2:
     """A target model with an optional draft (draft model or EAGLE head), ready to generate."""
@@ -44,8 +46,8 @@ class Eagle2:
     def __init__(self, model_path: str | os.PathLike | None = None, head_path: str | os.PathLike | None = None,
                  draft_model_path: str | os.PathLike | None = None, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
-                 total_tokens: int | None = None, depth: int = 6, tree_top_k: int = 10, plain: bool = False,
-                 verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
+                 total_tokens: int | None = None, depth: int | None = None, tree_top_k: int = 10,
+                 plain: bool = False, verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
                  lookup: bool = False, draft_timer: DraftTimer | None = None) -> None:
@@ -59,7 +61,8 @@ class Eagle2:
 
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
         :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
-        ``plain``: none. ``lookup``: merge n-gram lookups in the text into the draft's trees (alone when no
+        ``plain``: none. ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
+        nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (alone when no
         other draft is named). ``draft_timer`` hears how long each draft call takes (benchmarks)."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
@@ -70,6 +73,8 @@ class Eagle2:
         if spec is None and lookup:
             spec = DraftSpec("lookup")
         self.model_path = resolve_model(model_path)
+        if depth is None:  # a lookup's levels cost nothing, and copied spans run long
+            depth = LOOKUP_DEPTH if spec is not None and spec.kind == "lookup" and not plain else 6
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
         n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
         self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,

@@ -129,3 +129,10 @@ def test_cli_help_lists_commands():
     for cmd in ("generate", "chat"):
         sub = run_cli(cmd, "--help")
         assert sub.returncode == 0 and "--model" in sub.stdout and "--temperature" in sub.stdout
+
+
+@pytest.mark.parametrize("draft, needle", [("lookup:x.gguf", "reads no file"), ("guess", "unknown draft kind"),
+                                           ("head", "needs a file")])
+def test_cli_bad_draft_kind(synth_f32, draft, needle):
+    proc = run_cli("generate", "--model", str(synth_f32), "--draft", draft, "--prompt", "hi", "-n", "4")
+    assert_one_line_error(proc, needle)

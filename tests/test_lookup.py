@@ -223,3 +223,18 @@ def test_shipped_head_with_lookup_is_lossless_on_smollm2(smollm2_path):
         assert [t for t, _ in outs[name]] == [t for t, _ in outs["plain"]], name
     assert sum(s.get("lookup", 0) + s.get("both", 0) for _, s in outs["head+lookup"]) > 0
     assert sum(s.get("lookup", 0) for _, s in outs["lookup"]) > 10
+
+
+def test_cli_lookup_draft_reports_its_sources(synth_q8):
+    """`generate --draft lookup` on any GGUF: no model draft, deeper default trees, accepted tokens by source."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "cli", "generate", "--model", str(synth_q8), "--draft", "lookup",
+                          "--threads", "1", "--total-tokens", "16", "--temperature", "0", "-n", "96", "--json",
+                          "-p", "a b c a b c a b c"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)["stats"]
+    assert stats["engine"] == "lookup" and set(stats["accepted_by_source"]) <= {"lookup"}
+    assert stats["accepted_by_source"].get("lookup", 0) > 0 and stats["tau"] > 1.0
+    assert len(stats["accepted_per_depth"]) > 6  # chains deeper than a model draft's default 6 levels

@@ -10,6 +10,6 @@ from .open_head import open_head
 from .registry import (DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft,
                        with_lookup)
 
-__all__ = ["DRAFTERS", "DraftEngine", "DraftKind", "DraftModelEngine", "DraftOutput", "DraftSpec", "Eagle1NumpyEngine",
-           "LookupDraft", "MergedDraft", "NgramIndex", "PreparedDraft", "Proposals", "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft",
-           "with_lookup"]
+__all__ = ["DRAFTERS", "DraftEngine", "DraftKind", "DraftModelEngine", "DraftOutput", "DraftSpec",
+           "Eagle1NumpyEngine", "LookupDraft", "MergedDraft", "NgramIndex", "PreparedDraft", "Proposals",
+           "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft", "with_lookup"]
