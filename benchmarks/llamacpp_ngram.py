@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RunError(f"no model file at {args.model}")
         sets = load_prompt_sets([args.prompts], args.n)
         prompts = [p for s in sets for p in s.prompts]
-        logs = args.json.with_suffix("") if args.json else Path(tempfile.mkdtemp()) / "llamacpp_ngram"
+        logs = Path(tempfile.mkdtemp()) / "llamacpp_ngram"
         plain = run_mode(args, [], prompts, Path(f"{logs}.plain.log"))
         spec = run_mode(args, shlex.split(args.spec), prompts, Path(f"{logs}.ngram.log"))
     except (RunError, Eagle2Error, OSError, KeyError, json.JSONDecodeError) as exc:
@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(plain, spec)
     print(json.dumps(summary, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                         "command": shlex.join(["benchmarks/llamacpp_ngram.py",
+                                                                *(argv or sys.argv[1:])]),
+                                         "settings": {k: str(v) for k, v in vars(args).items()},
                                          "summary": summary, "plain": plain, "ngram": spec}, indent=1))
     return 0
 
