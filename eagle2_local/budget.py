@@ -191,7 +191,7 @@ class TreeBudget:
     probe_share: float = 0.02  # a losing probe is followed by enough plain steps to cost at most this share
     max_probe_wait: int = 2048
     plain_probe_every: int = 16
-    catch_up_share: float = 0.1  # unproven trees wait until a long backlog's catch-up costs at most this share
+    catch_up_share: float = 0.02  # unproven trees wait until a long backlog's catch-up costs at most this share
     # of the plain decoding done since the backlog began
     free_lookup: bool = False  # the draft merges lookup branches, which cost ~nothing: rounds may run them alone
     clock: Callable[[], float] = time.perf_counter
