@@ -263,8 +263,8 @@ class TreeBudget:
         if self._plain_left > 0:
             self._plain_left -= 1
             return False
-        if not self._free and fresh_tokens > self.probe_backlog + self._gap:  # plain steps since the last
-            return False  # probe do not count
+        if self._backlog_too_long(fresh_tokens):
+            return False
         if not self._free and self._postpone_for_catch_up(fresh_tokens):
             return False
         # a probe is due: go plain for `backoff` rounds after it if it loses again
@@ -272,6 +272,13 @@ class TreeBudget:
         self._backoff = min(2 * self._backoff, self.max_probe_every)
         self._probing = True
         return True
+
+    def _backlog_too_long(self, fresh_tokens: int) -> bool:
+        """A probe waits while the draft would first ingest more than ``probe_backlog`` tokens (plain steps since
+        the last probe do not count) that cost it more than a plain step: a lookup's catch-up costs nothing."""
+        if self._free or fresh_tokens <= self.probe_backlog + self._gap:
+            return False
+        return self.costs.catch_up_steps(fresh_tokens) > 1.0
 
     def catch_up_too_dear(self, fresh_tokens: int) -> bool:
         """Would drafting now pay a catch-up out of proportion to what plain decoding has spent since?
@@ -355,6 +362,9 @@ class TreeBudget:
     def observe_tree(self, node_scores: np.ndarray, accepted: np.ndarray, verify_s: float, n_emitted: int) -> None:
         """A tree round: draft nodes' scores (root excluded), which were accepted, the measured verify time and
         the tokens emitted. Draft times come from the clock marks taken while the tree grew."""
+        if len(node_scores) == 0:  # the draft proposed nothing: the root alone is a plain step, not a tree
+            self._probing = False
+            return
         self.acceptance.observe(node_scores, accepted)
         n_nodes = len(node_scores) + 1
         realised_s = self._realised_s(verify_s)
