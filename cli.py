@@ -66,9 +66,9 @@ def runtime_options(fn):
         click.option("--draft", "draft", metavar="KIND[:PATH]", default=None,
                      help="Any draft by kind: `lookup` (n-gram lookups in the prompt and the answer so far; no "
                           "model or head needed, works for any GGUF), `head:PATH`, `draft-model:PATH`."),
-        click.option("--lookup/--no-lookup", default=False, show_default=True,
-                     help="Merge lookup branches (spans the text repeats) into the trees of --head/--draft-model; "
-                          "alone if no other draft is named."),
+        click.option("--lookup/--no-lookup", default=None,
+                     help="Merge lookup branches (spans the text repeats; they cost nothing to draft) into the "
+                          "trees of --head/--draft-model [default: on]; --lookup alone drafts with lookups only."),
         click.option("--plain", is_flag=True, help="Plain decoding, no speculation (the baseline)."),
         click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context size in tokens."),
         threads_option(),
@@ -126,7 +126,7 @@ def friendly_errors(fn):
 
 
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
-         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=False):
+         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
     from eagle2_local.api import Eagle2
@@ -479,7 +479,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     prompts = [p for s in sets for p in s.prompts]
     times = DraftTimes()
     with Eagle2(model, head_path=head, draft_model_path=draft_model, n_threads=threads, tree_top_k=tree_top_k,
-                n_ctx=2048, budget="fixed", rpc_servers=rpc, draft_timer=times) as llm:
+                lookup=False, n_ctx=2048, budget="fixed", rpc_servers=rpc, draft_timer=times) as llm:
         res = drafting_profile(llm, times, prompts, max_tokens)
         res["threads"] = llm.settings.threads()
     res["command"] = "eagle2-local " + " ".join(sys.argv[1:])

@@ -57,7 +57,7 @@ def main() -> None:
                 s = plain.stats()
                 per_token.append(s["verify_s"] / max(1, s["target_passes"]))
         times = DraftTimes()
-        with Eagle2(model, head_path=head, n_threads=args.threads, draft_timer=times) as llm:
+        with Eagle2(model, head_path=head, n_threads=args.threads, draft_timer=times, lookup=False) as llm:
             verify = []
             for msgs in prompts:
                 llm.create_chat_completion(msgs, max_tokens=args.max_tokens, temperature=0)

@@ -50,7 +50,7 @@ class Eagle2:
                  plain: bool = False, verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
-                 lookup: bool = False, draft_timer: DraftTimer | None = None) -> None:
+                 lookup: bool | None = None, draft_timer: DraftTimer | None = None) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
         ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
@@ -62,8 +62,8 @@ class Eagle2:
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
         :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
         ``plain``: none. ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
-        nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (alone when no
-        other draft is named). ``draft_timer`` hears how long each draft call takes (benchmarks)."""
+        nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
+        into a head's or draft model's trees; True: also alone when no other draft is named; False: never). ``draft_timer`` hears how long each draft call takes (benchmarks)."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
@@ -88,7 +88,7 @@ class Eagle2:
             self.settings = prepared.settings
         self.target = Target(self.model, self.settings)
         engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
-        if engine is not None and lookup:
+        if engine is not None and lookup is not False:
             engine = with_lookup(engine, self.tree_params)
         tree_budget = None
         if engine is not None and mode == "auto":

@@ -180,7 +180,8 @@ def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head):
                                        ffn=128, vocab=604, draft_vocab=300, layers=[1, 1, 1], scale=0.15,
                                        feature_source="final_norm")
     path = convert_eagle3(d, tmp_path / "fn.gguf", qwen, outtype="f32")
-    with Eagle2(qwen, head_path=path, n_threads=1, n_ctx=256, total_tokens=8, depth=3, tree_top_k=3) as llm:
+    with Eagle2(qwen, head_path=path, n_threads=1, n_ctx=256, total_tokens=8, depth=3, tree_top_k=3,
+                lookup=False) as llm:
         prompt = llm.tokenize("the water is long")
         ver = llm.target.prefill(prompt)
         assert ver.features.shape == (len(prompt), 64)  # post-norm hidden states

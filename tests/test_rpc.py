@@ -249,7 +249,8 @@ def test_layer_inputs_and_borrowed_embedding_on_the_servers(endpoints, smollm2_p
     prompt_text = load_prompts(1)[0]
     runs = {}
     for where, servers in (("host", None), ("rpc", endpoints)):
-        with Eagle2(n_threads=1, n_ctx=512, rpc_servers=servers, budget="fixed", total_tokens=20) as llm:
+        with Eagle2(n_threads=1, n_ctx=512, rpc_servers=servers, budget="fixed", total_tokens=20,
+                    lookup=False) as llm:
             tokens = llm.tokenize(prompt_text, add_bos=True, special=True)
             ver = llm.target.prefill(tokens)
             root = int(np.argmax(ver.logits[0]))
