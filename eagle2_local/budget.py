@@ -362,9 +362,6 @@ class TreeBudget:
     def observe_tree(self, node_scores: np.ndarray, accepted: np.ndarray, verify_s: float, n_emitted: int) -> None:
         """A tree round: draft nodes' scores (root excluded), which were accepted, the measured verify time and
         the tokens emitted. Draft times come from the clock marks taken while the tree grew."""
-        if len(node_scores) == 0:  # the draft proposed nothing: the root alone is a plain step, not a tree
-            self._probing = False
-            return
         self.acceptance.observe(node_scores, accepted)
         n_nodes = len(node_scores) + 1
         realised_s = self._realised_s(verify_s)

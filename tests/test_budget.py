@@ -487,18 +487,6 @@ def test_a_lookup_probe_ignores_a_long_backlog_it_ingests_for_free():
     assert not any(head.wants_tree(fresh_tokens=500 + i) for i in range(10))
 
 
-def test_a_root_only_round_is_no_tree_for_the_budget():
-    """A draft that proposed nothing leaves a one-node "tree", i.e. a plain step: it must not drag the
-    learned tree gain or the guard's tree rate towards plain speed."""
-    budget = TreeBudget(steep(), max_nodes=60, max_depth=6, clock=lambda: 0.0)
-    budget.tree_rate = 2 * budget.costs.plain_rate
-    budget.start_round(1)
-    budget.level_done(1)
-    budget.observe_tree(np.zeros(0), np.zeros(0, dtype=bool), 0.009, 1)
-    assert budget.tree_rate == pytest.approx(2 * budget.costs.plain_rate)
-    assert budget.guard.tree_rate() is None and budget.acceptance.n_observed == 0
-
-
 # ------------------------------------------------------------------ a long prompt's catch-up (issue 23)
 # SmolLM2 and its EAGLE-3 head, 1 thread, 3 busy loops on the 2 cores (benchmarks/results/
 # bench-budget-default-head-auto-under-busy-loops-sum-n8.json): plain step 83 ms, draft root 11.5 ms, level 57 ms,
