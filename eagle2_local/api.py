@@ -63,7 +63,8 @@ class Eagle2:
         :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
         ``plain``: none. ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
-        into a head's or draft model's trees; True: also alone when no other draft is named; False: never). ``draft_timer`` hears how long each draft call takes (benchmarks)."""
+        into a head's or draft model's trees; True: also alone when no other draft is named; False: never).
+        ``draft_timer`` hears how long each draft call takes (benchmarks)."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")

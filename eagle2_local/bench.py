@@ -18,6 +18,7 @@ import os
 import platform
 import statistics
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from .chat import prompt_tokens, render_for_model
 from .errors import Eagle2Error
-from .generator import GenerationStats
+from .generator import GenerationStats, add_counts
 from .llama import LlamaModel, system_info
 from .sampling import SamplingParams
 
@@ -170,8 +171,8 @@ class Bench:
                 "acceptance_per_depth": [round(d / n_rounds, 4) for d in depth],
                 "mean_tree_size": round(statistics.mean(r.eagle["mean_tree_size"] for r in rs), 2),
                 "plain_steps": sum(r.eagle.get("plain_steps", 0) for r in rs),
-                "nodes_by_source": _sum_counts([r.eagle.get("nodes_by_source", {}) for r in rs]),
-                "accepted_by_source": _sum_counts([r.eagle.get("accepted_by_source", {}) for r in rs]),
+                "nodes_by_source": reduce(add_counts, (r.eagle.get("nodes_by_source", {}) for r in rs), {}),
+                "accepted_by_source": reduce(add_counts, (r.eagle.get("accepted_by_source", {}) for r in rs), {}),
                 "time_split_eagle": {k: round(sum(r.eagle[k] for r in rs), 3) for k in ("draft_s", "verify_s", "other_s")},
                 "identical_outputs": sum(r.identical for r in rs) if greedy else None,
                 "near_tie_divergences": len(near) if greedy else None,
@@ -204,14 +205,6 @@ def _median_stats(runs: list[tuple[list[int], GenerationStats]]) -> dict:
     """The stats dict of the run with the median decode time (repeats only change timings)."""
     ordered = sorted(runs, key=lambda r: r[1].decode_s)
     return ordered[len(ordered) // 2][1].as_dict()
-
-
-def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for c in counts:
-        for key, n in c.items():
-            total[key] = total.get(key, 0) + n
-    return total
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:

@@ -256,7 +256,7 @@ class TreeBudget:
             if self._since_plain >= self._plain_probe_gap():
                 self.plain_probes += 1
                 return False
-            if self._gain is None and not self._free and self._postpone_for_catch_up(fresh_tokens):
+            if self._gain is None and self._postpone_for_catch_up(fresh_tokens):
                 return False
             self._since_plain += 1
             return True
@@ -265,7 +265,7 @@ class TreeBudget:
             return False
         if self._backlog_too_long(fresh_tokens):
             return False
-        if not self._free and self._postpone_for_catch_up(fresh_tokens):
+        if self._postpone_for_catch_up(fresh_tokens):
             return False
         # a probe is due: go plain for `backoff` rounds after it if it loses again
         self._plain_left = self._gap = self._backoff
@@ -297,7 +297,8 @@ class TreeBudget:
         return self.costs.catch_up_steps(start) > self.catch_up_share * (fresh_tokens - start)
 
     def _postpone_for_catch_up(self, fresh_tokens: int) -> bool:
-        if not self.catch_up_too_dear(fresh_tokens):
+        """Count and say yes when drafting waits for the catch-up (a lookup-only round's costs nothing)."""
+        if self._free or not self.catch_up_too_dear(fresh_tokens):
             return False
         self.catch_up_postponed += 1
         return True

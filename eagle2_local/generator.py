@@ -337,11 +337,16 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def add_counts(total: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    """Add ``counts`` into ``total`` key by key (per-source counts of rounds or generations); returns ``total``."""
+    for key, n in counts.items():
+        total[key] = total.get(key, 0) + n
+    return total
+
+
 def _count_sources(counts: dict[str, int], sources: np.ndarray) -> None:
     """Add one to ``counts[name]`` per node, by the drafter that proposed it."""
-    for code, n in zip(*np.unique(sources, return_counts=True)):
-        name = SOURCE_NAMES[int(code)]
-        counts[name] = counts.get(name, 0) + int(n)
+    add_counts(counts, {SOURCE_NAMES[int(code)]: int(n) for code, n in zip(*np.unique(sources, return_counts=True))})
 
 
 def _count_depths(per_depth: list[int], n_accepted: int) -> None:

@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .chat import prompt_tokens
 from .errors import Eagle2Error
+from .generator import add_counts
 from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -231,9 +232,7 @@ class GenerationTotals:
         for key in ("n_tokens", "target_passes", "pass_tokens", "plain_steps"):
             setattr(self, key, getattr(self, key) + int(stats.get(key, 0)))
         for key in ("nodes_by_source", "accepted_by_source"):
-            total = getattr(self, key)
-            for source, n in (stats.get(key) or {}).items():
-                total[source] = total.get(source, 0) + n
+            add_counts(getattr(self, key), stats.get(key) or {})
 
     def as_dict(self) -> dict:
         tau = self.pass_tokens / self.target_passes if self.target_passes else 1.0
@@ -322,9 +321,10 @@ class ModelWorker:
                     return "cancelled", None
         finally:
             stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
+            stats = self.llm.stats()
             with self._lock:
-                self.totals.add(self.llm.stats())
-        return "done", {"tokens": tokens, "finish_reason": reason or "stop", "stats": self.llm.stats()}
+                self.totals.add(stats)
+        return "done", {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats}
 
 
 # ---------------------------------------------------------------- response shapes
