@@ -98,7 +98,8 @@ def runtime_options(fn):
 
 def sampling_options(fn):
     opts = [
-        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, help="Tokens to generate."),
+        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, callback=_not_negative,
+                     help="Tokens to generate (0 = up to the context's end, as llama-cpp-python's max_tokens)."),
         click.option("--temperature", type=float, default=0.8, show_default=True, help="0 = greedy decoding."),
         click.option("--top-k", type=int, default=40, show_default=True, help="Keep the k most likely tokens (0 = off)."),
         click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass."),
@@ -110,6 +111,20 @@ def sampling_options(fn):
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def _not_negative(_ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """A negative count is a typo, not a request: refused in one line (click's own usage error takes several)."""
+    if value is not None and value < 0:
+        fail(f"{param.opts[0]} must be 0 or more, got {value}")
+    return value
+
+
+def _at_least_one(_ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """A count that must be positive (runs per prompt): refused in one line."""
+    if value is not None and value < 1:
+        fail(f"{param.opts[0]} must be 1 or more, got {value}")
+    return value
 
 
 def friendly_errors(fn):
@@ -167,7 +182,7 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
     out_tokens: list[int] = []
     pieces: list[str] = []
     reason = None
-    for chunk in llm.stream(tokens, max_tokens, _sampling(sampling), seed=seed):
+    for chunk in llm.stream(tokens, max_tokens or None, _sampling(sampling), seed=seed):
         out_tokens.extend(chunk.tokens)
         pieces.append(chunk.text)
         reason = chunk.finish_reason or reason
@@ -210,19 +225,21 @@ def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_pen
     """
     llm = load(**rt, seed=seed)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
-    run_chat(llm, system_prompt, max_tokens, _sampling(sampling), seed)
+    run_chat(llm, system_prompt, max_tokens or None, _sampling(sampling), seed)
 
 
 @main.command()
 @runtime_options
 @prompt_sets_option(help="A .jsonl prompt set or a folder of them (e.g. the six EAGLE sets); repeatable.")
 @click.option("--n", "n_prompts", type=int, default=None, help="Use the first N prompts of each set.")
-@click.option("--max-tokens", "-n", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
+@click.option("--max-tokens", "-n", type=int, default=128, show_default=True, callback=_not_negative,
+              help="Tokens generated per prompt.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (outputs compared).")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--repeat", type=int, default=1, show_default=True, help="Runs per prompt and mode (median kept).")
+@click.option("--repeat", type=int, default=1, show_default=True, callback=_at_least_one,
+              help="Runs per prompt and mode (median kept).")
 @click.option("--tie-tolerance", type=float, default=1.0, show_default=True,
               help="Top-2 logit gap below which a T=0 divergence counts as a near-tie, not a mismatch.")
 @click.option("--no-chat", is_flag=True, help="Do not wrap prompts in the model's chat template.")
@@ -434,7 +451,7 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
     from eagle2_local.rpc import parse_servers
     from eagle2_local.target import Target
 
-    ns = sorted({int(x) for x in sizes.split(",") if x.strip()})
+    ns = _tree_sizes(sizes)
     path = resolve_model(model)
     target = Target(LlamaModel(path, n_gpu_layers=n_gpu_layers, rpc_servers=parse_servers(rpc)),
                     ContextSettings(n_ctx=max(512, context_tokens + max(ns) + 8), n_batch=max(64, max(ns)),
@@ -449,6 +466,17 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
         return
     for line in verify_cost_table(path.name, target.ctx.settings.threads(), context_tokens, cost):
         click.echo(line)
+
+
+def _tree_sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated node counts, each at least 1 (a tree has its root), sorted and unique."""
+    try:
+        ns = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        fail(f"--sizes takes comma-separated whole numbers (e.g. 1,8,64), got {text!r}")
+    if not ns or ns[0] < 1:
+        fail(f"--sizes: every tree size must be 1 or more, got {text!r}")
+    return ns
 
 
 @main.command("draft-cost")

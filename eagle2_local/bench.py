@@ -59,7 +59,10 @@ def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
                     rec = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise Eagle2Error(f"{f}:{i + 1}: not JSON ({exc.msg})") from None
-                text = rec["turns"][0] if rec.get("turns") else rec.get("prompt")
+                if not isinstance(rec, dict):
+                    raise Eagle2Error(f"{f}:{i + 1}: a record must be a JSON object, got {line.strip()[:40]}")
+                turns = rec.get("turns")
+                text = turns[0] if isinstance(turns, list) and turns else rec.get("prompt")
                 if not isinstance(text, str):
                     raise Eagle2Error(f"{f}:{i + 1}: record has neither 'turns' nor 'prompt'")
                 prompts.append(text)
@@ -107,6 +110,10 @@ class Bench:
     chat: bool = True
     tools: "LlamaCppTools | None" = None
     results: list[PromptResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.repeat < 1:  # the median of no runs does not exist
+            raise Eagle2Error(f"repeat must be 1 or more, got {self.repeat}")
 
     @property
     def model(self) -> LlamaModel:

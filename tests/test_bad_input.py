@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from eagle2_local.errors import ContextFullError, ModelError, UnsupportedModelError
+from eagle2_local.errors import (ContextFullError, Eagle2Error, IncompatibleDraftError, ModelError,
+                                 UnsupportedModelError)
 from eagle2_local.llama import LlamaModel
 from eagle2_local.models import read_gguf_info, resolve_model
 from synthetic_model import write_model
@@ -136,3 +139,64 @@ def test_cli_help_lists_commands():
 def test_cli_bad_draft_kind(synth_f32, draft, needle):
     proc = run_cli("generate", "--model", str(synth_f32), "--draft", draft, "--prompt", "hi", "-n", "4")
     assert_one_line_error(proc, needle)
+
+
+@pytest.mark.parametrize("command, args, needle", [
+    ("generate", ("--prompt", "hi", "--plain", "--max-tokens", "-5"), "--max-tokens must be 0 or more, got -5"),
+    ("chat", ("--plain", "-n", "-1"), "--max-tokens must be 0 or more, got -1"),
+    ("verify-cost", ("--sizes", "8,x"), "--sizes takes comma-separated whole numbers"),
+    ("verify-cost", ("--sizes", "0,8"), "every tree size must be 1 or more"),
+])
+def test_cli_bad_numbers(synth_f32, command, args, needle):
+    proc = run_cli(command, "--model", str(synth_f32), *args)
+    assert_one_line_error(proc, needle)
+    assert proc.returncode == 1
+
+
+def test_cli_zero_max_tokens_means_up_to_the_context(synth_f32):
+    """0 is llama-cpp-python's "no limit but the context" (as in the API and the server), not "nothing"."""
+    proc = run_cli("generate", "--model", str(synth_f32), "--prompt", "hi", "--plain", "-n", "0", "--json",
+                   "--temperature", "0", "--n-ctx", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n_tokens"] > 0
+
+
+@pytest.mark.parametrize("lines, args, needle", [
+    (['{"turns": ["hello"]}', "[1, 2]"], (), ":2: a record must be a JSON object, got [1, 2]"),
+    (['"just a string"'], (), ":1: a record must be a JSON object"),
+    (['{"turns": 5}'], (), ":1: record has neither 'turns' nor 'prompt'"),
+    (['{"turns": ["hello"]}'], ("--repeat", "0"), "--repeat must be 1 or more, got 0"),
+])
+def test_cli_bench_bad_prompts_and_repeat(synth_f32, tmp_path, lines, args, needle):
+    prompts = tmp_path / "set.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    proc = run_cli("bench", "--model", str(synth_f32), "--prompts", str(prompts), *args)
+    assert_one_line_error(proc, needle)
+    assert proc.returncode == 1
+
+
+def test_bench_refuses_zero_repeats_in_the_api():
+    from eagle2_local.bench import Bench
+    from eagle2_local.sampling import SamplingParams
+    with pytest.raises(Eagle2Error, match="repeat must be 1 or more"):
+        Bench(llm=None, sampling=SamplingParams(), max_tokens=8, repeat=0)
+
+
+def test_cli_train_init_from_a_checkpoint_for_another_model(tmp_path, synth_f32):
+    """A warm start from a head trained for another target is refused in one line, before any extraction."""
+    torch = pytest.importorskip("torch")
+    from eagle2_local.train.pipeline import build_head
+    from eagle2_local.train.target_weights import read_target_weights
+
+    other = read_target_weights(write_model(tmp_path / "wide.gguf", n_embd=96, n_head=4, n_ff=160))
+    ckpt = tmp_path / "checkpoint.pt"
+    torch.save({"head": build_head(other, np.arange(8), seed=0).state_dict()}, ckpt)
+    not_a_checkpoint = tmp_path / "notes.pt"
+    not_a_checkpoint.write_text("not a checkpoint")
+    for path, needle in ((ckpt, "does not fit this target: input_norm.weight is (288,) there, (192,) here"),
+                         (not_a_checkpoint, "is not a checkpoint written by `eagle2-local train`")):
+        proc = run_cli("train", "-m", str(synth_f32), "--out", str(tmp_path / "head.gguf"), "--init-from",
+                       str(path), "-t", "1")
+        assert_one_line_error(proc, needle)
+        assert proc.returncode == 1
+        assert not (tmp_path / "head.work" / "cache").exists()  # refused before extracting a single feature

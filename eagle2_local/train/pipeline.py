@@ -8,6 +8,7 @@ library only logs).
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..errors import IncompatibleDraftError
 from ..llama import LlamaModel
 from .data import document_tokens, first_user_turns, iter_documents
 from .export import convert_to_gguf, export_folder
@@ -87,10 +89,30 @@ def warm_start(head: Eagle3Head, state: dict) -> None:
     The LM head is frozen to the target's rows for the draft tokens, so a vocabulary rebuilt from the current
     (larger) data costs nothing learned; keeping the old one would cap acceptance at its coverage of the new
     data (SmolLM2: 92% for the 97k-token vocabulary on 612k tokens, against 97% rebuilt)."""
+    own = head.state_dict()
+    for name, value in state.items():  # checked here: torch's own size-mismatch error is a multi-line dump
+        if name in own and name not in VOCAB_KEYS and tuple(value.shape) != tuple(own[name].shape):
+            raise IncompatibleDraftError(f"warm-start checkpoint does not fit this target: {name} is "
+                                         f"{tuple(value.shape)} there, {tuple(own[name].shape)} here (a head "
+                                         "trained for another model?)")
     missing, unexpected = head.load_state_dict({k: v for k, v in state.items() if k not in VOCAB_KEYS},
                                                strict=False)
     if unexpected or set(missing) - set(VOCAB_KEYS):
-        raise ValueError(f"warm-start checkpoint does not fit this head: missing {missing}, unexpected {unexpected}")
+        raise IncompatibleDraftError(f"warm-start checkpoint does not fit this head: missing "
+                                     f"{sorted(set(missing) - set(VOCAB_KEYS))}, unexpected {unexpected}")
+
+
+def read_warm_start(path: Path, tw: TargetWeights) -> dict:
+    """The head weights of the train checkpoint ``path``, checked against the target now: a checkpoint that
+    does not fit must fail before the feature extraction (hours on a large data set), not after it."""
+    try:
+        state = load_train_checkpoint(path)["head"]
+    except (OSError, RuntimeError, EOFError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
+        why = (str(exc).splitlines() or [""])[0]
+        raise IncompatibleDraftError(f"{path} is not a checkpoint written by `eagle2-local train` "
+                                     f"({type(exc).__name__}: {why})") from None
+    warm_start(build_head(tw, np.arange(1), seed=0), state)  # a one-token vocabulary: only the fit matters
+    return state
 
 
 def widened(head: Eagle3Head, tw: TargetWeights, export_ids: np.ndarray, say: Callable[[str], None]) -> Eagle3Head:
@@ -145,6 +167,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     tw = read_target_weights(job.target)
     layers = tuple(job.layers or default_layers(tw.n_layer))
     settings = ExtractSettings(sha, layers, job.top_k, job.max_len)
+    warm = read_warm_start(job.init_from, tw) if job.init_from is not None else None
     model = LlamaModel(job.target, rpc_servers=job.rpc_servers)
     try:
         caches = gather_features(job, model, settings, say, bar)
@@ -167,7 +190,7 @@ def run_job(job: TrainJob, say: Callable[[str], None] = log.info,
     export_ids = widen_vocabulary(draft_ids, counts, n_export)  # checked before training, not after
     head = build_head(tw, draft_ids, job.train.seed)
     if job.init_from is not None:
-        warm_start(head, load_train_checkpoint(job.init_from)["head"])
+        warm_start(head, warm)
         say(f"warm start from {job.init_from}")
     head = head.to(job.device)
     tau_untrained = chain_acceptance(head, held, job.train.ttt_steps) if held.n_tokens else float("nan")
