@@ -83,18 +83,25 @@ class Eagle2:
         self.rpc_servers = parse_servers(rpc_servers)
         offload = dict(n_gpu_layers=n_gpu_layers, verbose=verbose, rpc_servers=self.rpc_servers)
         self.model = LlamaModel(self.model_path, **offload)
-        prepared = None
-        if spec is not None and not plain:
-            prepared = prepare_draft(spec, self.model, self.settings, **offload)
-            self.settings = prepared.settings
-        self.target = Target(self.model, self.settings)
-        engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
-        if engine is not None and lookup is not False:
-            engine = with_lookup(engine, self.tree_params)
-        tree_budget = None
-        if engine is not None and mode == "auto":
-            tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
-        self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget, timer=draft_timer)
+        target = engine = None
+        try:
+            prepared = None
+            if spec is not None and not plain:
+                prepared = prepare_draft(spec, self.model, self.settings, **offload)
+                self.settings = prepared.settings
+            self.target = target = Target(self.model, self.settings)
+            engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
+            if engine is not None and lookup is not False:
+                engine = with_lookup(engine, self.tree_params)
+            tree_budget = None
+            if engine is not None and mode == "auto":
+                tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
+            self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget, timer=draft_timer)
+        except BaseException:  # nobody gets an object to close(): free what was loaded before re-raising
+            for opened in (engine, target, self.model):
+                if opened is not None:
+                    opened.close()
+            raise
         self.seed = seed
 
     def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,

@@ -146,7 +146,7 @@ class Generator:
         """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached"."""
         use_draft = self.engine is not None if speculative is None else speculative
         if use_draft and self.engine is None:
-            raise ValueError("speculative decoding needs a draft engine")
+            raise Eagle2Error("speculative decoding needs a draft (a head, a draft model or lookup)")
         rng = np.random.default_rng(seed)
         emitter = TokenEmitter(self.target.model, max_tokens, tuple(stop), self.stop_tokens)
         call = object()  # identifies this call: a newer one owns the KV cache from its start

@@ -200,3 +200,49 @@ def test_cli_train_init_from_a_checkpoint_for_another_model(tmp_path, synth_f32)
         assert_one_line_error(proc, needle)
         assert proc.returncode == 1
         assert not (tmp_path / "head.work" / "cache").exists()  # refused before extracting a single feature
+
+
+def test_speculative_without_a_draft_is_the_package_error(synth_f32):
+    from eagle2_local.api import Eagle2
+    with Eagle2(synth_f32, n_ctx=64) as llm:
+        assert not llm.speculative
+        with pytest.raises(Eagle2Error, match="needs a draft") as info:
+            llm.create_completion("the cat", max_tokens=4, speculative=True)
+        assert not isinstance(info.value, ValueError)
+        assert llm.create_completion("the cat", max_tokens=4, temperature=0)["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("fails", ["draft", "calibration"])
+def test_eagle2_frees_what_it_loaded_when_the_draft_fails(synth_f32, tmp_path, monkeypatch, fails):
+    """A failed constructor returns no object to close(): the target's model, context and any opened draft
+    must be freed before the error propagates."""
+    import eagle2_local.api as api
+
+    opened: list = []
+
+    class Recorded(api.LlamaModel):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            opened.append(self)
+
+    class RecordedTarget(api.Target):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            opened.append(self.ctx)
+
+    monkeypatch.setattr(api, "LlamaModel", Recorded)
+    monkeypatch.setattr(api, "Target", RecordedTarget)
+    if fails == "draft":  # another vocabulary: refused when the draft is checked against the target
+        kw = dict(draft_model_path=write_model(tmp_path / "other.gguf", rename={5: "zzz-renamed"}))
+        expected = IncompatibleDraftError
+    else:  # the draft opened, the auto budget's calibration fails afterwards
+        def broken(*_a, **_kw):
+            raise RuntimeError("calibration broke")
+        monkeypatch.setattr(api.Eagle2, "_tree_budget", broken)
+        kw = dict(draft_model_path=synth_f32, budget="auto")
+        expected = RuntimeError
+    with pytest.raises(expected):
+        api.Eagle2(synth_f32, n_ctx=64, **kw)
+    assert opened and all(o._closed for o in opened), [(type(o).__name__, o._closed) for o in opened]
+    if fails == "calibration":
+        assert len(opened) == 2  # the target's model and context were both opened, then freed
