@@ -36,7 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .chat import prompt_tokens
-from .errors import Eagle2Error
+from .errors import ContextFullError, Eagle2Error, EmptyPromptError
 from .generator import add_counts
 from .sampling import SamplingParams
 
@@ -87,9 +87,16 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
                     headers=getattr(exc, "headers", None)).response()
 
 
+def server_fault() -> APIError:
+    """What a client is told of a fault on the server's side: that it is one, not its details (a path, a
+    llama.cpp code), which go to the log, where whoever runs the server can read them."""
+    return APIError(500, "internal error: the server failed to answer (the details are in its log)", "server_error",
+                    "internal_error")
+
+
 def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
     log.exception("request failed", exc_info=exc)
-    return APIError(500, f"internal error: {exc}", "server_error", "internal_error").response()
+    return server_fault().response()
 
 
 # ---------------------------------------------------------------- requests
@@ -267,20 +274,23 @@ class ModelWorker:
 
     def admit(self, job: Job) -> None:
         """Queue ``job``, or refuse with 503 + Retry-After when ``max_waiting`` requests already wait."""
-        with self._lock:
+        with self._lock:  # held while submitting: close() cannot shut the pool down between check and submit
             if self._closing.is_set():
                 raise APIError(503, "the server is shutting down", "server_error", "shutting_down")
             if self.waiting >= self.max_waiting:
                 retry = max(1, math.ceil(self._mean_s * (self.waiting + self.running)))
                 raise APIError(503, f"the queue is full ({self.waiting} requests waiting); retry in {retry} s",
                                "server_error", "queue_full", headers={"Retry-After": str(retry)})
+            self._pool.submit(self._run, job)
             self.waiting += 1
-        self._pool.submit(self._run, job)
 
     def close(self) -> None:
-        """Stop the running generation at its next round, drop queued ones, wait for the thread."""
-        self._closing.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the running generation at its next round and wait for the thread. Queued jobs are not
+        cancelled in the pool: each still passes through :meth:`_run`, which sees the server closing and sends
+        its client a terminal event (and keeps the counters right) without generating."""
+        with self._lock:
+            self._closing.set()
+        self._pool.shutdown(wait=True)
 
     def _run(self, job: Job) -> None:
         with self._lock:
@@ -296,11 +306,11 @@ class ModelWorker:
             kind, payload = self._generate(job)
             outcome = "completed" if kind == "done" else "stopped_early"
             job.send(kind, payload)
-        except Eagle2Error as exc:
+        except (ContextFullError, EmptyPromptError) as exc:  # what the request asked for does not fit
             job.send("error", APIError(400, str(exc)))
-        except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
+        except Exception:  # noqa: BLE001 - DecodeError, TreeError, bugs: a fault here, not in the request
             log.exception("generation failed")
-            job.send("error", APIError(500, f"generation failed: {exc}", "server_error", "internal_error"))
+            job.send("error", server_fault())
         finally:
             with self._lock:
                 self.running = 0

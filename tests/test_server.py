@@ -7,11 +7,13 @@ batch invariance holds with one thread); prompts stay short (< 64 tokens) for th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -21,6 +23,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
+from eagle2_local.errors import ContextFullError, DecodeError, TreeError
 
 pytestmark = pytest.mark.smollm2
 
@@ -427,3 +431,165 @@ def _write_record(path: Path, finished: list[dict], results: list[dict], wall: f
         record["note"] = os.environ[NOTE_ENV]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+# ------------------------------------------------------------------ faults, shutdown and the queue's accounting
+class StandIn:
+    """Stands in for :class:`eagle2_local.api.Eagle2` where the worker and the endpoints are tested without a
+    model: ``stream`` yields one-token chunks, each after ``gate`` opens, or raises ``fault`` at its start."""
+
+    engine_name = "stand-in"
+
+    def __init__(self, fault: Exception | None = None) -> None:
+        from types import SimpleNamespace
+
+        self.fault = fault
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.model = SimpleNamespace(n_vocab=100)
+        self.generated = 0
+
+    def n_ctx(self) -> int:
+        return 64
+
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        return [1, 2]
+
+    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None):
+        from eagle2_local.generator import Chunk
+
+        self.started.set()
+        if self.fault is not None:
+            raise self.fault
+        self.generated = 0
+        for i in range(max_tokens):
+            self.gate.wait(30)
+            self.generated += 1
+            yield Chunk("x", [7], "length" if i == max_tokens - 1 else None)
+
+    def stats(self) -> dict:
+        return {"prompt_tokens": 1, "n_tokens": self.generated, "target_passes": self.generated}
+
+
+def _job(loop, max_tokens: int = 2):
+    from eagle2_local.sampling import SamplingParams
+    from eagle2_local.server import Job
+
+    return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, loop)
+
+
+def _events(loop, job, timeout_s: float = 30) -> list[str]:
+    async def kinds() -> list[str]:
+        return [kind async for kind, _ in job.events_until_done()]
+    return loop.run_until_complete(asyncio.wait_for(kinds(), timeout_s))
+
+
+@pytest.mark.parametrize("fault", [DecodeError("llama_decode failed with code -3: secret detail"),
+                                   TreeError("extended batch full (61 entries)"), RuntimeError("a bug")])
+def test_generation_fault_is_a_500_with_a_generic_message_and_the_detail_in_the_log(fault, caplog):
+    """A DecodeError or TreeError mid-generation is the server's fault, not the request's: 500, OpenAI's error
+    shape, a message that does not leak the exception's text; the traceback goes to the server's log."""
+    from fastapi.testclient import TestClient
+    from eagle2_local.server import create_app
+
+    with TestClient(create_app(StandIn(fault), model_name="m")) as http:
+        for path, body in ((COMPLETIONS, {"prompt": [1, 2], "max_tokens": 2}),
+                           (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})):
+            r = http.post(path, json=body)
+            assert r.status_code == 500, r.text
+            assert set(r.json()) == {"error"} and set(r.json()["error"]) == {"message", "type", "param", "code"}
+            err = r.json()["error"]
+            assert err["type"] == "server_error" and err["code"] == "internal_error"
+            assert "details are in its log" in err["message"] and str(fault) not in err["message"]
+        assert http.get("/health").json()["queue"]["failed"] == 2
+    assert any(rec.exc_info and str(fault) in str(rec.exc_info[1]) for rec in caplog.records)
+
+
+def test_a_prompt_that_no_longer_fits_stays_the_clients_error():
+    from eagle2_local.server import ModelWorker
+
+    loop = asyncio.new_event_loop()
+    worker = ModelWorker(StandIn(ContextFullError("no room in the KV cache for 9 tokens")), max_waiting=4)
+    try:
+        job = _job(loop)
+        worker.admit(job)
+        kind, err = loop.run_until_complete(asyncio.wait_for(job.events.get(), 30))
+        assert kind == "error" and err.status == 400 and "no room" in err.message
+    finally:
+        worker.close()
+        loop.close()
+
+
+def test_close_gives_every_queued_job_a_terminal_event_and_balances_the_counters():
+    """Jobs still waiting when the server shuts down are answered (cancelled), never left without an end."""
+    from eagle2_local.server import APIError, ModelWorker, TERMINAL
+
+    llm = StandIn()
+    loop = asyncio.new_event_loop()
+    worker = ModelWorker(llm, max_waiting=8)
+    try:
+        jobs = [_job(loop, max_tokens=50) for _ in range(4)]
+        for job in jobs:
+            worker.admit(job)
+        assert llm.started.wait(30)  # the first runs (held at the gate), three wait
+        assert worker.status()["waiting"] == 3
+        closer = threading.Thread(target=worker.close)
+        closer.start()
+        llm.gate.set()  # the running one reaches its next round, sees the server closing and stops
+        closer.join(30)
+        assert not closer.is_alive()
+        for job in jobs:
+            assert _events(loop, job)[-1] in TERMINAL
+        status = worker.status()
+        assert status["waiting"] == status["running"] == 0 and status["stopped_early"] == 4, status
+        with pytest.raises(APIError) as refused:
+            worker.admit(_job(loop))
+        assert refused.value.status == 503 and refused.value.code == "shutting_down"
+    finally:
+        llm.gate.set()
+        worker.close()
+        loop.close()
+
+
+def test_admit_racing_close_is_a_503_or_an_answered_job_never_a_lost_count():
+    """``admit`` counted a waiting request, then submitting to a pool that ``close`` had just shut down raised
+    (a 500) and the count was never taken back. Admissions racing a close now either are refused with 503 or
+    get a terminal event, and nothing stays counted as waiting."""
+    from eagle2_local.server import APIError, ModelWorker, TERMINAL
+
+    for attempt in range(20):
+        llm = StandIn()
+        llm.gate.set()
+        loop = asyncio.new_event_loop()
+        worker = ModelWorker(llm, max_waiting=1000)
+        admitted, refused, other = [], [], []
+        start = threading.Barrier(5)
+
+        def admit_many() -> None:
+            start.wait()
+            for _ in range(50):
+                job = _job(loop, max_tokens=1)
+                try:
+                    worker.admit(job)
+                    admitted.append(job)
+                except APIError as exc:
+                    refused.append(exc.status)
+                except Exception as exc:  # noqa: BLE001 - the bug this test guards against
+                    other.append(exc)
+
+        threads = [threading.Thread(target=admit_many) for _ in range(4)]
+        for t in threads:
+            t.start()
+        start.wait()
+        time.sleep(0.0005 * attempt)
+        worker.close()
+        for t in threads:
+            t.join(30)
+        try:
+            assert other == [] and set(refused) <= {503}, (other, refused)
+            assert all(_events(loop, job)[-1] in TERMINAL for job in admitted)
+            status = worker.status()
+            assert status["waiting"] == status["running"] == 0, status
+            assert status["completed"] + status["stopped_early"] == len(admitted), status
+        finally:
+            loop.close()
