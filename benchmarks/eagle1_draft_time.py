@@ -20,23 +20,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored
+sys.path.insert(0, str(ROOT))
 
-from conftest import load_prompts  # noqa: E402
-from convert.eagle1 import convert_head  # noqa: E402
+import numpy as np  # noqa: E402
+
+from convert.eagle1 import write_head  # noqa: E402
 from eagle2_local import Eagle2  # noqa: E402
-from eagle2_local.bench import machine_info  # noqa: E402
+from eagle2_local.bench import interleaved, load_prompt_sets, machine_info  # noqa: E402
+from eagle2_local.eagle1_format import HeadParams  # noqa: E402
 from eagle2_local.microbench import DraftTimes  # noqa: E402
 from eagle2_local.models import default_model_path  # noqa: E402
-from eagle_heads import head_config, head_tensors, write_head_dir  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "eagle1-numpy-draft-time-smollm2.json"
 
 
 def synthetic_smollm2_head(folder: Path) -> Path:
-    cfg = head_config("vicuna", hidden=576, vocab=49152, n_head=9, ff=1536)
-    return convert_head(write_head_dir(folder / "head", cfg, head_tensors(cfg, seed=0, with_embedding=False)),
-                        folder / "head.gguf", outtype="f16")
+    """Random weights in the shapes the head format asks for (a Vicuna-style head: fc bias, no q/k/v bias)."""
+    params = HeadParams(hidden_size=576, intermediate_size=1536, vocab_size=49152, n_head=9, n_head_kv=9,
+                        head_dim=64, rms_eps=1e-5, rope_base=10000.0, fc_bias=True, qkv_bias=False)
+    rng = np.random.default_rng(0)
+    tensors = {name: (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+               for name, shape in params.expected_shapes().items()}
+    return write_head(folder / "head.gguf", params, tensors, {"source.checkpoint": "random"}, outtype="f16")
 
 
 def main() -> None:
@@ -46,7 +52,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    prompts = [[{"role": "user", "content": p}] for p in load_prompts(args.prompts)]
+    prompts = [[{"role": "user", "content": p}]
+               for p in interleaved(load_prompt_sets([str(EAGLE_SETS)], None), args.prompts)]
     model = default_model_path()
     with tempfile.TemporaryDirectory() as tmp:
         head = Path(args.head) if args.head else synthetic_smollm2_head(Path(tmp))
@@ -68,7 +75,7 @@ def main() -> None:
     report = {
         "command": " ".join(["python benchmarks/eagle1_draft_time.py"] + sys.argv[1:]),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info(),
-        "model": model.name, "head": str(args.head or "random head of SmolLM2's shape (H 576, 9/3 heads, ff 1536), "
+        "model": model.name, "head": str(args.head or "random head of SmolLM2's shape (H 576, 9/9 heads, ff 1536), "
                                                     "embedding borrowed from the target"),
         "threads": args.threads, "prompts": args.prompts, "max_tokens": args.max_tokens,
         "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},

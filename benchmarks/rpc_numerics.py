@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored
+sys.path.insert(0, str(ROOT))
 
-from conftest import load_prompts  # noqa: E402
 from eagle2_local import rpc  # noqa: E402
 from eagle2_local.api import Eagle2  # noqa: E402
+from eagle2_local.bench import interleaved, load_prompt_sets  # noqa: E402
 
 QUANTITIES = ("layer-input features", "target logits after prefill", "head root logits",
               "target single-token logits")
@@ -43,7 +44,7 @@ def measure(servers: str | None) -> list[tuple[np.ndarray, ...]]:
     """Per prompt: features and target logits of a prefill, the head's root logits, three single-token decodes."""
     out = []
     with Eagle2(n_threads=1, n_ctx=1024, rpc_servers=servers, budget="fixed", total_tokens=20) as llm:
-        for text in load_prompts(6):
+        for text in interleaved(load_prompt_sets([str(EAGLE_SETS)], None), 6):
             llm.generator.reset()
             llm.target.reset()
             tokens = llm.tokenize(text, add_bos=True, special=True)[:200]

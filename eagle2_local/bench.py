@@ -12,6 +12,7 @@ batch-invariant, see NOTES.md), and as a mismatch otherwise.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -68,6 +69,15 @@ def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
                 prompts.append(text)
             sets.append(PromptSet(f.stem, prompts[:n] if n else prompts))
     return sets
+
+
+def interleaved(sets: list[PromptSet], n: int) -> list[str]:
+    """``n`` prompts taken across ``sets`` in turn (every set's first, then every set's second, ...), so that a
+    handful already spans every kind of task; an error when the sets hold fewer than ``n``."""
+    out = [p for row in itertools.zip_longest(*(s.prompts for s in sets)) for p in row if p is not None][:n]
+    if len(out) < n:
+        raise Eagle2Error(f"asked for {n} prompts but the sets ({', '.join(s.name for s in sets)}) hold {len(out)}")
+    return out
 
 
 def machine_info() -> dict:

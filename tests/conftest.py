@@ -6,7 +6,6 @@ SmolLM2 tests are marked ``smollm2``. Outside CI they are skipped when the model
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,6 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic_model import write_model  # noqa: E402
+from eagle2_local.bench import interleaved, load_prompt_sets  # noqa: E402
+from eagle2_local.errors import Eagle2Error  # noqa: E402
 from eagle2_local.layer_draft import write_truncated  # noqa: E402
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle_prompts"
@@ -85,22 +86,8 @@ def smollm2_weak(smollm2_path, synth_dir) -> Path:
 
 
 def load_prompts(n: int) -> list[str]:
-    """The first turns of EAGLE's six prompt sets, interleaved, ``n`` in total."""
-    sets = sorted(PROMPTS_DIR.glob("*.jsonl"))
-    if not sets:
-        pytest.fail(f"prompt sets missing: {PROMPTS_DIR}")
-    per_set = [[_first_turn(json.loads(line)) for line in p.read_text().splitlines() if line.strip()] for p in sets]
-    out = []
-    i = 0
-    while len(out) < n:
-        for prompts in per_set:
-            if i < len(prompts) and len(out) < n:
-                out.append(prompts[i])
-        i += 1
-    return out
-
-
-def _first_turn(rec: dict) -> str:
-    if "turns" in rec:
-        return rec["turns"][0]
-    return rec.get("prompt") or rec.get("text") or rec.get("instruction")
+    """The first turns of EAGLE's six prompt sets, interleaved, ``n`` in total (more than they hold: a failure)."""
+    try:
+        return interleaved(load_prompt_sets([str(PROMPTS_DIR)], None), n)
+    except Eagle2Error as exc:
+        pytest.fail(str(exc))

@@ -246,3 +246,15 @@ def test_eagle2_frees_what_it_loaded_when_the_draft_fails(synth_f32, tmp_path, m
     assert opened and all(o._closed for o in opened), [(type(o).__name__, o._closed) for o in opened]
     if fails == "calibration":
         assert len(opened) == 2  # the target's model and context were both opened, then freed
+
+
+def test_asking_for_more_prompts_than_the_sets_hold_is_an_error(tmp_path):
+    """Once an endless loop in the tests' prompt loader; the package's interleaving refuses instead."""
+    from conftest import load_prompts
+    from eagle2_local.bench import PromptSet, interleaved
+    sets = [PromptSet("a", ["a0", "a1", "a2"]), PromptSet("b", ["b0"])]
+    assert interleaved(sets, 4) == ["a0", "b0", "a1", "a2"]
+    with pytest.raises(Eagle2Error, match="asked for 5 prompts but the sets \\(a, b\\) hold 4"):
+        interleaved(sets, 5)
+    with pytest.raises(pytest.fail.Exception, match="hold"):
+        load_prompts(10 ** 6)
