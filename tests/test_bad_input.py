@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,21 +11,8 @@ from eagle2_local.errors import (ContextFullError, Eagle2Error, IncompatibleDraf
                                  UnsupportedModelError)
 from eagle2_local.llama import LlamaModel
 from eagle2_local.models import read_gguf_info, resolve_model
+from helpers import assert_one_line_error, run_cli
 from synthetic_model import write_model
-
-
-def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, input=stdin,
-                          timeout=300)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ")
-    assert needle in lines[0], lines[0]
 
 
 @pytest.fixture()

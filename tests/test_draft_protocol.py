@@ -18,7 +18,7 @@ from eagle2_local.generator import Generator
 from eagle2_local.llama import LlamaModel
 from eagle2_local.target import Target
 from eagle2_local.tree import TreeParams
-from test_generate import GREEDY, ONE_THREAD, make, random_prompts, run
+from helpers import ONE_THREAD, make, random_prompts, run
 
 PARAMS = TreeParams(24, 6, 4)
 

@@ -9,20 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import load_prompts
-from convert.eagle1 import convert_head
 from eagle2_local import Eagle2
 from eagle2_local.errors import Eagle2Error, IncompatibleDraftError, ModelError
-from eagle_heads import chat_turn_outputs, head_config, head_tensors, write_head_dir
+from eagle_heads import chat_turn_outputs
+from helpers import assert_one_line_error, run_cli, synthetic_head
 from synthetic_model import vocab
 
 SYNTH_VOCAB = len(vocab()[0])
-
-
-def synthetic_head(tmp_path, name: str, variant: str = "vicuna", **shape) -> str:
-    """A random head converted by the converter (borrowing the target's embedding), as a GGUF path."""
-    cfg = head_config(variant, **shape)
-    folder = write_head_dir(tmp_path / name, cfg, head_tensors(cfg, seed=4, with_embedding=False))
-    return str(convert_head(folder, tmp_path / f"{name}.gguf", outtype="f16"))
 
 
 def greedy_texts(llm: Eagle2, prompts: list[str], max_tokens: int) -> list[str]:
@@ -92,7 +85,6 @@ def test_generate_head_on_smollm2_is_lossless(tmp_path, smollm2_path):
 
 
 def test_cli_refuses_mismatched_head_in_one_line(tmp_path, synth_q8):
-    from test_bad_input import assert_one_line_error, run_cli
 
     head = synthetic_head(tmp_path, "h32", hidden=32, vocab=SYNTH_VOCAB)
     proc = run_cli("generate", "--model", str(synth_q8), "--head", head, "-p", "the cat", "-n", "4")

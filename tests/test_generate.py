@@ -14,38 +14,12 @@ from conftest import load_prompts
 from eagle2_local.drafts import DraftModelEngine
 from eagle2_local.generator import Generator
 from eagle2_local.llama import ContextSettings, LlamaModel
-from eagle2_local.sampling import SamplingParams
 from eagle2_local.target import Target
 from eagle2_local.tree import TreeParams
+from helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget, make,
+                     random_prompts, run)
 
-ONE_THREAD = ContextSettings(n_ctx=2048, n_batch=256, n_seq_max=64, n_threads=1)
-GREEDY = SamplingParams(temperature=0.0)
 F32_TOL = 1e-2
-
-
-def run(gen: Generator, prompt: list[int], n: int, sampling=GREEDY, **kw) -> tuple[list[int], str, str]:
-    tokens, text, reason = [], "", None
-    for ch in gen.generate(prompt, n, sampling, **kw):
-        tokens += ch.tokens
-        text += ch.text
-        reason = ch.finish_reason or reason
-    return tokens, text, reason
-
-
-def make(model: LlamaModel, draft: LlamaModel | None, params=TreeParams(16, 5, 4), settings=ONE_THREAD):
-    engine = DraftModelEngine(draft, settings, params.top_k, params.depth) if draft is not None else None
-    return Generator(Target(model, settings), engine, params)
-
-
-def chat_prompt(model: LlamaModel, text: str) -> list[int]:
-    return model.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def top2_gap(model: LlamaModel, settings: ContextSettings, tokens: list[int]) -> float:
@@ -55,17 +29,6 @@ def top2_gap(model: LlamaModel, settings: ContextSettings, tokens: list[int]) ->
     t.close()
     top = np.sort(logits)[-2:]
     return float(top[1] - top[0])
-
-
-def random_prompts(model: LlamaModel, n: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [[1] + list(rng.integers(5, model.n_vocab, int(rng.integers(2, 40)))) for _ in range(n)]
-
-
-def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_tokens: int, label) -> None:
-    ref, _, _ = run(plain, prompt, max_tokens)
-    out, _, _ = run(spec, prompt, max_tokens)
-    assert out == ref, f"prompt {label}: diverged at {first_divergence(out, ref)}"
 
 
 # ------------------------------------------------------------------ plain baseline
@@ -244,17 +207,6 @@ def test_abandoned_stream_does_not_corrupt_the_next_call(synth_q8):
 
 
 # ------------------------------------------------------------------ lossless with the tree budget on
-def forced_budget(max_nodes: int, depth: int):
-    """A budget on a fixed, moderately steep cost curve (no online timing updates, a frozen clock), so its
-    choices depend only on the draft's confidence and observed acceptance: trees of many sizes, plain steps."""
-    from eagle2_local.budget import TreeBudget
-    from eagle2_local.costs import CostModel
-
-    sizes = [1, 2, 4, 8, 16, 32]
-    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, frozen=True)
-    return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, probe_every=2, clock=lambda: 0.0)
-
-
 def test_lossless_greedy_with_budget_synthetic(synth_q8, synth_q8_weak):
     model = LlamaModel(synth_q8)
     plain = make(model, None)

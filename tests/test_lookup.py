@@ -15,9 +15,8 @@ from eagle2_local.sampling import SamplingParams
 from eagle2_local.target import Target
 from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates
 from eagle2_local.tree_policy import FixedTree
-from test_generate import ONE_THREAD, assert_lossless, chat_prompt, make, random_prompts, run
 import eagle2_local.generator as generator_mod
-from test_sampling_lossless import N_RUNS, chi2_pvalue, over_accepting
+from helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
 
 
 def rebuilt(tokens: list[int], max_n: int = 4) -> NgramIndex:

@@ -26,7 +26,8 @@ from eagle2_local.errors import Eagle2Error
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
 from eagle2_local.tree import TreeParams
-from test_bad_input import assert_one_line_error, run_cli
+from helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, random_tree, run_cli,
+                     sequential_logits, synthetic_head)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +153,6 @@ def test_every_layer_lands_on_the_servers(endpoints, smollm2_path, caplog):
 
 @pytest.mark.rpc
 def test_tree_logits_equal_sequential_decoding(endpoints, synth_q8, smollm2_path):
-    from test_target import random_tree, sequential_logits
 
     rng = np.random.default_rng(5)
     for path, trees in ((synth_q8, [(63, 10), (30, 4), (5, 1)]), (smollm2_path, [(60, 8), (17, 16)])):
@@ -174,7 +174,6 @@ def test_tree_logits_equal_sequential_decoding(endpoints, synth_q8, smollm2_path
 
 @pytest.mark.rpc
 def test_thousand_rounds_leak_no_cells(endpoints, synth_q8):
-    from test_target import check_thousand_rounds_leak_no_cells
 
     model = LlamaModel(synth_q8, rpc_servers=endpoints)
     t = check_thousand_rounds_leak_no_cells(model)
@@ -229,7 +228,6 @@ def test_greedy_equals_plain_on_the_same_servers(endpoints, draft, smollm2_path,
     elif draft == "draft-model":
         llm = Eagle2(smollm2_path, draft_model_path=smollm2_weak, total_tokens=10, depth=4, tree_top_k=3, **kw)
     else:  # EAGLE-1/2 head (numpy) reading the target's final hidden states from the servers
-        from test_eagle1_generate import synthetic_head
         head = synthetic_head(tmp_path, "smol", variant="vicuna", hidden=576, vocab=49152, n_head=9, ff=1536)
         llm = Eagle2(smollm2_path, head_path=head, total_tokens=8, depth=3, tree_top_k=3, **kw)
     with llm:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.stats import chi2_contingency
 
 import eagle2_local.generator as generator_mod
-from eagle2_local.acceptance import Acceptance, _walk
+from eagle2_local.acceptance import _walk
 from eagle2_local.llama import LlamaModel
-from eagle2_local.sampling import SamplingParams, sample_from
+from eagle2_local.sampling import SamplingParams
 from eagle2_local.tree import TreeParams
-from test_generate import make
+from helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, over_accepting
 
-N_RUNS = 1500
 PROMPT = [1, 40, 41, 42, 43]
 
 
@@ -31,41 +29,6 @@ def token_counts(gen, sampling: SamplingParams, positions=POSITIONS) -> dict[int
         for p in positions:
             counts[p][toks[p]] = counts[p].get(toks[p], 0) + 1
     return counts
-
-
-def chi2_pvalue(a: dict[int, int], b: dict[int, int]) -> float:
-    """Two-sample chi-square on token counts; tokens rarer than 10 in total are pooled."""
-    keys = sorted(set(a) | set(b))
-    big = [k for k in keys if a.get(k, 0) + b.get(k, 0) >= 10]
-    rows = [[a.get(k, 0) for k in big], [b.get(k, 0) for k in big]]
-    rest = [sum(a.get(k, 0) for k in keys if k not in big), sum(b.get(k, 0) for k in keys if k not in big)]
-    if sum(rest) > 0:
-        rows[0].append(rest[0])
-        rows[1].append(rest[1])
-    return float(chi2_contingency(np.array(rows))[1])
-
-
-def over_accepting(tree, logits, params, history, rng):
-    """A plausible bug: accept a drafted child with probability 2*p(x) instead of p(x)."""
-    node, path = 0, [0]
-    hist = np.asarray(history, dtype=np.int64)
-    while True:
-        p = params.probs(logits[node], np.concatenate([hist, tree.tokens[path].astype(np.int64)]))
-        chosen = -1
-        for child in tree.children(node):
-            x = int(tree.tokens[child])
-            if rng.random() < min(1.0, 2.0 * p[x]):
-                chosen = int(child)
-                break
-            p = p.copy()
-            p[x] = 0.0
-            if p.sum() <= 0:
-                break
-            p /= p.sum()
-        if chosen < 0:
-            return Acceptance(np.asarray(path), sample_from(p, rng))
-        node = chosen
-        path.append(node)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +94,6 @@ def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
     from eagle2_local.drafts import DraftModelEngine
     from eagle2_local.generator import Generator
     from eagle2_local.target import Target
-    from test_generate import ONE_THREAD, forced_budget
 
     sampling = SamplingParams(temperature=1.0)
     spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(model, ONE_THREAD, 3, 4), TreeParams(12, 4, 3),

@@ -11,13 +11,10 @@ from eagle2_local.errors import ContextFullError, TreeError
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
 from eagle2_local.tree import DraftTree
+from helpers import SETTINGS, check_thousand_rounds_leak_no_cells, random_tree, sequential_logits
 
 # F32 matmuls take different kernels for different batch sizes on CPU: results differ in the last bits.
 F32_TOL = 1e-2
-# Measured on this CPU build (see docs/design.md §1 and NOTES.md): quantized models are batch-invariant for batches
-# of up to 63 tokens with ONE thread. With 2+ threads, single-token decodes over >= 512 KV cells take
-# flash-attention's split-KV path; batches of >= 64 queries take its tiled path; both change float order.
-SETTINGS = ContextSettings(n_ctx=1024, n_batch=128, n_seq_max=80, n_threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -33,26 +30,6 @@ def q8_model(synth_q8):
 @pytest.fixture(scope="module")
 def smol_model(smollm2_path):
     return LlamaModel(smollm2_path)
-
-
-def sequential_logits(model, prefix, tokens, settings=SETTINGS):
-    """Logits after each of ``tokens``, decoded one at a time after ``prefix`` on a fresh context."""
-    t = Target(model, settings)
-    t.prefill(prefix)
-    out = [t.decode_one(int(tok)).logits[0] for tok in tokens]
-    t.close()
-    return np.array(out)
-
-
-def random_tree(rng, n_vocab, n, max_depth):
-    parents = [-1]
-    depth = [0]
-    for i in range(1, n):
-        choices = [j for j in range(i) if depth[j] < max_depth]
-        p = int(rng.choice(choices))
-        parents.append(p)
-        depth.append(depth[p] + 1)
-    return DraftTree.from_parents(rng.integers(5, n_vocab, n), parents)
 
 
 def check_tree_equals_paths(model, prefix, tree, tol):
@@ -153,43 +130,6 @@ def test_commit_with_tolerance_f32(f32_model):
     probe = t.decode_one(42).logits[0]
     ref = sequential_logits(f32_model, committed[:1], committed[1:] + [42])[-1]
     assert np.abs(probe - ref).max() <= F32_TOL
-
-
-def free_cells(target: Target) -> int:
-    """Count free KV cells by filling a scratch sequence until llama.cpp finds no slot (it returns 1, no abort)."""
-    scratch = target.ctx.n_seq_max - 2
-    n = 0
-    step = target.ctx.n_batch
-    while step >= 1:
-        try:
-            toks = np.full(step, 7, dtype=np.int32)
-            pos = np.arange(n, n + step, dtype=np.int32)
-            target.ctx.decode(toks, pos, np.zeros(step, dtype=np.int8), seq=scratch)
-            n += step
-        except ContextFullError:
-            step //= 2
-    target.ctx.seq_rm(scratch)
-    return n
-
-
-def check_thousand_rounds_leak_no_cells(model) -> Target:
-    """1,000 random verify/commit rounds with rollbacks; the free cells always equal n_ctx - n_past."""
-    settings = ContextSettings(n_ctx=512, n_batch=64, n_seq_max=40, n_threads=1)
-    rng = np.random.default_rng(3)
-    t = Target(model, settings)
-    t.prefill([1, 5, 6])
-    for i in range(1000):
-        tree = random_tree(rng, model.n_vocab, int(rng.integers(1, 30)), 4)
-        t.verify(tree)
-        t.commit(tree.path_to(int(rng.choice(len(tree))))[:3])
-        if t.n_past > 400:
-            t.rollback(3)
-        if i % 250 == 0:
-            assert free_cells(t) == t.n_ctx - t.n_past
-    assert t.ctx.seq_pos_max(0) == t.n_past - 1
-    assert t.ctx.seq_pos_min(0) == 0
-    assert free_cells(t) == t.n_ctx - t.n_past
-    return t
 
 
 def test_thousand_rounds_leak_no_cells(q8_model):

@@ -1,0 +1,201 @@
+"""Helpers several test modules share: generators and lossless checks, sampling statistics, running the CLI,
+target trees, synthetic EAGLE-1/2 heads. Test modules import these from here, never from one another, so that a
+test file stays a list of tests (and renaming or deleting one breaks nothing else)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from convert.eagle1 import convert_head
+from eagle2_local.acceptance import Acceptance
+from eagle2_local.drafts import DraftModelEngine
+from eagle2_local.errors import ContextFullError
+from eagle2_local.generator import Generator
+from eagle2_local.llama import ContextSettings, LlamaModel
+from eagle2_local.sampling import SamplingParams, sample_from
+from eagle2_local.target import Target
+from eagle2_local.tree import DraftTree, TreeParams
+from eagle_heads import head_config, head_tensors, write_head_dir
+
+
+# ------------------------------------------------------------------ generators and lossless checks
+ONE_THREAD = ContextSettings(n_ctx=2048, n_batch=256, n_seq_max=64, n_threads=1)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def run(gen: Generator, prompt: list[int], n: int, sampling=GREEDY, **kw) -> tuple[list[int], str, str]:
+    tokens, text, reason = [], "", None
+    for ch in gen.generate(prompt, n, sampling, **kw):
+        tokens += ch.tokens
+        text += ch.text
+        reason = ch.finish_reason or reason
+    return tokens, text, reason
+
+
+def make(model: LlamaModel, draft: LlamaModel | None, params=TreeParams(16, 5, 4), settings=ONE_THREAD):
+    engine = DraftModelEngine(draft, settings, params.top_k, params.depth) if draft is not None else None
+    return Generator(Target(model, settings), engine, params)
+
+
+def chat_prompt(model: LlamaModel, text: str) -> list[int]:
+    return model.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def random_prompts(model: LlamaModel, n: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[1] + list(rng.integers(5, model.n_vocab, int(rng.integers(2, 40)))) for _ in range(n)]
+
+
+def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_tokens: int, label) -> None:
+    ref, _, _ = run(plain, prompt, max_tokens)
+    out, _, _ = run(spec, prompt, max_tokens)
+    assert out == ref, f"prompt {label}: diverged at {first_divergence(out, ref)}"
+
+
+def forced_budget(max_nodes: int, depth: int):
+    """A budget on a fixed, moderately steep cost curve (no online timing updates, a frozen clock), so its
+    choices depend only on the draft's confidence and observed acceptance: trees of many sizes, plain steps."""
+    from eagle2_local.budget import TreeBudget
+    from eagle2_local.costs import CostModel
+
+    sizes = [1, 2, 4, 8, 16, 32]
+    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, frozen=True)
+    return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, probe_every=2, clock=lambda: 0.0)
+
+
+# ------------------------------------------------------------------ sampling distributions
+N_RUNS = 1500
+
+
+def chi2_pvalue(a: dict[int, int], b: dict[int, int]) -> float:
+    """Two-sample chi-square on token counts; tokens rarer than 10 in total are pooled."""
+    keys = sorted(set(a) | set(b))
+    big = [k for k in keys if a.get(k, 0) + b.get(k, 0) >= 10]
+    rows = [[a.get(k, 0) for k in big], [b.get(k, 0) for k in big]]
+    rest = [sum(a.get(k, 0) for k in keys if k not in big), sum(b.get(k, 0) for k in keys if k not in big)]
+    if sum(rest) > 0:
+        rows[0].append(rest[0])
+        rows[1].append(rest[1])
+    from scipy.stats import chi2_contingency  # scipy only for the tests that use it
+
+    return float(chi2_contingency(np.array(rows))[1])
+
+
+def over_accepting(tree, logits, params, history, rng):
+    """A plausible bug: accept a drafted child with probability 2*p(x) instead of p(x)."""
+    node, path = 0, [0]
+    hist = np.asarray(history, dtype=np.int64)
+    while True:
+        p = params.probs(logits[node], np.concatenate([hist, tree.tokens[path].astype(np.int64)]))
+        chosen = -1
+        for child in tree.children(node):
+            x = int(tree.tokens[child])
+            if rng.random() < min(1.0, 2.0 * p[x]):
+                chosen = int(child)
+                break
+            p = p.copy()
+            p[x] = 0.0
+            if p.sum() <= 0:
+                break
+            p /= p.sum()
+        if chosen < 0:
+            return Acceptance(np.asarray(path), sample_from(p, rng))
+        node = chosen
+        path.append(node)
+
+
+# ------------------------------------------------------------------ the command line
+def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, input=stdin,
+                          timeout=300)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert needle in lines[0], lines[0]
+
+
+# ------------------------------------------------------------------ target contexts and trees
+# Measured on this CPU build (see docs/design.md §1 and NOTES.md): quantized models are batch-invariant for batches
+# of up to 63 tokens with ONE thread. With 2+ threads, single-token decodes over >= 512 KV cells take
+# flash-attention's split-KV path; batches of >= 64 queries take its tiled path; both change float order.
+SETTINGS = ContextSettings(n_ctx=1024, n_batch=128, n_seq_max=80, n_threads=1)
+
+
+def sequential_logits(model, prefix, tokens, settings=SETTINGS):
+    """Logits after each of ``tokens``, decoded one at a time after ``prefix`` on a fresh context."""
+    t = Target(model, settings)
+    t.prefill(prefix)
+    out = [t.decode_one(int(tok)).logits[0] for tok in tokens]
+    t.close()
+    return np.array(out)
+
+
+def random_tree(rng, n_vocab, n, max_depth):
+    parents = [-1]
+    depth = [0]
+    for i in range(1, n):
+        choices = [j for j in range(i) if depth[j] < max_depth]
+        p = int(rng.choice(choices))
+        parents.append(p)
+        depth.append(depth[p] + 1)
+    return DraftTree.from_parents(rng.integers(5, n_vocab, n), parents)
+
+
+def free_cells(target: Target) -> int:
+    """Count free KV cells by filling a scratch sequence until llama.cpp finds no slot (it returns 1, no abort)."""
+    scratch = target.ctx.n_seq_max - 2
+    n = 0
+    step = target.ctx.n_batch
+    while step >= 1:
+        try:
+            toks = np.full(step, 7, dtype=np.int32)
+            pos = np.arange(n, n + step, dtype=np.int32)
+            target.ctx.decode(toks, pos, np.zeros(step, dtype=np.int8), seq=scratch)
+            n += step
+        except ContextFullError:
+            step //= 2
+    target.ctx.seq_rm(scratch)
+    return n
+
+
+def check_thousand_rounds_leak_no_cells(model) -> Target:
+    """1,000 random verify/commit rounds with rollbacks; the free cells always equal n_ctx - n_past."""
+    settings = ContextSettings(n_ctx=512, n_batch=64, n_seq_max=40, n_threads=1)
+    rng = np.random.default_rng(3)
+    t = Target(model, settings)
+    t.prefill([1, 5, 6])
+    for i in range(1000):
+        tree = random_tree(rng, model.n_vocab, int(rng.integers(1, 30)), 4)
+        t.verify(tree)
+        t.commit(tree.path_to(int(rng.choice(len(tree))))[:3])
+        if t.n_past > 400:
+            t.rollback(3)
+        if i % 250 == 0:
+            assert free_cells(t) == t.n_ctx - t.n_past
+    assert t.ctx.seq_pos_max(0) == t.n_past - 1
+    assert t.ctx.seq_pos_min(0) == 0
+    assert free_cells(t) == t.n_ctx - t.n_past
+    return t
+
+
+# ------------------------------------------------------------------ EAGLE-1/2 heads
+def synthetic_head(tmp_path, name: str, variant: str = "vicuna", **shape) -> str:
+    """A random head converted by the converter (borrowing the target's embedding), as a GGUF path."""
+    cfg = head_config(variant, **shape)
+    folder = write_head_dir(tmp_path / name, cfg, head_tensors(cfg, seed=4, with_embedding=False))
+    return str(convert_head(folder, tmp_path / f"{name}.gguf", outtype="f16"))
