@@ -140,7 +140,9 @@ def test_chat_completion_and_its_stream_agree(server):
     assert text and whole.model == NAME and whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 0
     eagle = whole.model_extra["eagle"]
-    assert eagle["engine"] != "plain" and eagle["tau"] > 0 and eagle["tokens_per_s"] > 0
+    assert eagle["engine"] != "plain" and eagle["tokens_per_s"] > 0 and eagle["target_passes"] >= 1
+    assert eagle["pass_tokens"] == eagle["target_passes"] + sum(eagle["accepted_per_depth"])
+    assert eagle["tau"] == round(eagle["pass_tokens"] / eagle["target_passes"], 4)
     assert "mean_tree_size" in eagle and len(eagle["tokens"]) == whole.usage.completion_tokens
 
     deltas, usage, reasons, finals = [], None, [], []
