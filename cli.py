@@ -89,6 +89,11 @@ def runtime_options(fn):
                      help="Draft levels below the root (draft passes per round) [default: 6; 12 for --draft "
                           "lookup, whose levels cost nothing]."),
         tree_top_k_option(),
+        click.option("--cache-prompt/--no-cache-prompt", default=False, show_default=True,
+                     help="Reuse every cached token a prompt starts with (llama-server's cache_prompt): fastest, "
+                          "but a T=0 answer may then depend at near-ties on what was asked before. Off: reuse "
+                          "only what a fresh evaluation reproduces bit for bit, so the same request always gets "
+                          "the same answer (prompts evaluate a little slower)."),
         verbose_option(),
     ]
     for opt in reversed(opts):
@@ -141,14 +146,14 @@ def friendly_errors(fn):
 
 
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
-         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None):
+         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None, cache_prompt=False):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
     from eagle2_local.api import Eagle2
     return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
                   n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
                   plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate, rpc_servers=rpc,
-                  draft=draft, lookup=lookup,
+                  draft=draft, lookup=lookup, cache_prompt=cache_prompt,
                   progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
 
 

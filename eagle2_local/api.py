@@ -50,7 +50,8 @@ class Eagle2:
                  plain: bool = False, verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
-                 lookup: bool | None = None, draft_timer: DraftTimer | None = None) -> None:
+                 lookup: bool | None = None, draft_timer: DraftTimer | None = None,
+                 cache_prompt: bool = False) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
         ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
@@ -64,7 +65,8 @@ class Eagle2:
         ``plain``: none. ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
         into a head's or draft model's trees; True: also alone when no other draft is named; False: never).
-        ``draft_timer`` hears how long each draft call takes (benchmarks)."""
+        ``draft_timer`` hears how long each draft call takes (benchmarks). ``cache_prompt``: the default of
+        every call's ``cache_prompt`` (see :meth:`stream`)."""
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
@@ -103,6 +105,7 @@ class Eagle2:
                     opened.close()
             raise
         self.seed = seed
+        self.cache_prompt = cache_prompt
 
     def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,
                      progress: Callable[[str], None] | None) -> TreeBudget:
@@ -164,12 +167,12 @@ class Eagle2:
     def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True, *,
                  max_tokens: int | None = None, stop: str | list[str] | None = None, seed: int | None = None,
-                 speculative: bool | None = None) -> Iterator[int]:
+                 speculative: bool | None = None, cache_prompt: bool | None = None) -> Iterator[int]:
         """Yield the generated token ids for the prompt ``tokens``, like llama-cpp-python's ``Llama.generate``
         (same leading parameters; ``typical_p`` must stay 1.0).
 
-        ``reset=True`` reuses the KV cache for the longest common prefix, as ``Llama.generate`` does;
-        ``reset=False`` continues the previous call: ``tokens`` follow its prompt and every token it yielded.
+        ``reset=True`` reuses the KV cache for the longest common prefix, as ``Llama.generate`` does (only where
+        that leaves the answer unchanged, unless ``cache_prompt``); ``reset=False`` continues the previous call: ``tokens`` follow its prompt and every token it yielded.
         Unlike ``Llama.generate``, the stream ends by itself: at an end-of-generation token (not yielded), a
         ``stop`` string, ``max_tokens`` or a full context. ``stats()`` then describes the generation.
         """
@@ -179,31 +182,39 @@ class Eagle2:
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty)
         with contextlib.closing(self.stream(prompt, max_tokens, sampling, stop=stop, seed=seed,
-                                            speculative=speculative)) as chunks:
+                                            speculative=speculative, cache_prompt=cache_prompt)) as chunks:
             for chunk in chunks:
                 yield from chunk.tokens
 
     def stream(self, tokens: Sequence[int], max_tokens: int | None = None, sampling: SamplingParams | None = None,
                *, stop: str | list[str] | None = None, seed: int | None = None,
-               speculative: bool | None = None) -> Iterator[Chunk]:
+               speculative: bool | None = None, cache_prompt: bool | None = None) -> Iterator[Chunk]:
         """Stream :class:`~eagle2_local.generator.Chunk` pieces (text, the token ids it came from, and the
         finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
 
         ``max_tokens`` None: up to the context's end; ``sampling`` None: greedy; ``seed`` None: the
         model's seed; ``speculative`` None: draft when a draft is attached. Closing the stream early trims
-        the KV cache to what was yielded."""
+        the KV cache to what was yielded.
+
+        ``cache_prompt`` (None: the model's default, False unless set): as llama-server's option of that name,
+        True reuses every cached token the prompt starts with and evaluates the rest in full batches, the
+        fastest; but a cached cell computed in another batch shape differs in its last bits, so a T=0 answer can
+        then depend on what was asked before. False reuses only cells a fresh evaluation would reproduce bit for
+        bit (on a one-thread CPU build: all of them) and evaluates the rest in small aligned batches: the same
+        request always gets the same answer, at some cost in prompt time (NOTES.md)."""
         if max_tokens is None:
             max_tokens = self.target.n_ctx - len(tokens)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         return self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
-                                       stop=stops, seed=self.seed if seed is None else seed, speculative=speculative)
+                                       stop=stops, seed=self.seed if seed is None else seed, speculative=speculative,
+                                       cache_prompt=self.cache_prompt if cache_prompt is None else cache_prompt)
 
     def next_token_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """The target's logits for the token after ``tokens`` (a fresh evaluation: the KV cache is emptied
         before and after)."""
         self.reset()
         try:
-            return self.target.prefill(list(tokens)).logits[0].copy()
+            return self.target.prefill(list(tokens), aligned=True).logits[0].copy()
         finally:
             self.reset()
 
@@ -211,11 +222,11 @@ class Eagle2:
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, temperature: float = 0.8,
                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
                           stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
-                          speculative: bool | None = None):
+                          speculative: bool | None = None, cache_prompt: bool | None = None):
         """Complete ``prompt``. Returns an OpenAI ``text_completion`` dict, or an iterator of chunks."""
         tokens = prompt if isinstance(prompt, list) else prompt_tokens(self.model, prompt)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
-                           speculative)
+                           speculative, cache_prompt)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         if stream:
             return self._stream_completion(chunks, cid, created)
@@ -229,11 +240,12 @@ class Eagle2:
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
                                top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                                repeat_penalty: float = 1.0, stop: str | list[str] | None = None,
-                               seed: int | None = None, stream: bool = False, speculative: bool | None = None):
+                               seed: int | None = None, stream: bool = False, speculative: bool | None = None,
+                               cache_prompt: bool | None = None):
         """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes."""
         tokens = self.chat_tokens(messages)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
-                           speculative)
+                           speculative, cache_prompt)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         if stream:
             return self._stream_chat(chunks, cid, created)
@@ -263,12 +275,14 @@ class Eagle2:
         return self.generator.last_stats
 
     # ------------------------------------------------------------------ internals
-    def _run(self, tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed, speculative):
+    def _run(self, tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed, speculative,
+             cache_prompt):
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty)
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python's convention: no limit but the context
-        return self.stream(tokens, max_tokens, sampling, stop=stop, seed=seed, speculative=speculative)
+        return self.stream(tokens, max_tokens, sampling, stop=stop, seed=seed, speculative=speculative,
+                           cache_prompt=cache_prompt)
 
     def _usage(self) -> dict:
         s = self.generator.last_stats

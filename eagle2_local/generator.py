@@ -21,7 +21,7 @@ from .drafts.merged import MergedDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
-from .target import Target
+from .target import PROMPT_CHUNK, Target
 from .tree import SOURCE_NAMES, DraftOutput, DraftTree, TreeParams, grow_candidates, select_tree
 from .tree_policy import FixedTree, TreePolicy
 
@@ -142,8 +142,14 @@ class Generator:
 
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
-                 seed: int | None = None, speculative: bool | None = None) -> Iterator[Chunk]:
-        """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached"."""
+                 seed: int | None = None, speculative: bool | None = None,
+                 cache_prompt: bool = False) -> Iterator[Chunk]:
+        """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached".
+
+        ``cache_prompt`` False (reproducible): the KV cache of earlier calls is reused only where it is exact
+        and the rest of the prompt is evaluated in the aligned schedule, so the answer does not depend on what
+        was asked before. True (llama-server's speed option): the whole common prefix is reused and the rest
+        evaluated in full batches; a T=0 answer may then differ at near-ties from one without that history."""
         use_draft = self.engine is not None if speculative is None else speculative
         if use_draft and self.engine is None:
             raise Eagle2Error("speculative decoding needs a draft (a head, a draft model or lookup)")
@@ -154,7 +160,7 @@ class Generator:
         stats = GenerationStats(engine=self.engine.name if use_draft else "plain", prompt_tokens=len(prompt))
         self.last_stats = stats
         t0 = time.perf_counter()
-        logits = self._prefill(prompt, stats)
+        logits = self._prefill(prompt, stats, exact=not cache_prompt)
         self._prompt = list(prompt)
         stats.prefill_s = time.perf_counter() - t0
         loop = self._speculative if use_draft else self._plain
@@ -171,25 +177,34 @@ class Generator:
             if use_draft:
                 stats.budget = self.budget.summary()
 
-    def _prefill(self, prompt: list[int], stats: GenerationStats) -> np.ndarray:
+    def _prefill(self, prompt: list[int], stats: GenerationStats, exact: bool) -> np.ndarray:
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
         if len(prompt) >= self.target.n_ctx:
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                                    "shorten it or raise n_ctx")
-        keep = _common_prefix(self.tokens, prompt)
-        keep = min(keep, len(prompt) - 1)  # always evaluate at least one token to get fresh logits
+        same_text = min(_common_prefix(self.tokens, prompt), len(prompt) - 1)  # evaluate at least one token
+        keep = self._exact_keep(same_text) if exact else same_text
         if self.engine is not None:
-            self.engine.rollback(keep)
+            self.engine.rollback(same_text)  # the draft keeps all of the same text; the target may redo some
             if self.engine.needs_features:
                 keep = self.backlog.reusable(keep, self.engine.n_seen)
+                if exact:  # the draft holds what precedes the (earlier) aligned start: one pass settles it
+                    keep = self._exact_keep(keep)
         self.target.rollback(keep)
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep
-        ver = self.target.prefill(prompt[keep:])
+        ver = self.target.prefill(prompt[keep:], aligned=exact)
         self.tokens = list(prompt)
         self.backlog.trim(keep, ver.features)
         return ver.logits[0]
+
+    def _exact_keep(self, keep: int) -> int:
+        """The longest reuse of ``keep`` cached tokens that leaves the answer as a fresh evaluation would give it:
+        within the exact cells, and (unless every batch shape computes alike) ending where an aligned chunk starts,
+        so the rest is evaluated in the same batches as from scratch."""
+        keep = min(keep, self.target.n_exact)
+        return keep if self.target.batch_invariant else keep - keep % PROMPT_CHUNK
 
     def _settle(self, emitter: TokenEmitter) -> None:
         """Trim the KV cache to the prompt plus the emitted tokens (drafted tokens past a stop are dropped)."""

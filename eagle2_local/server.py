@@ -7,7 +7,9 @@ server-sent-event streaming), ``/v1/models`` and ``/health`` on FastAPI + uvicor
 One model holds one KV cache, so requests are answered one at a time, in arrival order, on a single worker
 thread: generation is blocking llama.cpp work and must never run on the event loop, and running it always on the
 same thread keeps the cache's owner obvious. Consecutive requests reuse the cached prefix they share (the
-generator keeps it, as in ``chat``). A request whose client goes away is stopped between two rounds and its
+generator keeps it, as in ``chat``), as far as that leaves the answer what the request alone would get; a request
+with llama-server's ``cache_prompt: true`` (or ``serve --cache-prompt``) reuses all of it, faster but no longer
+independent of earlier requests at near-ties. A request whose client goes away is stopped between two rounds and its
 stream closed, which trims the cache to the prompt plus what was emitted, exactly as after a stopped chat answer.
 """
 
@@ -119,6 +121,7 @@ class SamplingFields(BaseModel):
     repeat_penalty: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    cache_prompt: bool | None = None  # llama-server's field; None: the server's default (serve --cache-prompt)
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -204,6 +207,7 @@ class Job:
     sampling: SamplingParams
     stop: tuple[str, ...]
     seed: int | None
+    cache_prompt: bool | None
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -319,7 +323,8 @@ class ModelWorker:
 
     def _generate(self, job: Job) -> tuple[str, Any]:
         """Stream ``job``'s chunks; stop between rounds once its client has gone (or the server stops)."""
-        stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed)
+        stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed,
+                                 cache_prompt=job.cache_prompt)
         tokens: list[int] = []
         reason = None
         try:
@@ -487,7 +492,7 @@ class Service:
         seed = _pick(body.seed, d.seed)
         if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
             seed = None
-        return Job(prompt, max_tokens, sampling, stop, seed, asyncio.get_running_loop())
+        return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, asyncio.get_running_loop())
 
     async def _collect(self, job: Job, shape, head: dict, request: Request) -> dict:
         """A whole answer; a client that disconnects while waiting stops its generation all the same."""

@@ -13,6 +13,14 @@ layout changes the float summation order and later logits drift from plain decod
   When the accepted nodes are the tree's first nodes they already are; otherwise their K/V rows are saved
   (through a scratch sequence, only those cells), all tree cells are freed, and the rows are restored into the
   first free cells. Only the accepted rows are copied, never the prefix.
+
+Reproducible prompts. A cell's K/V, and so every later logit, depends on the shape of the batch that computed it
+(this CPU build switches flash-attention kernels at 64 tokens; multi-threaded single-token decodes split long KV
+ranges; GPU kernels vary more). A cached prefix is therefore reused only as far as it is *exact*: bit for bit
+what a fresh evaluation of the same text would hold. ``prefill(aligned=True)`` evaluates a prompt in batches of
+``PROMPT_CHUNK`` tokens that start at multiples of ``PROMPT_CHUNK``, so a full chunk always has the same shape
+whatever was cached before it; ``n_exact`` counts the committed cells that are exact (full aligned chunks, and
+any cell at all where the build is batch-invariant, see :meth:`Target.batch_invariant`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import llama_cpp
 import numpy as np
 
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
@@ -27,6 +36,13 @@ from .llama import ContextSettings, LlamaContext, LlamaModel
 from .tree import DraftTree, leaf_membership, node_depths, validate_parents
 
 log = logging.getLogger(__name__)
+
+# Tokens per batch of a reproducible prompt evaluation (batches start at multiples of it). Below 64, where this
+# CPU build's flash attention switches to its tiled kernel, so one-thread results equal single-token decoding.
+PROMPT_CHUNK = 32
+# Weight types whose one-thread CPU kernels gave bit-identical logits for every batch of 1..63 tokens (measured:
+# SmolLM2 Q4_1, synthetic Q8_0; NOTES.md). F32 differs at any batch size; K-quants were not measured.
+INVARIANT_FTYPES = frozenset({llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0})
 
 
 @dataclass
@@ -48,6 +64,8 @@ class Target:
         self.scratch = self.ctx.n_seq_max - 1  # used only inside commit()
         self.max_leaves = self.ctx.n_seq_max - 2
         self.n_past = 0  # committed tokens in sequence 0 (= used KV cells outside a pending tree)
+        self.n_exact = 0  # leading committed cells equal to a fresh aligned evaluation of their text (<= n_past)
+        self.batch_invariant = self._batch_invariant(settings)
         self.n_restored = 0  # commits that had to move accepted rows (statistics)
         self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
         self._tree_leaf_of = np.zeros(0, dtype=np.int64)  # per node of the pending tree: index of a leaf below it
@@ -72,14 +90,28 @@ class Target:
             return self.ctx.layer_inputs(n_tokens)
         return self.ctx.features(n_tokens)
 
+    def _batch_invariant(self, settings: ContextSettings) -> bool:
+        """Whether any batch of fewer than 64 tokens computes a token exactly as decoding it alone would, so that
+        decoded and tree-verified cells are as reusable as prompt cells. Measured only for a CPU-only build at one
+        thread with Q4_1 / Q8_0 weights (more threads split long KV ranges differently for a single token)."""
+        return (settings.threads() == 1 and not llama_cpp.llama_supports_gpu_offload() and not self.model.rpc_servers
+                and int(llama_cpp.llama_model_ftype(self.model.ptr)) in INVARIANT_FTYPES)
+
+    def _mark_written(self, start: int, n: int, full_chunk: bool) -> None:
+        """Cells ``start .. start+n-1`` now hold committed text; they extend the exact prefix when they follow it
+        and were computed in a batch whose shape depends only on the text (or the build is batch-invariant)."""
+        if self.n_exact == start and (full_chunk or self.batch_invariant):
+            self.n_exact = start + n
+
     def _ensure_room(self, n_new_cells: int) -> None:
         if self.n_past + n_new_cells > self.n_ctx:
             raise ContextFullError(f"context full: {self.n_past} tokens used, {n_new_cells} more do not fit "
                                    f"n_ctx={self.n_ctx}")
 
     # ------------------------------------------------------------ plain path
-    def prefill(self, tokens, want_features: bool | None = None) -> Verification:
-        """Evaluate ``tokens`` after the committed text in chunks of n_batch.
+    def prefill(self, tokens, want_features: bool | None = None, *, aligned: bool = False) -> Verification:
+        """Evaluate ``tokens`` after the committed text in chunks of n_batch, or with ``aligned`` in the
+        reproducible schedule (chunks of ``PROMPT_CHUNK`` starting at its multiples; a little slower).
 
         Returns the logits of the last token and, when the context has embeddings on, the features of every
         token (EAGLE heads need the whole prompt's hidden states).
@@ -92,8 +124,9 @@ class Target:
         with_features = self.has_features if want_features is None else want_features
         feats = []
         last_logits = None
-        for start in range(0, len(toks), self.ctx.n_batch):
-            chunk = toks[start:start + self.ctx.n_batch]
+        for start, end in _chunks(self.n_past, len(toks), min(PROMPT_CHUNK, self.ctx.n_batch) if aligned
+                                  else self.ctx.n_batch, aligned):
+            chunk = toks[start:end]
             n = len(chunk)
             pos = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
             outputs = np.zeros(n, dtype=np.int8)
@@ -101,6 +134,7 @@ class Target:
             if self.ctx.embeddings:
                 outputs[:] = 1  # llama.cpp outputs every token when embeddings are on
             self.ctx.decode(chunk, pos, outputs, seq=0)
+            self._mark_written(self.n_past, n, aligned and n == PROMPT_CHUNK and self.n_past % PROMPT_CHUNK == 0)
             self.n_past += n
             n_out = int(outputs.sum())
             if with_features and self.has_features:
@@ -178,6 +212,7 @@ class Target:
             self.ctx.seq_cp(self.scratch, 0)
             self.ctx.seq_rm(self.scratch)
             self.n_restored += 1
+        self._mark_written(base, k1, False)
         self.n_past = base + k1
 
     def _drop_tree_cells(self) -> None:
@@ -206,12 +241,22 @@ class Target:
         self.ctx.seq_rm(0, n_past, -1)
         self.ctx.seq_rm(self.scratch)
         self.n_past = n_past
+        self.n_exact = min(self.n_exact, n_past)
 
     def reset(self) -> None:
         """Empty the KV cache."""
         self.ctx.clear()
         self.n_past = 0
+        self.n_exact = 0
         self._pending = None
 
     def close(self) -> None:
         self.ctx.close()
+
+
+def _chunks(n_past: int, n: int, size: int, aligned: bool) -> list[tuple[int, int]]:
+    """``(start, end)`` offsets into ``n`` new tokens at position ``n_past``: batches of ``size``, cut at multiples
+    of ``size`` in absolute position when ``aligned``."""
+    first = (size - n_past % size) if aligned and n_past % size else size
+    cuts = list(range(min(first, n), n, size))
+    return list(zip([0] + cuts, cuts + [n]))

@@ -87,8 +87,11 @@ def test_tokenize_roundtrip_matches_llama_cpp_python(pair):
     assert ours.detokenize(ours.tokenize(text.encode(), add_bos=False)) == text.encode()
 
 
-def test_multi_turn_reuses_kv_cache(synth_q8):
-    with Eagle2(synth_q8, n_ctx=1024) as llm:
+@pytest.mark.parametrize("threads, cache_prompt", [(1, False), (2, True)])
+def test_multi_turn_reuses_kv_cache(synth_q8, threads, cache_prompt):
+    """The whole first turn is reused: by default where the build is batch-invariant (one thread, Q8_0), and
+    with cache_prompt at any thread count."""
+    with Eagle2(synth_q8, n_ctx=1024, n_threads=threads, cache_prompt=cache_prompt) as llm:
         msgs = [{"role": "user", "content": "the cat sat"}]
         first = llm.create_chat_completion(msgs, max_tokens=8, temperature=0)
         msgs += [first["choices"][0]["message"], {"role": "user", "content": "and then"}]

@@ -14,7 +14,7 @@ from conftest import load_prompts
 from eagle2_local.drafts import DraftModelEngine
 from eagle2_local.generator import Generator
 from eagle2_local.llama import ContextSettings, LlamaModel
-from eagle2_local.target import Target
+from eagle2_local.target import PROMPT_CHUNK, Target
 from eagle2_local.tree import TreeParams
 from helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget, make,
                      random_prompts, run)
@@ -33,7 +33,10 @@ def top2_gap(model: LlamaModel, settings: ContextSettings, tokens: list[int]) ->
 
 # ------------------------------------------------------------------ plain baseline
 @pytest.mark.smollm2
-def test_plain_greedy_equals_llama_cpp_python(smollm2_path):
+@pytest.mark.parametrize("cache_prompt, llama_batch", [(False, PROMPT_CHUNK), (True, 512)])
+def test_plain_greedy_equals_llama_cpp_python(smollm2_path, cache_prompt, llama_batch):
+    """Token for token llama-cpp-python's greedy output when it evaluates prompts in the same batches: ours in
+    PROMPT_CHUNK batches by default (reproducible), in n_batch batches with cache_prompt (as Llama does)."""
     from llama_cpp import Llama
 
     model = LlamaModel(smollm2_path)
@@ -41,10 +44,10 @@ def test_plain_greedy_equals_llama_cpp_python(smollm2_path):
     for text in load_prompts(4):
         prompt = chat_prompt(model, text)
         gen.reset()  # a fresh prefill, like a fresh Llama (prompts >= 64 tokens take other kernels than slices)
-        ours, _, _ = run(gen, prompt, 48)
+        ours, _, _ = run(gen, prompt, 48, cache_prompt=cache_prompt)
         # a fresh Llama per prompt: Llama.reset() keeps stale KV cells that the next prompt then shares
         ref = Llama(str(smollm2_path), n_ctx=1024, n_threads=1, n_threads_batch=1, flash_attn=True,
-                    verbose=False, seed=0)
+                    n_batch=llama_batch, n_ubatch=llama_batch, verbose=False, seed=0)
         theirs = []
         for tok in ref.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
             if tok in model.eog_tokens or len(theirs) == 48:

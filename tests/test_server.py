@@ -477,7 +477,7 @@ def _job(loop, max_tokens: int = 2):
     from eagle2_local.sampling import SamplingParams
     from eagle2_local.server import Job
 
-    return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, loop)
+    return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, None, loop)
 
 
 def _events(loop, job, timeout_s: float = 30) -> list[str]:
