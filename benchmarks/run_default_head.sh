@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=benchmarks/results
-P=../shared/data/eagle_prompts
+P=benchmarks/prompts/eagle
 HEAD=$(python -c "from eagle2_local.models import default_head_path as d; print(d())")
 E=(python cli.py)
 # losslessness first: the long sweep the default test run leaves out (50 prompts x 128 tokens, ~10 minutes)

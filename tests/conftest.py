@@ -19,7 +19,7 @@ from eagle2_local.bench import interleaved, load_prompt_sets  # noqa: E402
 from eagle2_local.errors import Eagle2Error  # noqa: E402
 from eagle2_local.layer_draft import write_truncated  # noqa: E402
 
-PROMPTS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "eagle_prompts"
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "eagle"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,4 +1,4 @@
-"""Build the copy-heavy prompt sets (code_edit.jsonl, qa_passage.jsonl) from the shared EAGLE prompt sets.
+"""Build the copy-heavy prompt sets (code_edit.jsonl, qa_passage.jsonl) from the EAGLE prompt sets in eagle/.
 
 Lookup drafts pay when the answer repeats its input, so these sets ask for exactly that: edits that return a
 whole function, and answers that quote a passage. Everything is derived deterministically from humaneval.jsonl
@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_SOURCE = HERE.parents[2] / "shared" / "data" / "eagle_prompts"
+DEFAULT_SOURCE = HERE / "eagle"
 HUMANEVAL_LEAD = "Complete the code I provided."
 RETURN_WHOLE = "Return the whole function in a ```python code block."
 
@@ -98,7 +98,7 @@ def passes_doctests(code: str) -> bool | None:
     """Run the docstring's >>> examples; None when there are none to run."""
     namespace: dict = {}
     try:
-        exec(compile(code, "<humaneval>", "exec"), namespace)  # reference solutions from the shared set
+        exec(compile(code, "<humaneval>", "exec"), namespace)  # reference solutions from the EAGLE humaneval set
     except Exception:
         return None
     fn = namespace.get(the_function(code).name)
@@ -312,7 +312,8 @@ def build_qa_passage(articles: list[dict], n: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder with humaneval.jsonl and sum.jsonl")
+    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE,
+                    help="folder with humaneval.jsonl and sum.jsonl (default: eagle/ in this folder)")
     ap.add_argument("--out", type=Path, default=HERE, help="where to write the sets (default: this folder)")
     ap.add_argument("--n", type=int, default=20, help="prompts per set")
     args = ap.parse_args(argv)
