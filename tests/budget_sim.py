@@ -15,7 +15,7 @@ from eagle2_local.budget import TreeBudget
 # in plain steps, plain step 7.6 ms, draft root 1.8 ms, draft level 6.3 ms. No tree pays here.
 CPU_SIZES = [1, 2, 3, 4, 8, 16, 32, 60]
 CPU_SHAPE = [1.0, 1.80, 2.24, 3.05, 5.17, 9.46, 15.9, 27.4]
-# The poisoned calibration of the issue: verify seconds measured while other work kept both cores busy.
+# A calibration poisoned by load: verify seconds measured while other work kept both cores busy.
 POISONED_SIZES = [1, 2, 3, 32, 60]
 POISONED_VERIFY = [3.04, 2.90, 0.12, 3.16, 2.69]
 

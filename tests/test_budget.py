@@ -205,7 +205,7 @@ def test_cost_model_interpolates_and_learns_load_and_shape_online():
 
 
 def test_poisoned_calibration_fails_its_checks_and_is_not_cached(tmp_path):
-    """The verify times of the issue (3.04 s for 1 node, 2.90 for 2, 0.12 for 3, 3.16 for 32, 2.69 for 60):
+    """Verify times measured under load (3.04 s for 1 node, 2.90 for 2, 0.12 for 3, 3.16 for 32, 2.69 for 60):
     not monotone within tolerance, so a calibration like it is reported and never cached."""
     times = {n: [t] for n, t in zip(POISONED_SIZES, POISONED_VERIFY)}
     cal = summarise(times, [3.0], Limits())
@@ -228,7 +228,7 @@ def sim_timers(world: World, load_of_call):
 
 
 def test_calibration_is_interleaved_and_robust_to_a_burst_of_load():
-    """A burst of load stalling every call for a stretch (the issue's spin-waiting threads) spoils one round of
+    """A burst of load stalling every call for a stretch (llama.cpp's spin-waiting threads) spoils one round of
     each size, not some sizes entirely: the medians stay within a few percent and the checks pass."""
     world = World()
     per_round = len(CPU_SIZES) + 1  # every size, the plain step and a one-node tree
@@ -275,7 +275,7 @@ def run_budget(costs: CostModel, world: World, rounds: int = 600, seed: int = 0,
 
 @pytest.mark.parametrize("draft", [(0.0018, 0.0063), (2.5, 2.5)])
 def test_poisoned_costs_end_in_plain_steps_within_a_few_rounds(draft):
-    """The issue's poisoned curve (flat: a 60-node tree as dear as one token) on a machine where no tree pays:
+    """The poisoned curve (flat: a 60-node tree as dear as one token) on a machine where no tree pays:
     the plain step is measured first, the shape is learned from the trees actually run, and after at most a
     handful of tree rounds the budget decodes plainly (a rare probe aside) at plain speed."""
     world = World()
@@ -487,7 +487,7 @@ def test_a_lookup_probe_ignores_a_long_backlog_it_ingests_for_free():
     assert not any(head.wants_tree(fresh_tokens=500 + i) for i in range(10))
 
 
-# ------------------------------------------------------------------ a long prompt's catch-up (issue 23)
+# ------------------------------------------------------------------ a long prompt's catch-up (the catch-up rule)
 # SmolLM2 and its EAGLE-3 head, 1 thread, 3 busy loops on the 2 cores (benchmarks/results/
 # bench-budget-default-head-auto-under-busy-loops-sum-n8.json): plain step 83 ms, draft root 11.5 ms, level 57 ms,
 # and the head's catch-up over a 769-token prompt 2.4 s, i.e. 3.1 ms a token.
