@@ -595,3 +595,56 @@ def test_admit_racing_close_is_a_503_or_an_answered_job_never_a_lost_count():
             assert status["completed"] + status["stopped_early"] == len(admitted), status
         finally:
             loop.close()
+
+
+# ------------------------------------------------------------------ same request, same answer
+# Two prompts past 64 tokens (the batch size at which this build's attention kernels switch): the ones where
+# reusing a cached prefix could change an answer.
+SAME = [LONG, "Read this and answer: " + " ".join(f"Box {i} holds {i * 3} red and {i % 4} blue marbles."
+                                                     for i in range(12)) + " Which box holds the most marbles?"]
+
+
+def _concurrent_vs_alone(s: Server, alone: dict[str, list[int]]) -> None:
+    """Six concurrent streams, three of each prompt, after other requests: each answer is the one sent alone."""
+    def one(prompt: str) -> list[int]:
+        final = None
+        for chunk in chat(s.openai(), prompt, stream=True):
+            final = chunk.model_extra.get("eagle") or final
+        return final["tokens"]
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(one, SAME * 3))
+    for prompt, tokens in zip(SAME * 3, got):
+        assert tokens == alone[prompt], prompt[:40]
+
+
+def test_same_request_same_answer_alone_repeated_and_concurrent(server, references):
+    """The default server (shipped head, auto budget, 1 thread): a long prompt's answer is `generate --plain`'s
+    when sent first, again, after another prompt, and in six concurrent streams; `cache_prompt: true` (the
+    request field llama-server has) reuses the whole cached prompt instead."""
+    refs = {SAME[0]: references[LONG]["tokens"], SAME[1]: reference(SAME[1])["tokens"]}
+    client = server.openai()
+    for prompt in (SAME[0], SAME[0], SAME[1], SAME[0]):
+        assert chat(client, prompt).model_extra["eagle"]["tokens"] == refs[prompt]
+    _concurrent_vs_alone(server, refs)
+    chat(client, SAME[1])
+    full = chat(client, SAME[1], extra_body={"cache_prompt": True}).model_extra["eagle"]
+    assert full["prompt_tokens_reused"] == full["prompt_tokens"] - 1
+
+
+def test_same_request_same_answer_two_threads_plain(tmp_path):
+    """A plain server on 2 threads (single-token decodes there split long KV ranges, so reuse is limited to
+    aligned prompt cells): a request's answer alone on a fresh server is its answer after others and under
+    concurrency."""
+    s = start_server(tmp_path / "server.log", "--threads", "2", "--n-ctx", str(N_CTX), "--api-key", KEY, "--plain")
+    try:
+        alone = {}
+        for prompt in SAME:
+            alone[prompt] = chat(s.openai(), prompt).model_extra["eagle"]["tokens"]
+            again = chat(s.openai(), prompt).model_extra["eagle"]
+            assert again["tokens"] == alone[prompt] and again["prompt_tokens_reused"] > 0
+            chat(s.openai(), PROMPTS[0])
+        assert chat(s.openai(), SAME[0]).model_extra["eagle"]["tokens"] == alone[SAME[0]]
+        _concurrent_vs_alone(s, alone)
+    finally:
+        stop_server(s)
