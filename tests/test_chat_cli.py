@@ -83,3 +83,23 @@ def test_chat_context_full_offers_reset(synth_q8):
     assert proc.returncode == 0
     assert "/reset" in proc.stderr and "context" in proc.stderr
     assert proc.stdout.count("tok/s") == 1  # the short message after the error was still answered
+
+
+@pytest.mark.smollm2
+def test_chat_first_turn_is_generates_answer_whatever_came_before(smollm2_path):
+    """The default model and head, 1 thread: a long message (past 64 tokens) gets `generate --chat`'s answer as
+    chat's first turn, and again after another conversation and /reset (nothing of the earlier text leaks in)."""
+    message = "Read this and answer: " + " ".join(f"Box {i} holds {i * 3} red and {i % 4} blue marbles."
+                                                  for i in range(12)) + " Which box holds the most marbles?"
+    args = ["--threads", "1", "--temperature", "0", "-n", "24"]
+    gen = subprocess.run([sys.executable, "-m", "cli", "generate", "--chat", "--json", *args, "-p", message],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stderr
+    expected = json.loads(gen.stdout)["text"]
+    proc = subprocess.run([sys.executable, "-m", "cli", "chat", *args],
+                          input=f"{message}\nWhat about the blue ones?\n/reset\n{message}\n", capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    answers = [line for line in proc.stdout.splitlines() if line and "tok/s" not in line
+               and line != "conversation reset"]
+    assert answers[0] == expected.strip() and answers[-1] == expected.strip(), (answers, expected)
