@@ -152,6 +152,25 @@ def server_load_section(path: Path, rep: dict) -> list[str]:
     return lines
 
 
+def prompt_cache_section(path: Path, rep: dict) -> list[str]:
+    """Reproducible prompt reuse vs cache_prompt on one long chat (prompt-cache-*.json)."""
+    m = rep["machine"]
+    lines = [f"### {path.stem}", "",
+             f"- date: {rep['date']}; machine: {m['cpu']}, {m['cores']} cores; threads {rep['threads']}; "
+             f"load average {', '.join(f'{x:.1f}' for x in rep['load_average'])}; repeat {rep['repeat']} (medians)",
+             f"- command: `{rep['command']}`", "",
+             "| turn | default: reused / prompt tokens | default: prompt ms | cache_prompt: reused / prompt tokens "
+             "| cache_prompt: prompt ms |", "|---|---|---|---|---|"]
+    for row in rep["turns"]:
+        e, c = row["exact"], row["cache_prompt"]
+        lines.append(f"| {row['turn']} | {e['reused']} / {e['prompt_tokens']} | {e['prefill_s'] * 1000:.0f} | "
+                     f"{c['reused']} / {c['prompt_tokens']} | {c['prefill_s'] * 1000:.0f} |")
+    t, w = rep["prefill_s_total"], rep["chat_s_total"]
+    lines += ["", f"Prompt time over the chat: default {t['exact']:.2f} s, cache_prompt {t['cache_prompt']:.2f} s; "
+                  f"whole chat (answers included) {w['exact']:.2f} s vs {w['cache_prompt']:.2f} s.", ""]
+    return lines
+
+
 def lookup_tau_section(reports: list[tuple[Path, dict]]) -> list[str]:
     """tau of the same fixed tree shape with each draft (tau-lookup-*.json: bench reports of one shape)."""
     first = reports[0][1]
@@ -221,6 +240,14 @@ def main() -> None:
         out += ["## llama.cpp's own n-gram drafting (llama-server, same prompts)", ""]
         for p in ngram:
             out += llamacpp_ngram_section(p, json.loads(p.read_text()))
+    caches = sorted(RESULTS.glob("prompt-cache-*.json"))
+    if caches:
+        out += ["## Reproducible prompt reuse vs cache_prompt (long chat, plain decoding)", "",
+                "By default a cached prefix is reused only where a fresh evaluation reproduces it bit for bit and",
+                "the rest of a prompt is evaluated in aligned 32-token batches; `cache_prompt` reuses every cached",
+                "token and evaluates the rest in full batches (`benchmarks/prompt_cache_cost.py`).", ""]
+        for p in caches:
+            out += prompt_cache_section(p, json.loads(p.read_text()))
     loads = sorted(RESULTS.glob("server-load-*.json"))
     if loads:
         out += ["## Server load", "",
