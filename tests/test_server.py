@@ -507,6 +507,22 @@ def test_generation_fault_is_a_500_with_a_generic_message_and_the_detail_in_the_
     assert any(rec.exc_info and str(fault) in str(rec.exc_info[1]) for rec in caplog.records)
 
 
+def test_openapi_docs_answer_without_the_api_key():
+    """/docs and /openapi.json describe the routes, as in llama-cpp-python's server: open without the key (like
+    /health), while every API route still wants it."""
+    from fastapi.testclient import TestClient
+    from eagle2_local.server import create_app
+
+    with TestClient(create_app(StandIn(), model_name="m", api_key="k")) as http:
+        docs = http.get("/docs")
+        assert docs.status_code == 200 and "swagger" in docs.text.lower()
+        schema = http.get("/openapi.json")
+        assert schema.status_code == 200
+        assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(schema.json()["paths"])
+        assert http.get("/v1/models").status_code == 401
+        assert http.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
+
+
 def test_a_prompt_that_no_longer_fits_stays_the_clients_error():
     from eagle2_local.server import ModelWorker
 

@@ -1,0 +1,28 @@
+"""``eagle2-local serve``: an OpenAI-compatible HTTP API over one model, for the clients people already use.
+
+Editor plugins, chat UIs and scripts speak the OpenAI protocol (as they do to ``llama-server`` or
+``python -m llama_cpp.server``); this package gives them ``/v1/chat/completions``, ``/v1/completions`` (both with
+server-sent-event streaming), ``/v1/models``, ``/health`` and ``/stats`` on FastAPI + uvicorn + sse-starlette,
+with OpenAPI docs at ``/docs``.
+
+One model holds one KV cache, so requests are answered one at a time, in arrival order, on a single worker
+thread: generation is blocking llama.cpp work and must never run on the event loop, and running it always on the
+same thread keeps the cache's owner obvious. Consecutive requests reuse the cached prefix they share (the
+generator keeps it, as in ``chat``), as far as that leaves the answer what the request alone would get; a request
+with llama-server's ``cache_prompt: true`` (or ``serve --cache-prompt``) reuses all of it, faster but no longer
+independent of earlier requests at near-ties. A request whose client goes away is stopped between two rounds and its
+stream closed, which trims the cache to the prompt plus what was emitted, exactly as after a stopped chat answer.
+
+Laid out as llama-cpp-python's server is: ``types.py`` (request and response shapes, defaults), ``errors.py``
+(OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``guard.py`` (API key
+and body size), ``app.py`` (the routes, ``create_app``, ``serve``).
+"""
+
+from .app import create_app, listen, serve
+from .errors import APIError
+from .guard import MAX_BODY_BYTES
+from .types import Defaults
+from .worker import TERMINAL, GenerationTotals, Job, ModelWorker
+
+__all__ = ["APIError", "Defaults", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",
+           "create_app", "listen", "serve"]

@@ -1,0 +1,263 @@
+"""The endpoints and their wiring: :class:`Service` validates and tokenizes a request on the event loop's thread
+pool and hands it to the worker; :func:`create_app` builds the FastAPI app (routes, error handlers, the guard,
+OpenAPI docs at ``/docs``); :func:`serve` binds, loads the model and runs uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..chat import prompt_tokens
+from ..errors import Eagle2Error
+from ..sampling import SamplingParams
+from .errors import APIError, add_error_handlers, shutting_down
+from .guard import Guard
+from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, Defaults, SamplingFields,
+                    eagle_stats, usage)
+from .worker import Job, ModelWorker
+
+log = logging.getLogger(__name__)
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+# ---------------------------------------------------------------- the service
+class Service:
+    """The endpoints: validate and tokenize on the event loop's thread pool, generate on the worker."""
+
+    def __init__(self, llm, model_name: str, max_waiting: int, defaults: Defaults) -> None:
+        self.llm = llm
+        self.model_name = model_name
+        self.defaults = defaults
+        self.worker = ModelWorker(llm, max_waiting)
+        self.created = int(time.time())
+
+    # ---------------------------------------------------------- simple routes
+    async def health(self) -> dict:
+        return {"status": "ok", "model": self.model_name, "engine": self.llm.engine_name,
+                "n_ctx": self.llm.n_ctx(), "queue": self.worker.status()}
+
+    async def stats(self) -> dict:
+        """Totals since the server started (τ, draft tokens accepted per drafter) and the last generation's
+        statistics."""
+        return {"model": self.model_name, "engine": self.llm.engine_name, **self.worker.totals_dict()}
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
+                                            "owned_by": "eagle2-local"}]}
+
+    # ---------------------------------------------------------- generation routes
+    async def chat_completions(self, body: ChatRequest, request: Request):
+        body.refuse_unsupported()
+        messages = [m.as_dict() for m in body.messages]
+        prompt = await run_in_threadpool(self._guarded, self.llm.chat_tokens, messages)
+        if body.max_tokens is None:
+            body.max_tokens = body.max_completion_tokens
+        return await self._answer(body, prompt, ChatShape, request)
+
+    async def completions(self, body: CompletionRequest, request: Request):
+        body.refuse_unsupported()
+        prompt = await run_in_threadpool(self._guarded, self._completion_tokens, body.prompt)
+        return await self._answer(body, prompt, CompletionShape, request)
+
+    @staticmethod
+    def _guarded(fn: Callable, *args):
+        """Template and tokenizer errors are the client's input: 400, not 500."""
+        try:
+            return fn(*args)
+        except Eagle2Error as exc:
+            raise APIError(400, str(exc)) from None
+        except UnicodeError as exc:  # JSON can carry lone surrogates ("\ud800"), which have no UTF-8 form
+            raise APIError(400, f"the text is not valid Unicode: {exc}") from None
+
+    def _completion_tokens(self, prompt) -> list[int]:
+        """A string, one string in a list, token ids, or one list of token ids (as the OpenAI API allows)."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: one prompt per request (batches are not supported)", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return prompt_tokens(self.llm.model, prompt)
+        n_vocab = self.llm.model.n_vocab
+        bad = [t for t in prompt if not 0 <= t < n_vocab]
+        if bad:
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
+                           param="prompt")
+        return list(prompt)
+
+    async def _answer(self, body: SamplingFields, prompt: list[int], shape, request: Request):
+        job = self._job(body, prompt)
+        self.worker.admit(job)
+        head = {"id": f"{shape.prefix}-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_name}
+        if body.stream:
+            return _JobStream(job, self._stream(job, shape, head, body.include_usage()), sep="\n")
+        return await self._collect(job, shape, head, request)
+
+    def _job(self, body: SamplingFields, prompt: list[int]) -> Job:
+        """Check the prompt fits and the sampling values are valid, before the request takes a queue slot."""
+        n_ctx = self.llm.n_ctx()
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if len(prompt) >= n_ctx:
+            raise APIError(400, f"the prompt has {len(prompt)} tokens but the context holds {n_ctx} (and at least "
+                           "one must be left to answer); shorten it", code="context_length_exceeded")
+        d = self.defaults
+        sampling = self._guarded(lambda: SamplingParams(
+            temperature=_pick(body.temperature, d.temperature), top_k=_pick(body.top_k, d.top_k),
+            top_p=_pick(body.top_p, d.top_p), min_p=_pick(body.min_p, d.min_p),
+            repeat_penalty=_pick(body.repeat_penalty, d.repeat_penalty)))
+        max_tokens = _pick(body.max_tokens, d.max_tokens)
+        if max_tokens <= 0:  # as llama-cpp-python: no limit but the context
+            max_tokens = n_ctx - len(prompt)
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        if len(stop) > MAX_STOPS:
+            raise APIError(400, f"stop: at most {MAX_STOPS} stop strings", param="stop")
+        seed = _pick(body.seed, d.seed)
+        if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
+            seed = None
+        return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, asyncio.get_running_loop())
+
+    async def _collect(self, job: Job, shape, head: dict, request: Request) -> dict:
+        """A whole answer; a client that disconnects while waiting stops its generation all the same."""
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+        text: list[str] = []
+        try:
+            async for kind, payload in job.events_until_done():
+                if kind == "chunk":
+                    text.append(payload.text)
+                elif kind == "done":
+                    return {**head, "object": shape.final_object,
+                            "choices": [shape.whole("".join(text), payload["finish_reason"])],
+                            "usage": usage(payload["stats"]), "eagle": eagle_stats(payload)}
+                elif kind == "error":
+                    raise payload
+            raise shutting_down()
+        finally:
+            watcher.cancel()
+            job.cancelled.set()
+
+    async def _stream(self, job: Job, shape, head: dict, include_usage: bool) -> AsyncIterator[dict]:
+        """Server-sent events; sse-starlette cancels this coroutine when the client goes away, and the
+        ``finally`` tells the worker to stop at its next round."""
+        def event(choices: list[dict], **extra) -> dict:
+            obj = {**head, "object": shape.chunk_object, "choices": choices, **extra}
+            if include_usage and "usage" not in obj:
+                obj["usage"] = None
+            return {"data": json.dumps(obj)}
+
+        try:
+            if shape.first() is not None:
+                yield event([shape.first()])
+            async for kind, payload in job.events_until_done():
+                if kind == "chunk" and payload.text:
+                    yield event([shape.delta(payload.text)])
+                elif kind == "done":
+                    yield event([shape.finish(payload["finish_reason"])], eagle=eagle_stats(payload))
+                    if include_usage:
+                        yield event([], usage=usage(payload["stats"]))
+                elif kind == "error":
+                    yield {"data": json.dumps(payload.body())}
+                elif kind == "cancelled":
+                    yield {"data": json.dumps(shutting_down().body())}
+            yield {"data": "[DONE]"}
+        finally:
+            job.cancelled.set()
+
+
+class _JobStream(EventSourceResponse):
+    """The job stops once its response is over, however it ended: a client that leaves before the event
+    generator has started (so its ``finally`` never runs) or a failed send must not leave it generating."""
+
+    def __init__(self, job: Job, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()
+
+
+async def _cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2) -> None:
+    while not job.cancelled.is_set():
+        if await request.is_disconnected():
+            job.cancelled.set()
+            return
+        await asyncio.sleep(every_s)
+
+
+
+# ---------------------------------------------------------------- wiring
+def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting: int = 16,
+               defaults: Defaults | None = None) -> FastAPI:
+    """The ASGI app for ``llm`` (an :class:`eagle2_local.api.Eagle2`); it owns the worker thread."""
+    service = Service(llm, model_name, max_waiting, defaults or Defaults())
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await run_in_threadpool(service.worker.close)
+
+    app = FastAPI(title="eagle2-local", lifespan=lifespan, docs_url="/docs", openapi_url="/openapi.json",
+                  redoc_url=None)
+    app.state.service = service
+    app.add_api_route("/health", service.health, methods=["GET"])
+    app.add_api_route("/stats", service.stats, methods=["GET"])
+    app.add_api_route("/v1/models", service.models, methods=["GET"])
+    app.add_api_route("/v1/completions", service.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
+    add_error_handlers(app)
+    app.add_middleware(Guard, api_key=api_key)
+    return app
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind before serving, so a port in use is a one-line error (and ``--port 0`` reports the port it got)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise Eagle2Error(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
+
+
+def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+          max_waiting: int = 16, model_name: str | None = None, defaults: Defaults | None = None,
+          say: Callable[[str], None] = log.warning, log_level: str = "warning") -> None:
+    """Bind, then load the model (``open_model()`` returns an :class:`eagle2_local.api.Eagle2`), then serve
+    until interrupted (Ctrl-C / SIGTERM). Binding first makes a busy port an instant error, not one after a load.
+    ``model_name`` defaults to the GGUF file name without ``.gguf``."""
+    import uvicorn
+
+    sock = listen(host, port)
+    try:
+        llm = open_model()
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        name = model_name or llm.model_path.name.removesuffix(".gguf")
+        app = create_app(llm, model_name=name, api_key=api_key, max_waiting=max_waiting, defaults=defaults)
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=False)
+        say(f"serving {name} (draft: {llm.engine_name}) on http://{host}:{sock.getsockname()[1]}/v1")
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+        llm.close()

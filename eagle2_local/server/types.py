@@ -1,0 +1,160 @@
+"""What the API reads and writes: the request bodies (pydantic models, with the fields this server refuses rather
+than ignores), the defaults for fields a request leaves out, and the response objects of both endpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import APIError
+
+MAX_STOPS = 16  # each stop string is checked at every token
+
+
+# ---------------------------------------------------------------- requests
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields both endpoints accept, as llama-cpp-python's server does; unknown fields are ignored. Python's JSON
+    parser reads ``NaN`` and ``Infinity``: refused here, they would poison the sampling arithmetic."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    cache_prompt: bool | None = None  # llama-server's field; None: the server's default (serve --cache-prompt)
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def refuse_unsupported(self) -> None:
+        """Fields a client may set that this server cannot honour: refused rather than silently ignored."""
+        extra = self.model_extra or {}
+        unsupported = {
+            "n": self.n not in (None, 1), "presence_penalty": self.presence_penalty not in (None, 0.0),
+            "frequency_penalty": self.frequency_penalty not in (None, 0.0),
+            "logprobs": bool(extra.get("logprobs")), "top_logprobs": bool(extra.get("top_logprobs")),
+            "echo": bool(extra.get("echo")), "best_of": extra.get("best_of") not in (None, 1),
+            "suffix": bool(extra.get("suffix")), "logit_bias": bool(extra.get("logit_bias")),
+            "tools": bool(extra.get("tools")), "functions": bool(extra.get("functions")),
+            "grammar": bool(extra.get("grammar")),
+            "response_format": isinstance(extra.get("response_format"), dict)
+            and extra["response_format"].get("type", "text") != "text",
+        }
+        for name, bad in unsupported.items():
+            if bad:
+                raise APIError(400, f"{name}: not supported by this server (only n=1, plain text, no logprobs)",
+                               code="unsupported_parameter", param=name)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def as_dict(self) -> dict:
+        """``{"role", "content": str}``; text parts are joined, other parts (images, audio) refused."""
+        if isinstance(self.content, list):
+            if any(p.type != "text" or p.text is None for p in self.content):
+                raise APIError(400, "messages: only text content parts are supported", param="messages")
+            return {"role": self.role, "content": "".join(p.text for p in self.content)}
+        return {"role": self.role, "content": self.content or ""}
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for a field it leaves out (the serve command's sampling options)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+
+
+# ---------------------------------------------------------------- responses
+class ChatShape:
+    """``chat.completion`` objects and their stream chunks."""
+
+    prefix, final_object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    @staticmethod
+    def first() -> dict | None:
+        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    @staticmethod
+    def delta(text: str) -> dict:
+        return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+
+    @staticmethod
+    def finish(reason: str) -> dict:
+        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+
+    @staticmethod
+    def whole(text: str, reason: str) -> dict:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": reason}
+
+
+class CompletionShape:
+    """``text_completion`` objects; a stream's chunks have the same object name."""
+
+    prefix, final_object, chunk_object = "cmpl", "text_completion", "text_completion"
+
+    @staticmethod
+    def first() -> dict | None:
+        return None
+
+    @staticmethod
+    def delta(text: str) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+
+    @staticmethod
+    def finish(reason: str) -> dict:
+        return {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+
+    @staticmethod
+    def whole(text: str, reason: str) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+def usage(stats: dict) -> dict:
+    return {"prompt_tokens": stats["prompt_tokens"], "completion_tokens": stats["n_tokens"],
+            "total_tokens": stats["prompt_tokens"] + stats["n_tokens"]}
+
+
+def eagle_stats(result: dict) -> dict:
+    """The speculative statistics (τ, tokens/s, tree sizes) plus the generated token ids."""
+    return {**result["stats"], "tokens": result["tokens"]}

@@ -1,0 +1,168 @@
+"""The one thread that generates: requests are admitted into a bounded queue and answered one at a time, in
+arrival order, on a dedicated worker thread (generation is blocking llama.cpp work that must never run on the
+event loop, and one thread keeps the KV cache's owner obvious). Each request is a :class:`Job` whose events
+(chunks, then one terminal event) the request's coroutine reads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from ..errors import ContextFullError, EmptyPromptError
+from ..generator import add_counts
+from ..sampling import SamplingParams
+from .errors import APIError, server_fault, shutting_down
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("done", "error", "cancelled")
+
+
+@dataclass
+class Job:
+    """One admitted request: what to generate, where its events go, and a flag its client raises on leaving."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    seed: int | None
+    cache_prompt: bool | None
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        """Hand an event to the request's coroutine (called from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening any more
+            self.cancelled.set()
+
+    async def events_until_done(self) -> AsyncIterator[tuple[str, Any]]:
+        while True:
+            kind, payload = await self.events.get()
+            yield kind, payload
+            if kind in TERMINAL:
+                return
+
+
+class GenerationTotals:
+    """What the generations since the server started produced, summed: tokens, target passes (so τ), and the
+    draft tokens verified and accepted per drafter (model, lookup, both)."""
+
+    def __init__(self) -> None:
+        self.generations = self.n_tokens = self.target_passes = self.pass_tokens = self.plain_steps = 0
+        self.nodes_by_source: dict[str, int] = {}
+        self.accepted_by_source: dict[str, int] = {}
+        self.last: dict | None = None
+
+    def add(self, stats: dict) -> None:
+        self.generations += 1
+        self.last = stats
+        for key in ("n_tokens", "target_passes", "pass_tokens", "plain_steps"):
+            setattr(self, key, getattr(self, key) + int(stats.get(key, 0)))
+        for key in ("nodes_by_source", "accepted_by_source"):
+            add_counts(getattr(self, key), stats.get(key) or {})
+
+    def as_dict(self) -> dict:
+        tau = self.pass_tokens / self.target_passes if self.target_passes else 1.0
+        return {"generations": self.generations, "n_tokens": self.n_tokens, "target_passes": self.target_passes,
+                "pass_tokens": self.pass_tokens, "tau": round(tau, 4), "plain_steps": self.plain_steps,
+                "nodes_by_source": dict(self.nodes_by_source),
+                "accepted_by_source": dict(self.accepted_by_source), "last": self.last}
+
+
+class ModelWorker:
+    """Runs generations on one dedicated thread, one at a time, in the order they were admitted."""
+
+    def __init__(self, llm, max_waiting: int) -> None:
+        self.llm = llm
+        self.max_waiting = max_waiting
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle2-serve")
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self.waiting = self.running = 0
+        self.completed = self.stopped_early = self.failed = 0
+        self._mean_s = 1.0  # running mean of a request's duration, for Retry-After
+        self.totals = GenerationTotals()
+
+    def status(self) -> dict:
+        with self._lock:
+            return {"running": self.running, "waiting": self.waiting, "max_waiting": self.max_waiting,
+                    "completed": self.completed, "stopped_early": self.stopped_early, "failed": self.failed}
+
+    def totals_dict(self) -> dict:
+        with self._lock:
+            return self.totals.as_dict()
+
+    def admit(self, job: Job) -> None:
+        """Queue ``job``, or refuse with 503 + Retry-After when ``max_waiting`` requests already wait."""
+        with self._lock:  # held while submitting: close() cannot shut the pool down between check and submit
+            if self._closing.is_set():
+                raise shutting_down()
+            if self.waiting >= self.max_waiting:
+                retry = max(1, math.ceil(self._mean_s * (self.waiting + self.running)))
+                raise APIError(503, f"the queue is full ({self.waiting} requests waiting); retry in {retry} s",
+                               "server_error", "queue_full", headers={"Retry-After": str(retry)})
+            self._pool.submit(self._run, job)
+            self.waiting += 1
+
+    def close(self) -> None:
+        """Stop the running generation at its next round and wait for the thread. Queued jobs are not
+        cancelled in the pool: each still passes through :meth:`_run`, which sees the server closing and sends
+        its client a terminal event (and keeps the counters right) without generating."""
+        with self._lock:
+            self._closing.set()
+        self._pool.shutdown(wait=True)
+
+    def _run(self, job: Job) -> None:
+        with self._lock:
+            self.waiting -= 1
+            self.running = 1
+        t0 = time.perf_counter()
+        outcome = "failed"
+        try:
+            if job.cancelled.is_set() or self._closing.is_set():
+                outcome = "stopped_early"  # the client left while waiting: nothing to undo
+                job.send("cancelled")
+                return
+            kind, payload = self._generate(job)
+            outcome = "completed" if kind == "done" else "stopped_early"
+            job.send(kind, payload)
+        except (ContextFullError, EmptyPromptError) as exc:  # what the request asked for does not fit
+            job.send("error", APIError(400, str(exc)))
+        except Exception:  # noqa: BLE001 - DecodeError, TreeError, bugs: a fault here, not in the request
+            log.exception("generation failed")
+            job.send("error", server_fault())
+        finally:
+            with self._lock:
+                self.running = 0
+                setattr(self, outcome, getattr(self, outcome) + 1)
+                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
+
+    def _generate(self, job: Job) -> tuple[str, Any]:
+        """Stream ``job``'s chunks; stop between rounds once its client has gone (or the server stops)."""
+        stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed,
+                                 cache_prompt=job.cache_prompt)
+        tokens: list[int] = []
+        reason = None
+        try:
+            for chunk in stream:
+                tokens.extend(chunk.tokens)
+                reason = chunk.finish_reason or reason
+                job.send("chunk", chunk)
+                if job.cancelled.is_set() or self._closing.is_set():
+                    return "cancelled", None
+        finally:
+            stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
+            stats = self.llm.stats()
+            with self._lock:
+                self.totals.add(stats)
+        return "done", {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats}
