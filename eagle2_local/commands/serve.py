@@ -1,0 +1,58 @@
+"""The serving commands: ``serve`` (the OpenAI-compatible HTTP API) and ``rpc-server`` (this machine's
+backend for other processes' ``--rpc``)."""
+
+from __future__ import annotations
+
+import click
+
+from .common import fail, friendly_errors, load, runtime_options, sampling_options
+
+
+@click.command("serve")
+@runtime_options
+@sampling_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. The default answers only this machine; anything else exposes the model.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0 = any free port.")
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on the API routes (/health and the docs at "
+              "/docs stay open).")
+@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one is answered; beyond that: 503 with Retry-After.")
+@click.option("--alias", default=None, help="The model name clients see [default: the GGUF file name].")
+@friendly_errors
+def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
+          seed, **rt):
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models;
+    OpenAPI docs at /docs).
+
+    One request is answered at a time, in arrival order; consecutive requests reuse their common KV prefix.
+    The sampling options are the defaults for fields a request leaves out. Needs `pip install
+    "eagle2-local[server]"`.
+    """
+    try:
+        from ..server import Defaults, serve as run_server
+    except ImportError as exc:
+        fail(f"the server needs its optional packages ({exc.name} is missing): pip install 'eagle2-local[server]'")
+    defaults = Defaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                        repeat_penalty=repeat_penalty, seed=seed)
+    run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
+               defaults=defaults, say=lambda msg: click.echo(msg, err=True))
+
+
+@click.command("rpc-server")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback exposes an unauthenticated protocol.")
+@click.option("--port", type=int, default=50052, show_default=True)
+@click.option("--threads", "-t", type=int, default=None, help="CPU threads for the served backend (default: half "
+              "the cores).")
+@friendly_errors
+def rpc_server_cmd(host, port, threads):
+    """Serve this machine's CPU backend to other eagle2-local processes (their --rpc HOST:PORT).
+
+    Needs an RPC build of llama-cpp-python (README). Runs until Ctrl-C. One client at a time.
+    """
+    from .. import rpc
+
+    if not rpc.is_loopback(host):
+        click.echo(rpc.UNTRUSTED_WARNING, err=True)
+    rpc.serve(host, port, threads)
