@@ -27,11 +27,11 @@ from .drafts import DraftEngine, DraftModelEngine, DraftSpec, MergedDraft, draft
 from .errors import Eagle2Error
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .costs import CostKey, cached_or_measured, file_identity
-from .llama import ContextSettings, LlamaModel, system_info
+from .llama import MAX_SEQ, ContextSettings, LlamaModel, system_info
 from .calibration import check_costs, measure_costs
 from .models import default_head_path, resolve_model
 from .rpc import parse_servers
-from .sampling import SamplingParams
+from .sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .target import Target
 from .tree import TreeParams
 
@@ -79,7 +79,7 @@ class Eagle2:
         if depth is None:  # a lookup's levels cost nothing, and copied spans run long
             depth = LOOKUP_DEPTH if spec is not None and spec.kind == "lookup" and not plain else 6
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
-        n_seq = min(256, max(3, self.tree_params.total_tokens + 2))
+        n_seq = min(MAX_SEQ, max(3, self.tree_params.total_tokens + 2))
         self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,
                                         n_threads=n_threads)
         self.rpc_servers = parse_servers(rpc_servers)
@@ -164,8 +164,9 @@ class Eagle2:
         self.generator.reset()
 
     # ------------------------------------------------------------------ generation
-    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True, *,
+    def generate(self, tokens: Sequence[int], top_k: int = DEFAULTS.top_k, top_p: float = DEFAULTS.top_p,
+                 min_p: float = DEFAULTS.min_p, typical_p: float = 1.0, temp: float = DEFAULTS.temperature,
+                 repeat_penalty: float = DEFAULTS.repeat_penalty, reset: bool = True, *,
                  max_tokens: int | None = None, stop: str | list[str] | None = None, seed: int | None = None,
                  speculative: bool | None = None, cache_prompt: bool | None = None) -> Iterator[int]:
         """Yield the generated token ids for the prompt ``tokens``, like llama-cpp-python's ``Llama.generate``
@@ -219,10 +220,12 @@ class Eagle2:
             self.reset()
 
     # ------------------------------------------------------------------ completion
-    def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, temperature: float = 0.8,
-                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                          stop: str | list[str] | None = None, seed: int | None = None, stream: bool = False,
-                          speculative: bool | None = None, cache_prompt: bool | None = None):
+    def create_completion(self, prompt: str | list[int], max_tokens: int | None = COMPLETION_MAX_TOKENS,
+                          temperature: float = DEFAULTS.temperature, top_p: float = DEFAULTS.top_p,
+                          top_k: int = DEFAULTS.top_k, min_p: float = DEFAULTS.min_p,
+                          repeat_penalty: float = DEFAULTS.repeat_penalty, stop: str | list[str] | None = None,
+                          seed: int | None = None, stream: bool = False, speculative: bool | None = None,
+                          cache_prompt: bool | None = None):
         """Complete ``prompt``. Returns an OpenAI ``text_completion`` dict, or an iterator of chunks."""
         tokens = prompt if isinstance(prompt, list) else prompt_tokens(self.model, prompt)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
@@ -237,9 +240,10 @@ class Eagle2:
             "usage": self._usage(), "eagle": self.stats(),
         }
 
-    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.2,
-                               top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
-                               repeat_penalty: float = 1.0, stop: str | list[str] | None = None,
+    def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None,
+                               temperature: float = CHAT_TEMPERATURE, top_p: float = DEFAULTS.top_p,
+                               top_k: int = DEFAULTS.top_k, min_p: float = DEFAULTS.min_p,
+                               repeat_penalty: float = DEFAULTS.repeat_penalty, stop: str | list[str] | None = None,
                                seed: int | None = None, stream: bool = False, speculative: bool | None = None,
                                cache_prompt: bool | None = None):
         """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes."""

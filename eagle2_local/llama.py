@@ -26,7 +26,7 @@ from .models import GGUFInfo, check_tree_capable, read_gguf_info
 
 log = logging.getLogger(__name__)
 
-MAX_SEQ = int(llama_cpp.llama_max_parallel_sequences()) if hasattr(llama_cpp, "llama_max_parallel_sequences") else 256
+MAX_SEQ = int(llama_cpp.llama_max_parallel_sequences())  # sequences one context can address (256 in the pinned build)
 
 # ---------------------------------------------------------------- logging from llama.cpp
 _recent_errors: collections.deque[str] = collections.deque(maxlen=20)

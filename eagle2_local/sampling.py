@@ -15,6 +15,27 @@ from .errors import Eagle2Error
 
 
 @dataclass(frozen=True)
+class SamplingDefaults:
+    """What a caller gets for a sampling setting it leaves out (llama.cpp's and llama-cpp-python's defaults): the
+    CLI's options, the server's request fields (``serve`` overrides them from its options) and the Python API
+    read them here. Two API methods differ on purpose, as llama-cpp-python's do: see ``CHAT_TEMPERATURE`` and
+    ``COMPLETION_MAX_TOKENS``."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+
+
+DEFAULTS = SamplingDefaults()
+CHAT_TEMPERATURE = 0.2  # create_chat_completion's default temperature, as llama-cpp-python's
+COMPLETION_MAX_TOKENS = 16  # create_completion's default max_tokens, as llama-cpp-python's
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to turn target logits into a next-token distribution.
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import TreeError
 
-MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences; our trees stay well below
+MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
 
 # Which drafter proposed a candidate (stats only: verification treats every node alike). A token that a neural
 # draft and a lookup both proposed is BOTH.

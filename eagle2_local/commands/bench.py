@@ -115,7 +115,7 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
     This is what speculation has to beat on your hardware: if verifying n nodes costs c(n) single-token
     decodes, a tree pays off only when it yields more than c(n) tokens per pass on average.
     """
-    from ..llama import ContextSettings, LlamaModel
+    from ..llama import MAX_SEQ, ContextSettings, LlamaModel
     from ..microbench import verify_cost
     from ..models import resolve_model
     from ..rpc import parse_servers
@@ -125,7 +125,7 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
     path = resolve_model(model)
     target = Target(LlamaModel(path, n_gpu_layers=n_gpu_layers, rpc_servers=parse_servers(rpc)),
                     ContextSettings(n_ctx=max(512, context_tokens + max(ns) + 8), n_batch=max(64, max(ns)),
-                                    n_seq_max=min(256, max(ns) + 2), n_threads=threads))
+                                    n_seq_max=min(MAX_SEQ, max(ns) + 2), n_threads=threads))
     cost = verify_cost(target, ns, context_tokens, repeats)
     one = cost.get(1) or next(iter(cost.values()))
     if as_json:

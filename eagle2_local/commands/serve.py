@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from ..sampling import SamplingDefaults
 from .common import fail, friendly_errors, load, runtime_options, sampling_options
 
 
@@ -30,11 +31,11 @@ def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k,
     "eagle2-local[server]"`.
     """
     try:
-        from ..server import Defaults, serve as run_server
+        from ..server import serve as run_server
     except ImportError as exc:
         fail(f"the server needs its optional packages ({exc.name} is missing): pip install 'eagle2-local[server]'")
-    defaults = Defaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                        repeat_penalty=repeat_penalty, seed=seed)
+    defaults = SamplingDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
     run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
                defaults=defaults, say=lambda msg: click.echo(msg, err=True))
 

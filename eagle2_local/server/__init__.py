@@ -13,7 +13,7 @@ with llama-server's ``cache_prompt: true`` (or ``serve --cache-prompt``) reuses 
 independent of earlier requests at near-ties. A request whose client goes away is stopped between two rounds and its
 stream closed, which trims the cache to the prompt plus what was emitted, exactly as after a stopped chat answer.
 
-Laid out as llama-cpp-python's server is: ``types.py`` (request and response shapes, defaults), ``errors.py``
+Laid out as llama-cpp-python's server is: ``types.py`` (request and response shapes), ``errors.py``
 (OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``guard.py`` (API key
 and body size), ``app.py`` (the routes, ``create_app``, ``serve``).
 """
@@ -21,8 +21,7 @@ and body size), ``app.py`` (the routes, ``create_app``, ``serve``).
 from .app import create_app, listen, serve
 from .errors import APIError
 from .guard import MAX_BODY_BYTES
-from .types import Defaults
 from .worker import TERMINAL, GenerationTotals, Job, ModelWorker
 
-__all__ = ["APIError", "Defaults", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",
+__all__ = ["APIError", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",
            "create_app", "listen", "serve"]

@@ -19,10 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from ..chat import prompt_tokens
 from ..errors import Eagle2Error
-from ..sampling import SamplingParams
+from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from .errors import APIError, add_error_handlers, shutting_down
 from .guard import Guard
-from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, Defaults, SamplingFields,
+from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
                     eagle_stats, usage)
 from .worker import Job, ModelWorker
 
@@ -37,7 +37,7 @@ def _pick(value, default):
 class Service:
     """The endpoints: validate and tokenize on the event loop's thread pool, generate on the worker."""
 
-    def __init__(self, llm, model_name: str, max_waiting: int, defaults: Defaults) -> None:
+    def __init__(self, llm, model_name: str, max_waiting: int, defaults: SamplingDefaults) -> None:
         self.llm = llm
         self.model_name = model_name
         self.defaults = defaults
@@ -202,9 +202,9 @@ async def _cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2
 
 # ---------------------------------------------------------------- wiring
 def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting: int = 16,
-               defaults: Defaults | None = None) -> FastAPI:
+               defaults: SamplingDefaults | None = None) -> FastAPI:
     """The ASGI app for ``llm`` (an :class:`eagle2_local.api.Eagle2`); it owns the worker thread."""
-    service = Service(llm, model_name, max_waiting, defaults or Defaults())
+    service = Service(llm, model_name, max_waiting, defaults or DEFAULTS)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -239,7 +239,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-          max_waiting: int = 16, model_name: str | None = None, defaults: Defaults | None = None,
+          max_waiting: int = 16, model_name: str | None = None, defaults: SamplingDefaults | None = None,
           say: Callable[[str], None] = log.warning, log_level: str = "warning") -> None:
     """Bind, then load the model (``open_model()`` returns an :class:`eagle2_local.api.Eagle2`), then serve
     until interrupted (Ctrl-C / SIGTERM). Binding first makes a busy port an instant error, not one after a load.

@@ -1,9 +1,8 @@
 """What the API reads and writes: the request bodies (pydantic models, with the fields this server refuses rather
-than ignores), the defaults for fields a request leaves out, and the response objects of both endpoints."""
+than ignores) and the response objects of both endpoints. A field a request leaves out takes the server's
+:class:`~eagle2_local.sampling.SamplingDefaults`."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,19 +88,6 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """What a request gets for a field it leaves out (the serve command's sampling options)."""
-
-    max_tokens: int = 256
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    seed: int | None = None
 
 
 # ---------------------------------------------------------------- responses

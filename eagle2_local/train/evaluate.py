@@ -17,7 +17,7 @@ import torch
 
 from ..chat import prompt_tokens, render_for_model
 from ..llama import LlamaModel
-from .features import FeatureExtractor, FeatureSet
+from .features import N_BATCH, FeatureExtractor, FeatureSet
 from .head import Eagle3Head, HeadConfig
 from .loop import chain_acceptance
 from .target_weights import read_target_weights
@@ -56,7 +56,7 @@ def answer_rows(model: LlamaModel, layers: tuple[int, ...], prompts: list[str], 
     with the same answers as one at a time."""
     prompts_ids = [prompt_tokens(model, render_for_model(model, [{"role": "user", "content": p}])) for p in prompts]
     max_len = max(len(t) for t in prompts_ids) + max_new + 1
-    ex = FeatureExtractor(model, layers, top_k=1, max_len=max_len, n_batch=256, n_threads=n_threads,
+    ex = FeatureExtractor(model, layers, top_k=1, max_len=max_len, n_batch=N_BATCH, n_threads=n_threads,
                           n_parallel=max(1, min(n_parallel, len(prompts))))
     try:
         docs = list(ex.generate_many(prompts_ids, max_new))

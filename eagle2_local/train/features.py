@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 F16_MAX = 60000.0
 T = TypeVar("T")
+N_BATCH = 256  # tokens per llama_decode while extracting features
 
 
 class CacheMismatchError(Eagle2Error):
@@ -43,7 +44,7 @@ class ExtractSettings:
     layers: tuple[int, ...]
     top_k: int = 32
     max_len: int = 1024
-    n_batch: int = 256
+    n_batch: int = N_BATCH
 
     def key(self) -> dict:
         d = asdict(self)
