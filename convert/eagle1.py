@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from eagle2_local.errors import IncompatibleDraftError, ModelError
-from eagle2_local.eagle1_format import (ARCH, GGUF_TO_HF, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
+from eagle2_local.eagle1_format import (ARCH, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
                                       check_tensors)
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
@@ -78,11 +78,6 @@ def to_gguf_names(tensors: dict[str, np.ndarray], where: str) -> dict[str, np.nd
                              "(EAGLE-3 heads are a different format)?")
         out[TENSOR_NAMES[name]] = arr
     return out
-
-
-def from_gguf_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of :func:`to_gguf_names` (round-trip checks, exporting a head back)."""
-    return {GGUF_TO_HF[name]: arr for name, arr in tensors.items()}
 
 
 def check_target(target: str | Path, params: HeadParams, config: dict) -> None:

@@ -55,17 +55,3 @@ def _tensor(path: Path, name: str, meta: dict, body: memoryview) -> np.ndarray:
         return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
     return np.frombuffer(body[start:end], dtype=DTYPES[dtype]).reshape(shape).copy()
 
-
-def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
-    """Write arrays as safetensors (used by tests, by training's export, and to export a head back)."""
-    names = {dt.newbyteorder("="): name for name, dt in DTYPES.items() if dt is not None}
-    header, chunks, offset = {}, [], 0
-    for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
-        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    Path(path).write_bytes(struct.pack("<Q", len(head)) + head + b"".join(chunks))

@@ -64,7 +64,6 @@ TENSOR_NAMES = {
     "layers.0.mlp.up_proj.weight": "blk.0.ffn_up.weight",
     "layers.0.mlp.down_proj.weight": "blk.0.ffn_down.weight",
 }
-GGUF_TO_HF = {v: k for k, v in TENSOR_NAMES.items()}
 OPTIONAL_TENSORS = frozenset({"token_embd.weight", "fc.bias", "blk.0.attn_q.bias", "blk.0.attn_k.bias",
                               "blk.0.attn_v.bias"})
 

@@ -427,9 +427,6 @@ class LlamaContext:
     def seq_pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
 
-    def seq_pos_min(self, seq: int) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq))
-
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
 

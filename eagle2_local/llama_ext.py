@@ -29,7 +29,6 @@ LAYER_INPUT_ARCHS = frozenset({
 })
 
 _ctx_p = llama_cpp.llama_context_p_ctypes
-_model_p = llama_cpp.llama_model_p_ctypes
 
 # name -> (mangled spellings, argtypes, restype)
 _SYMBOLS: dict[str, tuple[tuple[str, ...], list[Any], Any]] = {
@@ -41,14 +40,6 @@ _SYMBOLS: dict[str, tuple[tuple[str, ...], list[Any], Any]] = {
         ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
          "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"),
         [_ctx_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
-    "llama_model_target_layer_ids": (
-        ("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model",
-         "?llama_model_target_layer_ids@@YAPEBHPEBUllama_model@@@Z"),
-        [_model_p], ctypes.POINTER(ctypes.c_int32)),
-    "llama_model_target_layer_ids_n": (
-        ("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model",
-         "?llama_model_target_layer_ids_n@@YAIPEBUllama_model@@@Z"),
-        [_model_p], ctypes.c_uint32),
 }
 
 
@@ -66,16 +57,6 @@ def _function(name: str) -> Callable:
                      f"llama-cpp-python {llama_cpp.__version__} from source exports it")
 
 
-def has_symbols() -> bool:
-    """Whether every staging symbol EAGLE-3 needs is exported by the loaded libllama."""
-    try:
-        for name in _SYMBOLS:
-            _function(name)
-    except ModelError:
-        return False
-    return True
-
-
 def set_layer_input(ctx, layer: int, enable: bool) -> None:
     """Switch extraction of layer ``layer``'s residual input on or off (takes effect at the next decode)."""
     _function("llama_set_embeddings_layer_inp")(ctx, layer, enable)
@@ -87,10 +68,3 @@ def layer_input(ctx, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
     if not ptr:
         raise ModelError(f"llama.cpp returned no layer input for layer {layer}")
     return np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd)).copy()
-
-
-def model_target_layers(model) -> list[int]:
-    """The target layer ids an ``eagle3`` draft model declares (``eagle3.target_layers``)."""
-    n = int(_function("llama_model_target_layer_ids_n")(model))
-    ptr = _function("llama_model_target_layer_ids")(model)
-    return [int(ptr[i]) for i in range(n)] if n and ptr else []

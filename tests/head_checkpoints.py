@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
 
-from convert.safetensors_file import save_safetensors
+from convert.safetensors_file import DTYPES
 
 
 def eagle3_tensors(*, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int, vocab: int,
@@ -66,3 +67,17 @@ def random_eagle3(out_dir: Path, *, hidden: int, target_hidden: int, n_head: int
               "norm_before_fc": norm_before_fc, "eagle2_local": {"feature_source": feature_source}}
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
     return out_dir, t, config
+
+def save_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write arrays as safetensors, as a publisher's checkpoint has them."""
+    names = {dt.newbyteorder("="): name for name, dt in DTYPES.items() if dt is not None}
+    header, chunks, offset = {}, [], 0
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(head)) + head + b"".join(chunks))

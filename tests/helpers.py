@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import llama_cpp
 import numpy as np
 
 from convert.eagle1 import convert_head
@@ -188,7 +189,7 @@ def check_thousand_rounds_leak_no_cells(model) -> Target:
         if i % 250 == 0:
             assert free_cells(t) == t.n_ctx - t.n_past
     assert t.ctx.seq_pos_max(0) == t.n_past - 1
-    assert t.ctx.seq_pos_min(0) == 0
+    assert llama_cpp.llama_memory_seq_pos_min(t.ctx.mem, 0) == 0
     assert free_cells(t) == t.n_ctx - t.n_past
     return t
 

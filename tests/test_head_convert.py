@@ -9,13 +9,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from convert.eagle1 import convert_head, from_gguf_names
+from convert.eagle1 import convert_head
 from eagle2_local.errors import IncompatibleDraftError, ModelError
-from eagle2_local.eagle1_format import ARCH, read_head
+from eagle2_local.eagle1_format import ARCH, TENSOR_NAMES, read_head
 from eagle_heads import VARIANTS, head_config, head_tensors, write_head_dir
 from synthetic_model import vocab
 
 SYNTH_VOCAB = len(vocab()[0])
+
+
+def from_gguf_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The checkpoint's own names for a converted head's tensors (the converter's naming, inverted)."""
+    hf_name = {gguf_name: hf for hf, gguf_name in TENSOR_NAMES.items()}
+    return {hf_name[name]: arr for name, arr in tensors.items()}
 
 
 def round_trip(tmp_path, variant: str, fmt: str, dtype, outtype: str) -> tuple[dict, dict]:

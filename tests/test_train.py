@@ -14,14 +14,19 @@ from eagle2_local.chat import prompt_tokens, render_for_model
 from eagle2_local.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
 from eagle2_local.train.export import export_folder
-from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, default_layers, extract_to_cache,
-                                         load_cache, load_split, shard_files)
+from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, FeatureSet, default_layers,
+                                         extract_to_cache, load_split, shard_files)
 from eagle2_local.train.head import draft_to_target
 from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, load_train_checkpoint, plan_batches
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
 from eagle2_local.train.target_weights import draft_vocabulary, read_target_weights
 
+
+
+def load_cache(caches) -> FeatureSet:
+    """Every shard of the given cache directories, concatenated in order."""
+    return load_split(caches, 0)[0]
 
 def test_truncated_sharegpt_json_keeps_complete_records(tmp_path):
     recs = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]}

@@ -396,8 +396,3 @@ def load_split(caches: Iterable[Path], n_heldout_docs: int = 0) -> tuple[Feature
             dest.lengths[doc: doc + m] = lens[docs]
             at[i] = [row + n, doc + m]
     return train, held_out
-
-
-def load_cache(caches: Iterable[Path]) -> FeatureSet:
-    """Every shard of the given cache directories, concatenated in order."""
-    return load_split(caches, 0)[0]
