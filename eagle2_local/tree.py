@@ -47,10 +47,6 @@ class TreeParams:
         if not 2 <= self.total_tokens <= MAX_TREE_NODES:
             raise TreeError(f"total_tokens must be in 2..{MAX_TREE_NODES}, got {self.total_tokens}")
 
-    @property
-    def max_candidates(self) -> int:
-        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
-
 
 @dataclass
 class Proposals:
@@ -198,14 +194,6 @@ class DraftTree:
     def leaves(self) -> np.ndarray:
         return tree_leaves(self.parents)
 
-    def path_to(self, node: int) -> np.ndarray:
-        """Node indices from the root down to ``node`` inclusive."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = int(self.parents[node])
-        return np.asarray(path[::-1], dtype=np.int64)
-
 
 def validate_parents(parents: np.ndarray) -> None:
     """A tree in decode order: node 0 is the only root and every parent precedes its child."""
@@ -318,12 +306,6 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
     if level_done is not None and levels == params.depth:
         level_done(levels)
     return Candidates(all_tok, np.concatenate(cand_score), all_parent, levels, np.concatenate(cand_src))
-
-
-def grow_tree(root_token: int, root_logits: np.ndarray, expand: ExpandFn, params: TreeParams) -> DraftTree:
-    """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
-    c = grow_candidates(root_logits, expand, params)
-    return select_tree(root_token, c.tokens, c.scores, c.parents, params.total_tokens, c.sources)
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

@@ -146,6 +146,15 @@ def sequential_logits(model, prefix, tokens, settings=SETTINGS):
     return np.array(out)
 
 
+def path_to(tree: DraftTree, node: int) -> np.ndarray:
+    """Node indices from the root down to ``node`` inclusive."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(tree.parents[node])
+    return np.asarray(path[::-1], dtype=np.int64)
+
+
 def random_tree(rng, n_vocab, n, max_depth):
     parents = [-1]
     depth = [0]
@@ -183,7 +192,7 @@ def check_thousand_rounds_leak_no_cells(model) -> Target:
     for i in range(1000):
         tree = random_tree(rng, model.n_vocab, int(rng.integers(1, 30)), 4)
         t.verify(tree)
-        t.commit(tree.path_to(int(rng.choice(len(tree))))[:3])
+        t.commit(path_to(tree, int(rng.choice(len(tree))))[:3])
         if t.n_past > 400:
             t.rollback(3)
         if i % 250 == 0:

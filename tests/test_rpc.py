@@ -26,7 +26,7 @@ from eagle2_local.errors import Eagle2Error
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
 from eagle2_local.tree import TreeParams
-from helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, random_tree, run_cli,
+from helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree, run_cli,
                      sequential_logits, synthetic_head)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_tree_logits_equal_sequential_decoding(endpoints, synth_q8, smollm2_path
             t.abort_tree()
             t.close()
             for leaf in tree.leaves():
-                nodes = tree.path_to(int(leaf))
+                nodes = path_to(tree, int(leaf))
                 seq = sequential_logits(model, prefix, tree.tokens[nodes], ONE_THREAD)
                 assert np.array_equal(seq, logits[nodes]), f"{path.name}: tree of {n}, leaf {leaf}"
         model.close()

@@ -11,7 +11,7 @@ from eagle2_local.errors import ContextFullError, TreeError
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
 from eagle2_local.tree import DraftTree
-from helpers import SETTINGS, check_thousand_rounds_leak_no_cells, random_tree, sequential_logits
+from helpers import SETTINGS, check_thousand_rounds_leak_no_cells, path_to, random_tree, sequential_logits
 
 # F32 matmuls take different kernels for different batch sizes on CPU: results differ in the last bits.
 F32_TOL = 1e-2
@@ -41,7 +41,7 @@ def check_tree_equals_paths(model, prefix, tree, tol):
     t.close()
     # every root-to-leaf path covers its nodes; check each node once
     for leaf in tree.leaves():
-        path = tree.path_to(int(leaf))
+        path = path_to(tree, int(leaf))
         seq = sequential_logits(model, prefix, tree.tokens[path])
         diff = np.abs(seq - ver.logits[path]).max()
         assert diff <= tol, f"path to leaf {leaf}: max |diff| {diff}"
@@ -97,7 +97,7 @@ def commit_rounds(model, rounds, seed, settings=SETTINGS, tree_size=(1, 24)):
     for _ in range(rounds):
         tree = random_tree(rng, model.n_vocab, int(rng.integers(*tree_size)), int(rng.integers(1, 6)))
         t.verify(tree)
-        path = tree.path_to(int(rng.choice(len(tree))))
+        path = path_to(tree, int(rng.choice(len(tree))))
         t.commit(path)
         committed += [int(x) for x in tree.tokens[path]]
         assert t.n_past == len(committed)

@@ -7,10 +7,17 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle2_local.errors import TreeError
-from eagle2_local.tree import (DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates, grow_tree,
-                               leaf_membership, log_softmax, node_depths, select_tree, tree_leaves)
+from eagle2_local.tree import (DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates, leaf_membership,
+                               log_softmax, node_depths, select_tree, tree_leaves)
+from helpers import path_to
 
 V = 50
+
+
+def grow_tree(root_token: int, root_logits: np.ndarray, expand, params: TreeParams) -> DraftTree:
+    """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
+    c = grow_candidates(root_logits, expand, params)
+    return select_tree(root_token, c.tokens, c.scores, c.parents, params.total_tokens, c.sources)
 
 
 def fake_draft(seed: int):
@@ -55,7 +62,8 @@ def test_grow_tree_matches_reference(params):
     root_logits = np.random.default_rng(5).standard_normal(V) * 2
     tree = grow_tree(7, root_logits, expand, params)
     ref, keep = reference_eagle2(root_logits, table, params)
-    assert len(tree) == min(params.total_tokens, params.max_candidates + 1)
+    max_candidates = params.top_k + (params.depth - 1) * params.top_k * params.top_k
+    assert len(tree) == min(params.total_tokens, max_candidates + 1)
     assert tree.tokens[0] == 7 and tree.parents[0] == -1
     assert tree.cand_ids[1:].tolist() == keep
     assert tree.tokens[1:].tolist() == [t for t, _, _ in ref]
@@ -105,7 +113,7 @@ def test_proposals_padding_is_never_drafted():
     assert c.tokens.tolist() == [2, 3, 3, 4, 4, 5, 5]  # two chains: 2-3-4-5 and 3-4-5
     assert calls == [[2, 3], [3, 4], [4, 5], [5]]  # the last frontier proposes nothing: growth stops
     tree = select_tree(1, c.tokens, c.scores, c.parents, 60)
-    assert len(tree) == 8 and tree.tokens[tree.path_to(7)].tolist() == [1, 2, 3, 4, 5]
+    assert len(tree) == 8 and tree.tokens[path_to(tree, 7)].tolist() == [1, 2, 3, 4, 5]
     with pytest.raises(TreeError):
         Proposals([[1, 2]], [[0.5, -1.0]])  # a log-probability above 0
 
