@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 import gguf
 
+from eagle2_local.atomic_write import atomic_path
 from eagle2_local.errors import ModelError
 from eagle2_local.gguf_fields import copy_fields_from
 from eagle2_local.models import file_sha256, read_gguf_info
@@ -257,13 +258,8 @@ def convert_eagle3(head_dir: str | Path, out_path: str | Path, target_gguf: str 
     hp["choices"].update(_tensor_choices(tensors, hp, target.n_vocab, outtype, ckpt))
     if on_choices is not None:
         on_choices(hp["choices"])
-    tmp = out_path.with_name(out_path.name + ".part")
-    try:
+    with atomic_path(out_path) as tmp:
         _write_gguf(tmp, tensors, hp, head_dir, target_gguf, provenance, outtype, progress)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(out_path)
     log.info("wrote %s (%d tensors, %s)", out_path, len(tensors), outtype)
     return out_path
 

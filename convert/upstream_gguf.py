@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from eagle2_local.atomic_write import atomic_path
 from eagle2_local.errors import ModelError
 from eagle2_local.gguf_fields import copy_gguf
 
@@ -44,12 +45,7 @@ def translate_upstream_gguf(src: str | Path, out: str | Path, on_choices=None) -
         on_choices({"feature layers": f"inputs of target layers {layers} ({foreign} renamed to {OUR_KEY}; "
                                       "both name layer inputs)",
                     "tensors": f"{len(tensor_index(src))} copied byte for byte"})
-    tmp = out.with_name(out.name + ".part")
-    try:
+    with atomic_path(out) as tmp:
         copy_gguf(src, tmp, {foreign: OUR_KEY}, ARCH)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(out)
     log.info("translated %s -> %s (%s -> %s)", src, out, foreign, OUR_KEY)
     return out

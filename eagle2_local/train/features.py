@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
+from ..atomic_write import atomic_path
 from ..errors import Eagle2Error
 from ..llama import ContextSettings, LlamaContext, LlamaModel
 
@@ -237,18 +238,17 @@ class ShardWriter:
         feats = np.concatenate([d.feats for d in docs])
         feats = feats.astype(np.float16) if np.abs(feats).max() < F16_MAX else feats.astype(np.float32)
         path = self.cache / f"shard_{self.n_shards:05d}.npz"
-        tmp = self.cache / f"partial_{self.n_shards:05d}.npz"
-        np.savez(tmp, tokens=np.concatenate([d.tokens for d in docs]),
-                 lengths=np.array([len(d.tokens) for d in docs], np.int32), feats=feats,
-                 top_ids=np.concatenate([d.top_ids for d in docs]),
-                 top_logp=np.concatenate([d.top_logp for d in docs]))
-        tmp.replace(path)
+        with atomic_path(path) as tmp, tmp.open("wb") as f:  # a file, so that savez adds no .npz to the name
+            np.savez(f, tokens=np.concatenate([d.tokens for d in docs]),
+                     lengths=np.array([len(d.tokens) for d in docs], np.int32), feats=feats,
+                     top_ids=np.concatenate([d.top_ids for d in docs]),
+                     top_logp=np.concatenate([d.top_logp for d in docs]))
         self.n_shards += 1
 
 
 def shard_files(cache: Path) -> list[Path]:
     """Finished shards of a cache, in order (a shard being written has another name until it is complete)."""
-    return sorted(p for p in cache.glob("shard_*.npz") if ".tmp" not in p.name)
+    return sorted(cache.glob("shard_*.npz"))
 
 
 def check_meta(cache: Path, settings: ExtractSettings) -> None:

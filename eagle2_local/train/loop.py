@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic_write import atomic_path
 from .features import FeatureSet
 from .head import Eagle3Head
 
@@ -184,11 +185,10 @@ class Trainer:
     def save(self) -> None:
         if self.checkpoint is None:
             return
-        tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
-                    "train_config": self.cfg.as_dict(), "head_config": self.head.config.as_dict()}, tmp)
-        tmp.replace(self.checkpoint)
+        with atomic_path(self.checkpoint) as tmp:
+            torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                        "tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
+                        "train_config": self.cfg.as_dict(), "head_config": self.head.config.as_dict()}, tmp)
 
     def load(self, path: Path) -> None:
         """Resume from a checkpoint file written by :meth:`save`."""
