@@ -29,6 +29,8 @@ from typing import Callable
 
 import numpy as np
 
+from .atomic_write import atomic_path
+
 log = logging.getLogger(__name__)
 
 CORRECTION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -289,9 +291,8 @@ def save_costs(key: CostKey, costs: CostModel, directory: Path | None = None) ->
     path = d / key.file_name()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key.as_dict(), "costs": costs.to_dict()}, indent=1))
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({"key": key.as_dict(), "costs": costs.to_dict()}, indent=1))
         return path
     except OSError as exc:
         log.warning("could not write the cost cache %s: %s", path, exc)

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..atomic_write import atomic_path
 from ..errors import ModelError
 from ..gguf_fields import copy_gguf
 from ..gguf_tensors import load_tensor, tensor_index
@@ -57,13 +58,8 @@ def translated_head(info: GGUFInfo) -> Path:
     out = cache / f"{info.path.stem}-{stat.st_size}-{stat.st_mtime_ns}.gguf"
     if not out.is_file():
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".part")
-        try:
+        with atomic_path(out) as tmp:
             copy_gguf(info.path, tmp, {key: "eagle3.target_layers"}, EAGLE3_ARCH)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        tmp.replace(out)
         log.info("%s stores %s (a newer llama.cpp's name): translated once into %s", info.path.name, key, out)
     return out
 
