@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from eagle2_local import gguf_keys as keys
 from eagle2_local.errors import IncompatibleDraftError, ModelError
 from eagle2_local.eagle1_format import (ARCH, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
                                       check_tensors)
@@ -88,11 +89,11 @@ def check_target(target: str | Path, params: HeadParams, config: dict) -> None:
 
     info = read_gguf_info(target)
     name = info.path.name
-    hidden = info.arch_get("embedding_length")
+    hidden = info.arch_get(keys.EMBEDDING_LENGTH)
     tokens = _token_list(GGUFReader(info.path, "r"))
     check_eagle1_fits(params, int(hidden or -1), len(tokens), name)
     # only BOS: instruct GGUFs often set EOS to the end-of-turn token while the HF config keeps the base EOS
-    want, have = config.get("bos_token_id"), info.get("tokenizer.ggml.bos_token_id")
+    want, have = config.get("bos_token_id"), info.get(keys.BOS_ID)
     if isinstance(want, int) and have is not None and int(have) != want:
         raise IncompatibleDraftError(f"tokenizers differ: the head's BOS token is {want}, {name} has {int(have)}")
     tok_json = config.get("_tokenizer_json")
@@ -101,7 +102,7 @@ def check_target(target: str | Path, params: HeadParams, config: dict) -> None:
 
 
 def _token_list(reader) -> list[str]:
-    fld = reader.fields.get("tokenizer.ggml.tokens")
+    fld = reader.fields.get(keys.TOKENS)
     if fld is None:
         raise ModelError("the target GGUF has no tokenizer.ggml.tokens")
     return [bytes(fld.parts[i]).decode("utf-8", errors="replace") for i in fld.data]

@@ -41,6 +41,7 @@ import numpy as np
 import gguf
 
 from eagle2_local.atomic_write import atomic_path
+from eagle2_local import gguf_keys as keys
 from eagle2_local.errors import ModelError
 from eagle2_local.gguf_fields import copy_fields_from
 from eagle2_local.models import file_sha256, read_gguf_info
@@ -50,7 +51,7 @@ from .head_config import feature_layers, rope_settings
 
 log = logging.getLogger(__name__)
 
-ARCH = "eagle3"
+ARCH = keys.EAGLE3_ARCH
 
 # checkpoint suffix (after the layer prefix) -> GGUF name
 _LAYER_MAP = {
@@ -281,7 +282,7 @@ def _write_gguf(path: Path, tensors: dict, hp: dict, head_dir: Path, target_gguf
                 outtype: str, progress: Progress | None) -> None:
     writer = gguf.GGUFWriter(str(path), ARCH)
     _write_hparams(writer, hp, head_dir, target_gguf, provenance)
-    copy_fields_from(target_gguf, writer, "tokenizer.")  # llama.cpp builds the head's vocabulary from it
+    copy_fields_from(target_gguf, writer, keys.TOKENIZER_PREFIX)  # llama.cpp builds the head's vocabulary from it
     names = sorted(tensors)
     for i, name in enumerate(names):
         if name == "d2t":
@@ -300,31 +301,31 @@ def _write_gguf(path: Path, tensors: dict, hp: dict, head_dir: Path, target_gguf
 
 def _write_hparams(w: gguf.GGUFWriter, hp: dict, head_dir: Path, target: Path, provenance: dict | None) -> None:
     w.add_name(f"EAGLE-3 head for {target.stem}")
-    w.add_uint32(f"{ARCH}.context_length", hp["context_length"])
-    w.add_uint32(f"{ARCH}.embedding_length", hp["hidden_size"])
-    w.add_uint32(f"{ARCH}.block_count", 1)
-    w.add_uint32(f"{ARCH}.feed_forward_length", hp["intermediate_size"])
-    w.add_uint32(f"{ARCH}.attention.head_count", hp["n_head"])
-    w.add_uint32(f"{ARCH}.attention.head_count_kv", hp["n_head_kv"])
-    w.add_uint32(f"{ARCH}.attention.key_length", hp["head_dim"])
-    w.add_uint32(f"{ARCH}.attention.value_length", hp["head_dim"])
-    w.add_uint32(f"{ARCH}.rope.dimension_count", hp["head_dim"])
-    w.add_float32(f"{ARCH}.rope.freq_base", hp["rope_theta"])
-    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", hp["rms_eps"])
-    w.add_array(f"{ARCH}.target_layers", [int(x) for x in hp["target_layers"]])
-    w.add_uint32(f"{ARCH}.target_hidden_size", hp["target_hidden_size"])
-    w.add_bool(f"{ARCH}.norm_before_residual", hp["norm_before_residual"])
-    w.add_bool(f"{ARCH}.norm_before_fc", hp["norm_before_fc"])
-    w.add_string("eagle2_local.feature_source", hp["feature_source"])
+    w.add_uint32(keys.CONTEXT_LENGTH.format(arch=ARCH), hp["context_length"])
+    w.add_uint32(keys.EMBEDDING_LENGTH.format(arch=ARCH), hp["hidden_size"])
+    w.add_uint32(keys.BLOCK_COUNT.format(arch=ARCH), 1)
+    w.add_uint32(keys.FEED_FORWARD_LENGTH.format(arch=ARCH), hp["intermediate_size"])
+    w.add_uint32(keys.HEAD_COUNT.format(arch=ARCH), hp["n_head"])
+    w.add_uint32(keys.HEAD_COUNT_KV.format(arch=ARCH), hp["n_head_kv"])
+    w.add_uint32(keys.KEY_LENGTH.format(arch=ARCH), hp["head_dim"])
+    w.add_uint32(keys.VALUE_LENGTH.format(arch=ARCH), hp["head_dim"])
+    w.add_uint32(keys.ROPE_DIMENSION_COUNT.format(arch=ARCH), hp["head_dim"])
+    w.add_float32(keys.ROPE_FREQ_BASE.format(arch=ARCH), hp["rope_theta"])
+    w.add_float32(keys.LAYERNORM_RMS_EPS.format(arch=ARCH), hp["rms_eps"])
+    w.add_array(keys.EAGLE3_TARGET_LAYERS, [int(x) for x in hp["target_layers"]])
+    w.add_uint32(keys.EAGLE3_TARGET_HIDDEN_SIZE, hp["target_hidden_size"])
+    w.add_bool(keys.EAGLE3_NORM_BEFORE_RESIDUAL, hp["norm_before_residual"])
+    w.add_bool(keys.EAGLE3_NORM_BEFORE_FC, hp["norm_before_fc"])
+    w.add_string(keys.FEATURE_SOURCE, hp["feature_source"])
     layers = hp["layers"]
-    w.add_string("eagle2_local.feature_layers.source", layers.source)
-    w.add_string("eagle2_local.feature_layers.meaning", layers.meaning)
+    w.add_string(keys.FEATURE_LAYERS_SOURCE, layers.source)
+    w.add_string(keys.FEATURE_LAYERS_MEANING, layers.meaning)
     if layers.config_ids is not None:
-        w.add_array("eagle2_local.feature_layers.config_ids", [int(x) for x in layers.config_ids])
+        w.add_array(keys.FEATURE_LAYERS_CONFIG_IDS, [int(x) for x in layers.config_ids])
     for what, text in hp["choices"].items():
-        w.add_string(f"eagle2_local.choice.{what.replace(' ', '_').lower()}", text)
-    w.add_string("eagle2_local.source", str(head_dir.name))
-    w.add_string("eagle2_local.target", target.name)
-    w.add_string("eagle2_local.target_sha256", file_sha256(target))
+        w.add_string(keys.CHOICE.format(what=what.replace(" ", "_").lower()), text)
+    w.add_string(keys.SOURCE, str(head_dir.name))
+    w.add_string(keys.TARGET, target.name)
+    w.add_string(keys.TARGET_SHA256, file_sha256(target))
     if provenance:
-        w.add_string("eagle2_local.provenance", json.dumps(provenance, sort_keys=True))
+        w.add_string(keys.PROVENANCE, json.dumps(provenance, sort_keys=True))

@@ -15,13 +15,14 @@ import logging
 from pathlib import Path
 
 from eagle2_local.atomic_write import atomic_path
+from eagle2_local import gguf_keys as keys
 from eagle2_local.errors import ModelError
 from eagle2_local.gguf_fields import copy_gguf
 
 log = logging.getLogger(__name__)
 
-ARCH = "eagle3"
-OUR_KEY = f"{ARCH}.target_layers"
+ARCH = keys.EAGLE3_ARCH
+OUR_KEY = keys.EAGLE3_TARGET_LAYERS
 
 
 def translate_upstream_gguf(src: str | Path, out: str | Path, on_choices=None) -> Path:

@@ -144,7 +144,7 @@ def params_from_info(info) -> HeadParams:
         raise ModelError(f"{info.path} has architecture '{info.architecture}', not an EAGLE-1/2 head ('{ARCH}')")
     values = {}
     for fld, key in PARAM_KEYS.items():
-        value = info.arch_get(key)
+        value = info.arch_get("{arch}." + key)
         if value is None:
             raise ModelError(f"{info.path}: key {ARCH}.{key} is missing")
         values[fld] = value
@@ -168,5 +168,5 @@ def read_head(path: str | os.PathLike) -> HeadFile:
     tensors = {t.name: np.asarray(dequantize(np.array(t.data), t.tensor_type), dtype=np.float32).reshape(
         tuple(int(d) for d in reversed(t.shape))) for t in reader.tensors}
     check_tensors(params, tensors, str(info.path))
-    provenance = {k: str(info.arch_get(k, "")) for k in PROVENANCE_KEYS}
+    provenance = {k: str(info.arch_get("{arch}." + k, "")) for k in PROVENANCE_KEYS}
     return HeadFile(path=info.path, params=params, provenance=provenance, tensors=tensors)

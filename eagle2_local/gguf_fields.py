@@ -6,6 +6,8 @@ from typing import Any
 
 import gguf
 
+from . import gguf_keys as keys
+
 
 def copy_field(writer: gguf.GGUFWriter, key: str, field: Any, value: Any = None) -> None:
     """Write ``field`` (from a GGUFReader) under ``key``, keeping its type; ``value`` overrides its contents."""
@@ -41,9 +43,9 @@ def copy_gguf(src, path, rename: dict[str, str], arch: str) -> None:
 
     src = Path(src)
     writer = gguf.GGUFWriter(str(path), arch)
-    copy_fields_from(src, writer, "", rename, skip=("general.architecture", "general.alignment"))
-    writer.add_string("eagle2_local.translated_from", src.name)
-    writer.add_string("eagle2_local.translated_keys", ", ".join(f"{a} -> {b}" for a, b in rename.items()))
+    copy_fields_from(src, writer, "", rename, skip=(keys.ARCHITECTURE, keys.ALIGNMENT))
+    writer.add_string(keys.TRANSLATED_FROM, src.name)
+    writer.add_string(keys.TRANSLATED_KEYS, ", ".join(f"{a} -> {b}" for a, b in rename.items()))
     entries = list(tensor_index(src).values())
     for e in entries:  # the shape is in elements: a non-uint8 dtype keeps gguf-py from reading it as bytes
         writer.add_tensor_info(e.name, e.shape, np.dtype(np.float32), e.n_bytes, gguf.GGMLQuantizationType(e.qtype))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import gguf_keys as keys
 from .errors import ModelError
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -103,7 +104,7 @@ def read_header(path: str | Path, keep_arrays_upto: int = 64) -> tuple[dict, dic
         for _ in range(n_kv):
             key, vtype = cur.string(), cur.take("<I")
             metadata[key] = cur.value(vtype, keep_arrays_upto)
-        alignment = int(metadata.get("general.alignment", 32))
+        alignment = int(metadata.get(keys.ALIGNMENT, 32))
         infos = []
         for _ in range(n_tensors):
             name, n_dims = cur.string(), cur.take("<I")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gguf
 
+from . import gguf_keys as keys
 from .errors import Eagle2Error
 from .gguf_fields import copy_field
 
@@ -22,15 +23,16 @@ def write_truncated(src: str | Path, dst: str | Path, n_layers: int) -> Path:
     if dst.exists():
         return dst
     reader = gguf.GGUFReader(str(src), "r")
-    arch = reader.fields["general.architecture"].contents()
-    n_total = reader.fields[f"{arch}.block_count"].contents()
+    arch = reader.fields[keys.ARCHITECTURE].contents()
+    block_count = keys.BLOCK_COUNT.format(arch=arch)
+    n_total = reader.fields[block_count].contents()
     if not 1 <= n_layers < n_total:
         raise Eagle2Error(f"n_layers must be in 1..{n_total - 1} for this {n_total}-block model, got {n_layers}")
     writer = gguf.GGUFWriter(str(dst), arch)
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == keys.ARCHITECTURE:
             continue
-        copy_field(writer, key, field, n_layers if key == f"{arch}.block_count" else None)
+        copy_field(writer, key, field, n_layers if key == block_count else None)
     block = re.compile(r"^blk\.(\d+)\.")
     for t in reader.tensors:
         m = block.match(t.name)

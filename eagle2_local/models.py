@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import gguf_keys as keys
 from .errors import ModelError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ RECURRENT_ARCHS = frozenset({
 })
 
 
-VOCAB_COUNT_KEY = "eagle2_local.n_tokens"  # synthetic key: length of tokenizer.ggml.tokens
+VOCAB_COUNT_KEY = keys.N_TOKENS
 
 
 @dataclass
@@ -47,26 +48,27 @@ class GGUFInfo:
         """Metadata value by full key (e.g. ``tokenizer.chat_template``)."""
         return self.metadata.get(key, default)
 
-    def arch_get(self, suffix: str, default=None):
-        """Metadata value under the architecture prefix, e.g. ``arch_get('block_count')``."""
-        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+    def arch_get(self, key: str, default=None):
+        """Metadata value of a key under the architecture's prefix, e.g. ``arch_get(gguf_keys.BLOCK_COUNT)``
+        (``"{arch}.block_count"``)."""
+        return self.metadata.get(key.format(arch=self.architecture), default)
 
     @property
     def chat_template(self) -> str | None:
-        return self.metadata.get("tokenizer.chat_template")
+        return self.metadata.get(keys.CHAT_TEMPLATE)
 
     @property
     def n_layer(self) -> int:
-        return int(self.arch_get("block_count", 0))
+        return int(self.arch_get(keys.BLOCK_COUNT, 0))
 
     @property
     def n_embd(self) -> int:
-        return int(self.arch_get("embedding_length", 0))
+        return int(self.arch_get(keys.EMBEDDING_LENGTH, 0))
 
     @property
     def n_vocab(self) -> int:
         """Vocabulary size: the token list's length (``vocab_size`` is optional in GGUF)."""
-        return int(self.metadata.get(VOCAB_COUNT_KEY) or self.arch_get("vocab_size", 0))
+        return int(self.metadata.get(VOCAB_COUNT_KEY) or self.arch_get(keys.VOCAB_SIZE, 0))
 
 
 def default_model_path() -> Path:
@@ -145,11 +147,11 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     except Exception as exc:  # struct / unicode / overflow errors on garbage
         raise ModelError(f"{path} is truncated or corrupt: cannot parse GGUF header ({exc})") from None
     metadata: dict = {}
-    tokens = raw.get("tokenizer.ggml.tokens")
+    tokens = raw.get(keys.TOKENS)
     if tokens is not None:
         metadata[VOCAB_COUNT_KEY] = tokens.length if isinstance(tokens, SkippedArray) else len(tokens)
     metadata.update({k: v for k, v in raw.items() if not isinstance(v, SkippedArray)})
-    arch = metadata.get("general.architecture")
+    arch = metadata.get(keys.ARCHITECTURE)
     if not isinstance(arch, str):
         raise ModelError(f"{path} has no general.architecture key; is it a model GGUF?")
     return GGUFInfo(path=path, architecture=arch, metadata=metadata)

@@ -27,6 +27,7 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from ..errors import IncompatibleDraftError, ModelError, TreeError
+from .. import gguf_keys as keys
 from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
 from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
@@ -34,11 +35,10 @@ from ..models import GGUFInfo
 
 log = logging.getLogger(__name__)
 
-ARCH = "eagle3"
-# other llama.cpp converters' name for eagle3.target_layers (same meaning); open_head / convert translate it
-UPSTREAM_LAYER_KEYS = ("eagle3.extract_layers",)
-REQUIRED_KEYS = ("eagle3.target_layers", "eagle3.target_hidden_size", "eagle3.embedding_length",
-                 "eagle3.block_count")
+ARCH = keys.EAGLE3_ARCH
+UPSTREAM_LAYER_KEYS = keys.EAGLE3_UPSTREAM_LAYER_KEYS
+REQUIRED_KEYS = (keys.EAGLE3_TARGET_LAYERS, keys.EAGLE3_TARGET_HIDDEN_SIZE, keys.EMBEDDING_LENGTH.format(arch=ARCH),
+                 keys.BLOCK_COUNT.format(arch=ARCH))
 
 
 FEATURE_SOURCES = ("layer_inputs", "final_norm")
@@ -51,7 +51,7 @@ def feature_source(info: GGUFInfo) -> str:
     ``final_norm``: our fallback for architectures whose llama.cpp graph does not expose layer inputs (qwen2,
     gemma3, ...): the target's post-final-norm hidden state, repeated in each of the three slots ``fc`` reads.
     """
-    source = info.get("eagle2_local.feature_source", "layer_inputs")
+    source = info.get(keys.FEATURE_SOURCE, "layer_inputs")
     if source not in FEATURE_SOURCES:
         raise IncompatibleDraftError(f"{info.path.name}: unknown feature source {source!r}; "
                                      f"this version knows {', '.join(FEATURE_SOURCES)}")
@@ -60,14 +60,14 @@ def feature_source(info: GGUFInfo) -> str:
 
 def foreign_layer_key(info: GGUFInfo) -> str | None:
     """The key a head from another llama.cpp version stores its feature layers under, when it lacks ours."""
-    if info.get("eagle3.target_layers") is not None:
+    if info.get(keys.EAGLE3_TARGET_LAYERS) is not None:
         return None
     return next((k for k in UPSTREAM_LAYER_KEYS if info.get(k) is not None), None)
 
 
 def head_target_layers(info: GGUFInfo) -> tuple[int, ...]:
     """The three target layers whose residual inputs the head reads (``eagle3.target_layers``)."""
-    layers = info.get("eagle3.target_layers")
+    layers = info.get(keys.EAGLE3_TARGET_LAYERS)
     if not isinstance(layers, (list, tuple)) or len(layers) != 3:
         raise IncompatibleDraftError(f"{info.path.name}: eagle3.target_layers must list 3 layers, got {layers!r}")
     return tuple(int(x) for x in layers)
@@ -86,7 +86,7 @@ def check_eagle3_fits(info: GGUFInfo, target: LlamaModel) -> None:
     if missing or not info.n_vocab:
         raise ModelError(f"{info.path.name} is not a complete eagle3 head: missing "
                          f"{', '.join(missing) or 'tokenizer'} (convert heads with `eagle2-local convert`)")
-    hidden = int(info.get("eagle3.target_hidden_size") or 0)
+    hidden = int(info.get(keys.EAGLE3_TARGET_HIDDEN_SIZE) or 0)
     if hidden != target.n_embd:
         raise IncompatibleDraftError(f"head {info.path.name} expects target hidden size {hidden}; "
                                      f"{target.path.name} has {target.n_embd}")

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import gguf_keys as keys
 from ..atomic_write import atomic_path
 from ..errors import ModelError
 from ..gguf_fields import copy_gguf
@@ -59,7 +60,7 @@ def translated_head(info: GGUFInfo) -> Path:
     if not out.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         with atomic_path(out) as tmp:
-            copy_gguf(info.path, tmp, {key: "eagle3.target_layers"}, EAGLE3_ARCH)
+            copy_gguf(info.path, tmp, {key: keys.EAGLE3_TARGET_LAYERS}, EAGLE3_ARCH)
         log.info("%s stores %s (a newer llama.cpp's name): translated once into %s", info.path.name, key, out)
     return out
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import gguf_keys as keys
 from ..errors import ModelError
 
 
@@ -48,13 +49,14 @@ def read_target_weights(path: Path) -> TargetWeights:
     from gguf import GGUFReader
 
     reader = GGUFReader(path, "r")
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.") and len(f.data) <= 64}
-    arch = meta.get("general.architecture")
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith(keys.TOKENIZER_PREFIX) and len(f.data) <= 64}
+    arch = meta.get(keys.ARCHITECTURE)
 
-    def key(name: str, default=None):
-        value = meta.get(f"{arch}.{name}", default)
+    def key(template: str, default=None):
+        name = template.format(arch=arch)
+        value = meta.get(name, default)
         if value is None:
-            raise ModelError(f"{path.name} lacks {arch}.{name}; cannot size a head for it")
+            raise ModelError(f"{path.name} lacks {name}; cannot size a head for it")
         return value
 
     tensors = {t.name: t for t in reader.tensors}
@@ -62,14 +64,14 @@ def read_target_weights(path: Path) -> TargetWeights:
         raise ModelError(f"{path.name} has no token_embd/output_norm tensors; not a decoder-only LLM?")
     embedding = _dequantize(tensors["token_embd.weight"])
     lm_head = _dequantize(tensors["output.weight"]) if "output.weight" in tensors else embedding
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
+    n_embd = int(key(keys.EMBEDDING_LENGTH))
+    n_head = int(key(keys.HEAD_COUNT))
     return TargetWeights(
-        n_embd=n_embd, n_layer=int(key("block_count")), n_head=n_head,
-        n_head_kv=int(key("attention.head_count_kv", n_head)), n_ff=int(key("feed_forward_length")),
-        n_vocab=embedding.shape[0], rope_theta=float(key("rope.freq_base", 10000.0)),
-        rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        n_ctx_train=int(key("context_length", 2048)), embedding=embedding, lm_head=lm_head,
+        n_embd=n_embd, n_layer=int(key(keys.BLOCK_COUNT)), n_head=n_head,
+        n_head_kv=int(key(keys.HEAD_COUNT_KV, n_head)), n_ff=int(key(keys.FEED_FORWARD_LENGTH)),
+        n_vocab=embedding.shape[0], rope_theta=float(key(keys.ROPE_FREQ_BASE, 10000.0)),
+        rms_eps=float(key(keys.LAYERNORM_RMS_EPS, 1e-5)),
+        n_ctx_train=int(key(keys.CONTEXT_LENGTH, 2048)), embedding=embedding, lm_head=lm_head,
         output_norm=np.asarray(tensors["output_norm.weight"].data, dtype=np.float32).reshape(-1))
 
 
