@@ -457,7 +457,7 @@ class StandIn:
     def chat_tokens(self, messages: list[dict]) -> list[int]:
         return [1, 2]
 
-    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None):
+    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None):
         from eagle2_local.generator import Chunk
 
         self.started.set()
