@@ -23,7 +23,7 @@ import numpy as np
 
 from .budget import TreeBudget
 from .chat import prompt_tokens, render_for_model
-from .drafts import DraftEngine, DraftModelEngine, DraftSpec, MergedDraft, draft_spec, prepare_draft, with_lookup
+from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .costs import CostKey, cached_or_measured, file_identity
@@ -123,7 +123,7 @@ class Eagle2:
         costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
-                          calibration={**info, **costs.summary()}, free_lookup=isinstance(engine, MergedDraft))
+                          calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None)
 
     # ------------------------------------------------------------------ info
     @property
@@ -144,7 +144,7 @@ class Eagle2:
     def draft_model(self) -> LlamaModel | None:
         """The draft model, when the draft is a same-vocabulary GGUF (not a head)."""
         engine = self.generator.engine
-        if isinstance(engine, MergedDraft):
+        if engine is not None and engine.free_part is not None:  # a merged draft: its model part
             engine = engine.model
         return engine.model if isinstance(engine, DraftModelEngine) else None
 

@@ -17,7 +17,6 @@ import numpy as np
 from .acceptance import accept
 from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
-from .drafts.merged import MergedDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
@@ -271,8 +270,8 @@ class Generator:
         A draft that merges lookup branches may run them alone (the policy says when the model draft cannot
         pay): the model then sits the round out like a plain step, and catches up on it later."""
         budget = self.budget
-        lookup_only = isinstance(self.engine, MergedDraft) and budget.model_sits_out()
-        engine = self.engine.lookup if lookup_only else self.engine
+        lookup_only = self.engine.free_part is not None and budget.model_sits_out()
+        engine = self.engine.free_part if lookup_only else self.engine
         t = time.perf_counter()
         budget.start_round(1 if lookup_only else fresh)
         t_catch_up = time.perf_counter()

@@ -29,6 +29,7 @@ class ProposingEngine:
     itself makes a draft whose every token the greedy target rejects)."""
 
     needs_features = False
+    free_part = None
 
     def __init__(self, inner: DraftModelEngine, width: int, skip: int = 0) -> None:
         self.inner, self.width, self.skip = inner, width, skip

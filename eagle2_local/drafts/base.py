@@ -48,6 +48,9 @@ class DraftEngine(Protocol):
     needs_features: bool
     n_seen: int  # committed positions the draft has ingested; feature-fed engines lack the target feature from here on
     weights_path: Path | None  # the file the draft's weights came from (keys cached costs, named in reports)
+    # A part of this draft that costs ~nothing to run (a merged draft's lookup branches), which a round may run
+    # alone when the rest could not pay; None for a draft that is one piece (most of them).
+    free_part: DraftEngine | None
 
     def reset(self) -> None:
         """Forget all text (new conversation)."""

@@ -40,6 +40,7 @@ class DraftModelEngine:
     """Tree drafting with any same-vocabulary GGUF (including the target itself)."""
 
     needs_features = False
+    free_part = None
 
     def __init__(self, model: LlamaModel, settings: ContextSettings, max_width: int, max_depth: int,
                  owns_model: bool = False) -> None:

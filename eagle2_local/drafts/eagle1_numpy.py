@@ -52,6 +52,7 @@ class Eagle1NumpyEngine:
     """DraftEngine for an EAGLE-1/2 head, computed in float32 numpy."""
 
     needs_features = True
+    free_part = None
 
     def __init__(self, head: HeadFile, embedding: np.ndarray, lm_head: np.ndarray, name: str | None = None,
                  candidate_ids: np.ndarray | None = None) -> None:

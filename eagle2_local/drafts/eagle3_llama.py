@@ -108,6 +108,7 @@ class Eagle3Engine:
     """EAGLE-2 tree drafting with an eagle3 head in a llama.cpp context that borrows the target's weights."""
 
     needs_features = True
+    free_part = None
 
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
                  n_threads: int | None = None) -> None:

@@ -133,6 +133,7 @@ class LookupDraft:
 
     name = "lookup"
     needs_features = False
+    free_part = None
     weights_path = None
 
     def __init__(self, max_branches: int = 10, max_n: int = 8) -> None:

@@ -53,6 +53,7 @@ class MergedDraft:
         self.name = f"{model.name}+lookup"
         self.needs_features = model.needs_features
         self.weights_path = model.weights_path
+        self.free_part = self.lookup  # costs ~nothing: runs alone in rounds the model draft cannot pay for
 
     @property
     def n_seen(self) -> int:
