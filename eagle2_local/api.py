@@ -21,11 +21,11 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .budget import TreeBudget
 from .chat import prompt_tokens, render_for_model
 from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
+from .tree_policy import TreeBudget
 from .costs import CostKey, cached_or_measured, file_identity
 from .llama import MAX_SEQ, ContextSettings, LlamaModel, system_info
 from .calibration import check_costs, measure_costs
@@ -98,7 +98,7 @@ class Eagle2:
             tree_budget = None
             if engine is not None and mode == "auto":
                 tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
-            self.generator = Generator(self.target, engine, self.tree_params, budget=tree_budget, timer=draft_timer)
+            self.generator = Generator(self.target, engine, self.tree_params, policy=tree_budget, timer=draft_timer)
         except BaseException:  # nobody gets an object to close(): free what was loaded before re-raising
             for opened in (engine, target, self.model):
                 if opened is not None:

@@ -6,11 +6,10 @@ of the previous call for the longest common token prefix (multi-turn chat withou
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -21,8 +20,8 @@ from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
-from .tree import SOURCE_NAMES, DraftOutput, DraftTree, TreeParams, grow_candidates, select_tree
-from .tree_policy import FixedTree, TreePolicy
+from .tree import SOURCE_NAMES, TreeParams, grow_candidates, select_tree
+from .tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +40,27 @@ class GenerationStats:
     tree_sizes: list[int] = field(default_factory=list)  # nodes verified per drafted round
     nodes_by_source: dict[str, int] = field(default_factory=dict)  # verified draft nodes per drafter (SOURCE_NAMES)
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per drafter
-    plain_steps: int = 0  # rounds the budget (or a full context) turned into plain decoding steps
-    budget: dict | None = None  # the tree budget's state after this generation (None: fixed tree)
+    plain_steps: int = 0  # rounds the tree policy (or a full context) turned into plain decoding steps
+    budget: dict | None = None  # the auto budget's state after this generation (None: fixed tree)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+
+    def add_round(self, r: RoundResult) -> None:
+        """One round of the speculative loop: a tree (its passes, sizes, acceptance by depth and source) or a
+        plain step."""
+        self.target_passes += 1
+        self.pass_tokens += r.n_emitted  # the accepted draft tokens and the target's own
+        self.draft_s += r.times.draft_s
+        self.verify_s += r.times.verify_s
+        if not r.plan.drafts:
+            self.plain_steps += 1
+            return
+        self.tree_sizes.append(r.n_nodes)
+        _count_depths(self.accepted_per_depth, r.n_emitted - 1)
+        _count_sources(self.nodes_by_source, r.node_sources)
+        _count_sources(self.accepted_by_source, r.node_sources[r.accepted])
 
     @property
     def decode_s(self) -> float:
@@ -91,13 +105,14 @@ class Chunk:
 
 
 class DraftTimer(Protocol):
-    """Hears how long each draft call of a speculative round takes (``drafting_profile``'s measurements)."""
+    """Hears how long the draft took in each drafted round (``drafting_profile``'s measurements), read from the
+    round's :class:`RoundTimes`."""
 
     def catch_up(self, seconds: float) -> None:
-        """One ``catch_up`` call (the draft ingesting new text, up to the root's output)."""
+        """The draft ingesting new text, up to the root's output (level 1 of the tree)."""
 
     def level(self, level: int, seconds: float) -> None:
-        """One ``expand`` call at tree level ``level`` (the frontier's depth)."""
+        """One deeper level grown from the frontier at depth ``level`` (one ``expand`` and its top-k)."""
 
 
 class Generator:
@@ -105,14 +120,17 @@ class Generator:
 
     def __init__(self, target: Target, engine: DraftEngine | None = None,
                  tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None,
-                 budget: TreePolicy | None = None, timer: DraftTimer | None = None) -> None:
-        """``budget``: the tree policy (default: EAGLE-2's fixed ``tree_params.total_tokens`` nodes a round);
-        ``timer``: told the time of every draft call."""
+                 policy: TreePolicy | None = None, timer: DraftTimer | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``policy``: plans each round's tree (default: EAGLE-2's fixed ``tree_params.total_tokens`` nodes a
+        round); ``timer``: told the draft's times of every drafted round; ``clock``: the one clock every timing
+        (statistics, policy, timer) is read from."""
         self.target = target
         self.engine = engine
         self.timer = timer
+        self.clock = clock
         self.tree_params = tree_params or TreeParams()
-        self.budget: TreePolicy = budget if budget is not None else FixedTree(self.tree_params.total_tokens)
+        self.policy: TreePolicy = policy if policy is not None else FixedTree(self.tree_params.total_tokens)
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.transcript: list[int] = []  # the last call's prompt and the tokens it emitted
@@ -126,8 +144,8 @@ class Generator:
         if p.total_tokens > self.target.max_tree_nodes:
             raise TreeError(f"total_tokens {p.total_tokens} exceeds the batch size "
                             f"{self.target.max_tree_nodes}; raise n_batch or shrink the tree")
-        if self.budget.max_nodes > p.total_tokens:
-            raise TreeError(f"the tree budget allows {self.budget.max_nodes} nodes but the tree is capped "
+        if self.policy.max_nodes > p.total_tokens:
+            raise TreeError(f"the tree policy allows {self.policy.max_nodes} nodes but the tree is capped "
                             f"at {p.total_tokens}")
 
     def reset(self) -> None:
@@ -158,10 +176,10 @@ class Generator:
         self._active = call
         stats = GenerationStats(engine=self.engine.name if use_draft else "plain", prompt_tokens=len(prompt))
         self.last_stats = stats
-        t0 = time.perf_counter()
+        t0 = self.clock()
         logits = self._prefill(prompt, stats, exact=not cache_prompt)
         self._prompt = list(prompt)
-        stats.prefill_s = time.perf_counter() - t0
+        stats.prefill_s = self.clock() - t0
         loop = self._speculative if use_draft else self._plain
         try:
             for chunk in loop(logits, emitter, sampling, rng, stats):
@@ -172,9 +190,9 @@ class Generator:
             if self._active is call:  # an abandoned older stream must not touch the newer call's cache
                 self._settle(emitter)
             stats.n_tokens = len(emitter.tokens)
-            stats.total_s = time.perf_counter() - t0
+            stats.total_s = self.clock() - t0
             if use_draft:
-                stats.budget = self.budget.summary()
+                stats.budget = self.policy.summary()
 
     def _prefill(self, prompt: list[int], stats: GenerationStats, exact: bool) -> np.ndarray:
         if len(prompt) == 0:
@@ -231,10 +249,10 @@ class Generator:
                 return
             stats.target_passes += 1
             stats.pass_tokens += 1
-            t = time.perf_counter()
+            t = self.clock()
             ver = self.target.decode_one(token)
             logits = ver.logits[0]
-            stats.verify_s += time.perf_counter() - t
+            stats.verify_s += self.clock() - t
             self.tokens.append(token)
             if self.engine is not None:
                 self.backlog.extend(ver.features)  # kept for a feature-fed draft engine's next speculative call
@@ -242,6 +260,8 @@ class Generator:
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
                      rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
+        """Rounds until done: ask the policy for the round's plan, run it (a plain step or draft → verify →
+        accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens."""
         root = sampling.choose(logits, np.asarray(self.tokens), rng)
         yield _emit(emitter, [root])
         while not emitter.done:
@@ -254,86 +274,73 @@ class Generator:
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
             fresh = len(self.tokens) + 1 - self.backlog.read  # text the draft has not read yet, root included
-            if room > 1 and self.budget.wants_tree(fresh):
-                accepted, bonus = self._tree_round(root, fresh, room, sampling, rng, stats)
+            plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
+            if plan.drafts:
+                result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng)
             else:
-                accepted, bonus = [], self._plain_step(root, sampling, rng, stats)
+                result, accepted, bonus = self._plain_step(root, sampling, rng)
+            self.policy.observe(result)
+            stats.add_round(result)
+            if self.timer is not None and plan.drafts:
+                self.timer.catch_up(result.times.catch_up_s)
+                for level, seconds in enumerate(result.times.level_s, start=1):
+                    self.timer.level(level, seconds)
             self.tokens.extend([root] + accepted)
             yield _emit(emitter, accepted + [bonus])
             root = bonus
 
-    def _tree_round(self, root: int, fresh: int, room: int, sampling: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> tuple[list[int], int]:
-        """Draft a tree, verify it in one pass, accept, commit. Returns the accepted draft tokens and the
-        target's own next token; the committed nodes' features wait in the backlog for the next round.
+    def _tree_round(self, plan: RoundPlan, root: int, room: int, sampling: SamplingParams,
+                    rng: np.random.Generator) -> tuple[RoundResult, list[int], int]:
+        """Draft a tree within the plan's limits, verify it in one pass, accept, commit. Returns what the round
+        did, the accepted draft tokens and the target's own next token; the committed nodes' features wait in
+        the backlog for the next round.
 
-        A draft that merges lookup branches may run them alone (the policy says when the model draft cannot
-        pay): the model then sits the round out like a plain step, and catches up on it later."""
-        budget = self.budget
-        lookup_only = self.engine.free_part is not None and budget.model_sits_out()
-        engine = self.engine.free_part if lookup_only else self.engine
-        t = time.perf_counter()
-        budget.start_round(1 if lookup_only else fresh)
-        t_catch_up = time.perf_counter()
-        features = (None, 0) if lookup_only else self.backlog.take()
+        A plan may run only the draft's free part (lookup branches, when the model draft cannot pay): the model
+        then sits the round out like a plain step, and catches up on it later."""
+        free_only = plan.free_only and self.engine.free_part is not None
+        engine = self.engine.free_part if free_only else self.engine
+        times = RoundTimes(start=self.clock())
+        # draft: catch up on the new text (the root last), grow levels while the plan says they pay, re-rank
+        features = (None, 0) if free_only else self.backlog.take()
         root_out = engine.catch_up(np.asarray(self.tokens + [root]), *features)
-        if self.timer is not None:
-            self.timer.catch_up(time.perf_counter() - t_catch_up)
-        tree = self._draft_tree(root, root_out, room, engine)
-        t_draft = time.perf_counter()
+        p = self.tree_params
+        params = TreeParams(min(p.total_tokens, plan.max_nodes, room), min(p.depth, plan.max_depth, room - 1),
+                            p.top_k)
+        cands = grow_candidates(root_out, engine.expand, params,
+                                should_expand=lambda scores, frontier, levels: plan.go_deeper(scores, frontier,
+                                                                                              levels, times),
+                                level_done=lambda levels: times.levels.append(self.clock()))
+        n_nodes = min(plan.nodes(cands.scores, times), params.total_tokens)
+        tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
+        times.drafted = self.clock()
+        # verify every node in one target pass
         ver = self.target.verify(tree, copy=False)
-        t_verify = time.perf_counter()
+        times.verified = self.clock()
+        # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
         acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng)
         self.target.commit(acc.path)
         engine.commit(tree.cand_ids[acc.path[1:]])
-        stats.draft_s += t_draft - t
-        stats.verify_s += t_verify - t_draft
-        stats.target_passes += 1
-        stats.pass_tokens += len(acc.path)  # the accepted draft tokens and the target's own
-        stats.tree_sizes.append(len(tree))
-        _count_depths(stats.accepted_per_depth, acc.n_accepted)
-        _count_sources(stats.nodes_by_source, tree.sources[1:])
-        _count_sources(stats.accepted_by_source, tree.sources[acc.path[1:]])
-        on_path = np.isin(np.arange(1, len(tree)), acc.path)
-        budget.observe_tree(tree.scores[1:], on_path, t_verify - t_draft, len(acc.path))
         rows = ver.features[acc.path] if ver.features is not None else None
-        if lookup_only:  # the model draft has read nothing new: these rows join its backlog
+        if free_only:  # the model draft has read nothing new: these rows join its backlog
             self.backlog.extend(rows)
         else:  # the engine has now read the root; the features of root + accepted nodes are its next input
             self.backlog.restart(rows, at=len(self.tokens), read=len(self.tokens) + 1)
-        return [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
+        times.done = self.clock()
+        result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
+                             node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
+        return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
 
-    def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> int:
+    def _plain_step(self, root: int, sampling: SamplingParams,
+                    rng: np.random.Generator) -> tuple[RoundResult, list[int], int]:
         """One step of plain decoding inside the speculative loop (the same calls as the plain loop); the
         draft is not run, so the step's features join the backlog."""
-        t = time.perf_counter()
+        start = self.clock()
         ver = self.target.decode_one(root)
-        verify_s = time.perf_counter() - t
-        stats.verify_s += verify_s
-        stats.target_passes += 1
-        stats.pass_tokens += 1
-        stats.plain_steps += 1
-        self.budget.observe_plain(verify_s)
+        end = self.clock()
         self.backlog.extend(ver.features)
-        return sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
-
-    def _draft_tree(self, root: int, root_out: DraftOutput, room: int, engine: DraftEngine) -> DraftTree:
-        """Grow this round's tree: as many levels and nodes as the policy finds pay (EAGLE-2: all of them)."""
-        p = self.tree_params
-        params = TreeParams(min(p.total_tokens, room), min(p.depth, room - 1), p.top_k)
-        expand = engine.expand if self.timer is None else functools.partial(self._timed_expand, engine)
-        cands = grow_candidates(root_out, expand, params, self.budget.should_expand, self.budget.level_done)
-        n_nodes = min(self.budget.choose_size(cands.scores), params.total_tokens)
-        return select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
-
-
-    def _timed_expand(self, engine: DraftEngine, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray,
-                      level: int) -> DraftOutput:
-        t = time.perf_counter()
-        out = engine.expand(cand_ids, tokens, parent_ids, level)
-        self.timer.level(int(level), time.perf_counter() - t)
-        return out
+        times = RoundTimes(start=start, drafted=start, verified=end, done=end)
+        bonus = sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
+        return RoundResult(PLAIN_STEP, times), [], bonus
 
 
 def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:

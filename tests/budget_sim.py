@@ -1,6 +1,6 @@
 """A simulated machine for the tree budget: true plain-step, verify and draft times (times a load factor the test
 varies), a draft whose acceptance follows its path confidence, and a fake clock that only the simulation moves.
-``run`` drives a TreeBudget exactly in the order the generation loop does, so budget decisions and their
+``run`` drives a TreeBudget exactly as the generation loop does (one plan, one result per round), so budget decisions and their
 realised throughput can be tested deterministically, without llama.cpp and without timing anything."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eagle2_local.budget import TreeBudget
+from eagle2_local.tree_policy import RoundResult, RoundTimes, TreeBudget
 
 # SmolLM2-135M with the default head on this 2-core CPU, 2 threads (NOTES.md, tree budget): verify of n nodes
 # in plain steps, plain step 7.6 ms, draft root 1.8 ms, draft level 6.3 ms. No tree pays here.
@@ -83,8 +83,9 @@ def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator,
         if load_at is not None:
             world.load = load_at(i)
         t0 = world.now
-        if budget.wants_tree(fresh):
-            budget.start_round(fresh)
+        plan = budget.plan(fresh)
+        times = RoundTimes(start=world.now)
+        if plan.drafts:
             world.now += world.catch_up_time(fresh)  # grows with the backlog
             levels = level_scores(rng, depth=budget.max_depth)
             cands = np.zeros(0)
@@ -92,23 +93,25 @@ def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator,
                 if d > 1:
                     world.now += world.load * world.level_s
                 cands = np.concatenate([cands, scores])
-                budget.level_done(d)
-                if not budget.should_expand(cands, frontier, d):
+                times.levels.append(world.now)
+                if not plan.go_deeper(cands, frontier, d, times):
                     break
-            n = budget.choose_size(cands)
+            n = plan.nodes(cands, times)
             chosen = np.sort(cands)[::-1][:n - 1]
-            verify = world.verify_time(n)
-            world.now += verify
+            times.drafted = world.now
+            world.now += world.verify_time(n)
+            times.verified = times.done = world.now
             accepted = rng.random(len(chosen)) < np.exp(chosen) ** world.accept_power
             emitted = 1 + min(int(accepted.sum()), d)
-            budget.observe_tree(chosen, accepted, verify, emitted)
+            budget.observe(RoundResult(plan, times, emitted, chosen, accepted=accepted))
             tally.tree_rounds.append(True)
             tally.sizes.append(n)
             fresh = 1
         else:
-            verify = world.plain_time()
-            world.now += verify
-            budget.observe_plain(verify)
+            times.drafted = world.now
+            world.now += world.plain_time()
+            times.verified = times.done = world.now
+            budget.observe(RoundResult(plan, times))
             emitted = 1
             tally.tree_rounds.append(False)
             fresh += 1

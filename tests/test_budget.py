@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
-from eagle2_local.budget import AcceptanceMap, TreeBudget, best_size, deeper_can_pay
 from eagle2_local.calibration import Limits, calibrate, check_cached, cost_model, summarise
 from eagle2_local.costs import CostKey, CostModel, cached_or_measured, load_costs, save_costs
+from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, ProbeSchedule, RoundPlan, RoundResult, RoundTimes,
+                                      TreeBudget, best_size, deeper_can_pay)
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
@@ -36,6 +37,23 @@ def eagle_like_scores(rng: np.random.Generator, k: int = 10, depth: int = 6) -> 
         scores.append(cum)
         frontier = np.sort(cum)[::-1][:k]
     return np.sort(np.concatenate(scores))[::-1]
+
+
+def observe_plain(budget: TreeBudget, seconds: float) -> None:
+    """A plain step of ``seconds``, as the generator reports it."""
+    budget.observe(RoundResult(PLAIN_STEP, RoundTimes(0.0, drafted=0.0, verified=seconds, done=seconds)))
+
+
+def observe_tree(budget: TreeBudget, plan: RoundPlan, times: RoundTimes, scores: np.ndarray, accepted: np.ndarray,
+                 verify_s: float, emitted: int) -> None:
+    """A drafted round: ``times`` as the draft left them, then a verification of ``verify_s`` seconds."""
+    times.drafted = times.levels[-1] if times.levels else times.start
+    times.verified = times.done = times.drafted + verify_s
+    budget.observe(RoundResult(plan, times, emitted, scores, accepted=np.asarray(accepted)))
+
+
+def wants_tree(budget: TreeBudget, fresh_tokens: int = 1) -> bool:
+    return budget.plan(fresh_tokens).drafts
 
 
 def test_flat_curve_picks_large_trees_and_steep_small_ones():
@@ -66,29 +84,27 @@ def test_deeper_levels_only_when_they_can_pay():
     assert not deeper_can_pay(p, frontier_mass=0.0, draft_s=0.001, levels_left=4, costs=flat(), max_nodes=60)
 
 
-def test_budget_should_expand_and_choose_size_with_a_fake_clock():
-    now = [0.0]
-    budget = TreeBudget(flat(), max_nodes=60, max_depth=6, clock=lambda: now[0])
-    budget.start_round()
+def test_budget_go_deeper_and_size_read_the_round_times():
+    budget = TreeBudget(flat(), max_nodes=60, max_depth=6)
+    plan = budget.tree_plan()
     scores = np.array([-0.05, -0.5, -1.0, -2.0])
-    now[0] = 0.001
-    budget.level_done(1)
-    assert budget.should_expand(scores, scores[:2], levels_done=1)
-    assert budget.should_expand(scores, scores[:2], levels_done=1)  # a question: asking twice changes nothing
-    assert not budget.should_expand(scores, scores[:2], levels_done=6)  # depth limit
-    assert budget.choose_size(eagle_like_scores(np.random.default_rng(1))) == 60
-    slow = TreeBudget(steep(draft_level=0.040), max_nodes=60, max_depth=6, clock=lambda: now[0])
-    slow.start_round()
-    slow.level_done(1)
-    assert not slow.should_expand(scores, scores[:2], levels_done=1)
-    assert slow.choose_size(scores) <= 3
+    times = RoundTimes(0.0, levels=[0.001])
+    assert plan.go_deeper(scores, scores[:2], 1, times)
+    assert plan.go_deeper(scores, scores[:2], 1, times)  # a question: asking twice changes nothing
+    assert not plan.go_deeper(scores, scores[:2], 6, times)  # depth limit
+    assert plan.nodes(eagle_like_scores(np.random.default_rng(1)), times) == 60
+    slow = TreeBudget(steep(draft_level=0.040), max_nodes=60, max_depth=6)
+    plan = slow.tree_plan()
+    times = RoundTimes(0.0, levels=[0.0])
+    assert not plan.go_deeper(scores, scores[:2], 1, times)
+    assert plan.nodes(scores, times) <= 3
 
 
 def test_a_draft_that_cannot_pay_is_never_run():
     """Even accepting every drafted token cannot beat plain decoding when one level costs 5 target tokens."""
     budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)
     assert budget.ceiling_rate() < budget.costs.plain_rate
-    assert not any(budget.wants_tree() for _ in range(500))
+    assert not any(wants_tree(budget) for _ in range(500))
     assert TreeBudget(flat(), max_nodes=60, max_depth=6).ceiling_rate() > 5 * flat().plain_rate
 
 
@@ -96,62 +112,63 @@ def test_free_lookup_branches_draft_alone_where_the_model_draft_cannot_pay():
     """The model draft costs 5 target tokens a level, so it sits out; its lookup branches cost nothing, so
     lookup-only trees are still tried, sized without any draft time, and counted in the summary."""
     costs = steep(draft_root=0.009, draft_level=0.045)
-    clock = [0.0]
-    merged = TreeBudget(costs, max_nodes=60, max_depth=6, free_lookup=True, clock=lambda: clock[0])
+    merged = TreeBudget(costs, max_nodes=60, max_depth=6, free_lookup=True)
     assert merged.ceiling_rate() < costs.plain_rate < merged.ceiling_rate(free=True)
-    assert not merged.wants_tree()  # the first round measures a plain step
-    merged.observe_plain(0.009)
-    assert merged.wants_tree() and merged.model_sits_out()
-    merged.start_round(500)  # a lookup catch-up over a long backlog is free: no postponement, steady
+    assert not wants_tree(merged)  # the first round measures a plain step
+    observe_plain(merged, 0.009)
+    plan = merged.plan(500)  # a lookup catch-up over a long backlog is free: no postponement, steady
+    assert plan.drafts and plan.free_only
+    times = RoundTimes(0.0)
     sure = np.log(np.full(8, 0.95)).cumsum()  # a copied span: a chain of confident lookup nodes
-    assert merged.should_expand(sure[:1], sure[:1], 1)
-    assert merged.choose_size(sure) == 9
-    merged.observe_tree(sure, np.ones(8, dtype=bool), costs.verify_s(9), 9)
+    assert plan.go_deeper(sure[:1], sure[:1], 1, times)
+    assert plan.nodes(sure, times) == 9
+    observe_tree(merged, plan, times, sure, np.ones(8, dtype=bool), costs.verify_s(9), 9)
     assert merged.summary()["lookup_only_rounds"] == 1
     assert costs.draft_root_now == pytest.approx(0.009)  # a lookup-only round teaches nothing of the model
     alone = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)
-    assert not alone.wants_tree() and not alone.model_sits_out()
+    assert not alone.plan().drafts and not alone.plan().free_only
     cheap = TreeBudget(steep(), max_nodes=60, max_depth=6, free_lookup=True)
-    cheap.wants_tree()
-    cheap.observe_plain(0.009)
-    assert cheap.wants_tree() and not cheap.model_sits_out()  # a draft that can pay drafts with its lookups
+    cheap.plan()
+    observe_plain(cheap, 0.009)
+    plan = cheap.plan()
+    assert plan.drafts and not plan.free_only  # a draft that can pay drafts with its lookups
 
 
 def test_losing_trees_turn_into_plain_steps_with_backoff_probes():
-    budget = TreeBudget(steep(), max_nodes=60, max_depth=6, probe_every=4, max_probe_every=16, clock=lambda: 0.0,
-                        probe_share=1.0)  # backoff only: cheap losing probes add no wait of their own
+    budget = TreeBudget(steep(), max_nodes=60, max_depth=6,  # backoff only: cheap losing probes add no wait
+                        schedule=ProbeSchedule(probe_every=4, max_probe_every=16, probe_share=1.0))
     scores = np.array([-1.5, -2.0, -2.5])
-    assert not budget.wants_tree()  # no plain step measured yet: the first round is one
+    assert not wants_tree(budget)  # no plain step measured yet: the first round is one
     for _ in range(3):
-        budget.observe_plain(0.009)
+        observe_plain(budget, 0.009)
 
-    def tree_round(accepted: bool) -> None:
-        budget.start_round()
-        budget.level_done(1)
-        budget.should_expand(scores, scores, levels_done=1)
-        budget.observe_tree(scores, np.array([accepted, False, False]), 0.02, 1 + int(accepted))
+    def tree_round(plan: RoundPlan, accepted: bool) -> None:
+        times = RoundTimes(0.0, levels=[0.0])
+        plan.go_deeper(scores, scores, 1, times)
+        observe_tree(budget, plan, times, scores, np.array([accepted, False, False]), 0.02, 1 + int(accepted))
 
-    assert budget.wants_tree()  # nothing known yet: try a tree
-    tree_round(False)  # one token for a tree's cost: slower than plain
+    plan = budget.plan()
+    assert plan.drafts  # nothing known yet: try a tree
+    tree_round(plan, False)  # one token for a tree's cost: slower than plain
     pattern = []
     for _ in range(40):
-        want = budget.wants_tree()
-        pattern.append(want)
-        if want:
-            tree_round(False)
+        plan = budget.plan()
+        pattern.append(plan.drafts)
+        if plan.drafts:
+            tree_round(plan, False)
         else:
-            budget.observe_plain(0.009)
+            observe_plain(budget, 0.009)
     probes = [i for i, w in enumerate(pattern) if w]
     gaps = np.diff(probes).tolist()
     assert gaps[:3] == [5, 9, 17] and all(g == 17 for g in gaps[3:])  # 4, 8, 16 plain steps between probes
     assert budget.plain_steps == 3 + 40 - len(probes)
     assert budget.guard.tripped  # realised: 50 tok/s for trees against 111 for plain steps
     budget.tree_rate = 10 * budget.costs.plain_rate  # a probe that wins brings trees back at once
-    budget.start_round()
-    budget.level_done(1)
-    budget.should_expand(scores, scores, levels_done=1)
-    budget.observe_tree(scores, np.array([True, True, True]), 0.001, 4)
-    assert not budget.guard.tripped and all(budget.wants_tree() for _ in range(10))
+    tree_round_won = budget.tree_plan()
+    times = RoundTimes(0.0, levels=[0.0])
+    tree_round_won.go_deeper(scores, scores, 1, times)
+    observe_tree(budget, tree_round_won, times, scores, np.array([True, True, True]), 0.001, 4)
+    assert not budget.guard.tripped and all(wants_tree(budget) for _ in range(10))
 
 
 def test_acceptance_map_starts_at_path_confidence_and_converges():
@@ -269,7 +286,7 @@ def test_calibration_under_persistent_load_is_remeasured_then_not_cached(tmp_pat
 
 
 def run_budget(costs: CostModel, world: World, rounds: int = 600, seed: int = 0, **kw) -> tuple[TreeBudget, Tally]:
-    budget = TreeBudget(costs, max_nodes=60, max_depth=6, clock=world.clock, **kw)
+    budget = TreeBudget(costs, max_nodes=60, max_depth=6, **kw)
     return budget, run(budget, world, rounds, np.random.default_rng(seed))
 
 
@@ -316,7 +333,7 @@ def test_guard_stops_trees_whatever_the_cost_model_believes():
 def test_load_spikes_while_generating_do_not_flip_to_trees():
     world = World()
     costs = CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], world.root_s, world.level_s)
-    budget = TreeBudget(costs, max_nodes=60, max_depth=6, clock=world.clock)
+    budget = TreeBudget(costs, max_nodes=60, max_depth=6)
     tally = run(budget, world, 600, np.random.default_rng(1), load_at=lambda i: 8.0 if 200 <= i < 260 else 1.0)
     assert not any(tally.tree_rounds)
 
@@ -346,8 +363,8 @@ def test_budget_decisions_do_not_flip_when_the_machine_gets_busier():
     """Load scales plain steps and trees alike: a draft that cannot pay stays unused at any load."""
     budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)
     for _ in range(100):
-        assert not budget.wants_tree()
-        budget.observe_plain(0.080)  # 9x slower plain steps than calibrated
+        assert not wants_tree(budget)
+        observe_plain(budget, 0.080)  # 9x slower plain steps than calibrated
     assert budget.costs.load > 5 and budget.ceiling_rate() < budget.costs.plain_rate
 
 
@@ -453,22 +470,22 @@ def load_costs_any(directory) -> dict:
 def test_probes_wait_while_the_draft_has_a_long_backlog():
     """Catching a head up on a long backlog (a new prompt, many plain steps) costs more than a probe can win:
     once trees have lost, a probe is postponed until the backlog is short; winning trees ignore the backlog."""
-    budget = TreeBudget(steep(), max_nodes=60, max_depth=6, probe_every=2, max_probe_every=2, clock=lambda: 0.0,
-                        probe_share=1.0)
+    budget = TreeBudget(steep(), max_nodes=60, max_depth=6,
+                        schedule=ProbeSchedule(probe_every=2, max_probe_every=2, probe_share=1.0))
     scores = np.array([-1.5, -2.0, -2.5])
     for _ in range(3):
-        budget.observe_plain(0.009)
+        observe_plain(budget, 0.009)
     # nothing known about trees yet, but 500 tokens cost the draft ~55 plain steps (a token as dear as its root):
     # that catch-up waits (test_long_prompt_on_a_loaded_cpu_stays_plain); here the tree round is forced
-    assert not budget.wants_tree(fresh_tokens=500)
-    budget.start_round(500)
-    budget.level_done(1)
-    budget.should_expand(scores, scores, levels_done=1)
-    budget.observe_tree(scores, np.array([False, False, False]), 0.02, 1)
-    assert not any(budget.wants_tree(fresh_tokens=100 + i) for i in range(20))
-    assert any(budget.wants_tree(fresh_tokens=3) for _ in range(4))
+    assert not wants_tree(budget, fresh_tokens=500)
+    plan = budget.tree_plan(500)
+    times = RoundTimes(0.0, levels=[0.0])
+    plan.go_deeper(scores, scores, 1, times)
+    observe_tree(budget, plan, times, scores, np.array([False, False, False]), 0.02, 1)
+    assert not any(wants_tree(budget, fresh_tokens=100 + i) for i in range(20))
+    assert any(wants_tree(budget, fresh_tokens=3) for _ in range(4))
     budget.tree_rate = 10 * budget.costs.plain_rate
-    assert budget.wants_tree(fresh_tokens=500)
+    assert wants_tree(budget, fresh_tokens=500)
 
 
 def test_a_lookup_probe_ignores_a_long_backlog_it_ingests_for_free():
@@ -476,15 +493,15 @@ def test_a_lookup_probe_ignores_a_long_backlog_it_ingests_for_free():
     step, so after losing rounds its probes come on time whatever the backlog."""
     def losing_budget(token_s: float) -> TreeBudget:
         costs = CostModel(SIZES, [0.009 * c for c in STEEP], 0.0005, 0.0005, token_s)
-        budget = TreeBudget(costs, max_nodes=60, max_depth=6, probe_every=2, max_probe_every=2,
-                            clock=lambda: 0.0, probe_share=1.0)
+        budget = TreeBudget(costs, max_nodes=60, max_depth=6,
+                            schedule=ProbeSchedule(probe_every=2, max_probe_every=2, probe_share=1.0))
         for _ in range(3):
-            budget.observe_plain(0.009)
+            observe_plain(budget, 0.009)
         budget.tree_rate = 0.5 * budget.costs.plain_rate  # trees lost
         return budget
     lookup, head = losing_budget(token_s=0.000001), losing_budget(token_s=0.0009)
-    assert any(lookup.wants_tree(fresh_tokens=500 + i) for i in range(10))
-    assert not any(head.wants_tree(fresh_tokens=500 + i) for i in range(10))
+    assert any(wants_tree(lookup, fresh_tokens=500 + i) for i in range(10))
+    assert not any(wants_tree(head, fresh_tokens=500 + i) for i in range(10))
 
 
 # ------------------------------------------------------------------ a long prompt's catch-up (the catch-up rule)
@@ -508,7 +525,7 @@ def test_long_prompt_on_a_loaded_cpu_stays_plain():
     64-token answer: with nothing known about trees yet, the draft waits (catch-up at most 2% of the plain
     time since), so the answer is plain decoding and costs no catch-up. Without the wait, round 2 drafts."""
     world = World(**LOADED)
-    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, clock=world.clock)
+    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6)
     assert budget.ceiling_rate() > budget.costs.plain_rate  # a tree could pay, so only the catch-up holds it
     tally = run(budget, world, 63, np.random.default_rng(0), prompt=769)
     assert not any(tally.tree_rounds) and tally.rate() == pytest.approx(1 / world.plain_s)
@@ -525,7 +542,7 @@ def test_long_prompt_on_a_gpu_starts_trees_after_a_few_tokens():
     """The same 700-token prompt where ingesting it costs 0.14 plain steps and trees win: the draft waits
     seven plain steps, then trees run and realise several tokens per plain step's time."""
     world = World(**GPU)
-    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, clock=world.clock)
+    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6)
     tally = run(budget, world, 64, np.random.default_rng(0), prompt=700)
     first = tally.tree_rounds.index(True)
     assert first <= 9 and budget.catch_up_postponed >= 1  # postponed, but only briefly
@@ -536,7 +553,7 @@ def test_once_trees_win_a_long_backlog_is_caught_up_at_once():
     """When trees are known to win, the catch-up of a new prompt is an investment: paid in the first round
     (after a plain probe at most), even where it costs dozens of plain steps."""
     world = World(**GPU)
-    budget = TreeBudget(true_costs(world, token_s=0.001), max_nodes=60, max_depth=6, clock=world.clock)
+    budget = TreeBudget(true_costs(world, token_s=0.001), max_nodes=60, max_depth=6)
     world.token_s = 0.001  # 700 tokens: 47 plain steps, which a postponed draft would wait 470 rounds on
     budget.tree_rate = 3 * budget.costs.plain_rate
     run(budget, world, 30, np.random.default_rng(0), prompt=5)
@@ -552,11 +569,11 @@ def test_catch_up_cost_is_learned_from_the_first_long_catch_up():
     on the loaded CPU; that round's timing teaches the real cost, and a budget on those costs (trees not yet
     judged) waits on the next prompt."""
     world = World(**LOADED)
-    budget = TreeBudget(true_costs(world, token_s=0.0), max_nodes=60, max_depth=6, clock=world.clock)
+    budget = TreeBudget(true_costs(world, token_s=0.0), max_nodes=60, max_depth=6)
     first = run(budget, world, 63, np.random.default_rng(0), prompt=769)
     assert first.tree_rounds[1] and budget.catch_up_postponed == 0
     assert budget.costs.catch_up_steps(769) == pytest.approx(768 * 0.0031 / 0.083, rel=0.05)
-    fresh = TreeBudget(budget.costs, max_nodes=60, max_depth=6, clock=world.clock)
+    fresh = TreeBudget(budget.costs, max_nodes=60, max_depth=6)
     second = run(fresh, world, 63, np.random.default_rng(1), prompt=769)
     assert not any(second.tree_rounds) and fresh.catch_up_postponed == 63  # plain steps known: no plain probe
 

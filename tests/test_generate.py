@@ -218,7 +218,7 @@ def test_lossless_greedy_with_budget_synthetic(synth_q8, synth_q8_weak):
     plain_steps = 0
     for draft in (model, LlamaModel(synth_q8_weak)):
         engine = DraftModelEngine(draft, ONE_THREAD, params.top_k, params.depth)
-        spec = Generator(Target(model, ONE_THREAD), engine, params, budget=forced_budget(24, 6))
+        spec = Generator(Target(model, ONE_THREAD), engine, params, policy=forced_budget(24, 6))
         for i, prompt in enumerate(random_prompts(model, 12, seed=3)):
             assert_lossless(plain, spec, prompt, 96, i)
             stats = spec.last_stats.as_dict()
@@ -245,8 +245,8 @@ def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
             return super().catch_up(tokens, features, features_from)
 
     weak = FeatureCheckingEngine(model, ONE_THREAD, params.top_k, params.depth)
-    spec = Generator(Target(model, settings), weak, params, budget=forced_budget(24, 6))
-    spec.budget.tree_rate = 0.0  # trees "lose": plain steps with periodic probes
+    spec = Generator(Target(model, settings), weak, params, policy=forced_budget(24, 6))
+    spec.policy.tree_rate = 0.0  # trees "lose": plain steps with periodic probes
     run(spec, [1, 50, 60, 70], 60)
     assert spec.last_stats.plain_steps > 20 and len(seen) >= 2
     assert max(np.diff(seen)) > params.depth + 1  # some catch-up came after plain steps

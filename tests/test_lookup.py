@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from eagle2_local.llama import LlamaModel
 from eagle2_local.sampling import SamplingParams
 from eagle2_local.target import Target
 from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates
-from eagle2_local.tree_policy import FixedTree
+from eagle2_local.tree_policy import FixedTree, RoundPlan
 import eagle2_local.generator as generator_mod
 from helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
 
@@ -169,9 +171,9 @@ class Alternating(FixedTree):
         super().__init__(max_nodes)
         self.asked = 0
 
-    def model_sits_out(self) -> bool:
+    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
         self.asked += 1
-        return self.asked % 2 == 1
+        return replace(super().plan(fresh_tokens), free_only=self.asked % 2 == 1)
 
 
 def test_model_draft_sitting_out_rounds_stays_lossless(synth_q8, synth_q8_weak):
@@ -179,10 +181,10 @@ def test_model_draft_sitting_out_rounds_stays_lossless(synth_q8, synth_q8_weak):
     model, weak = LlamaModel(synth_q8), LlamaModel(synth_q8_weak)
     plain = make(model, None)
     spec = lookup_gen(model, weak, TreeParams(16, 6, 4))
-    spec.budget = Alternating(16)
+    spec.policy = Alternating(16)
     for i, prompt in enumerate(random_prompts(model, 10, seed=5)):
         assert_lossless(plain, spec, prompt, 96, i)
-    assert spec.budget.asked > 40
+    assert spec.policy.asked > 40
 
 
 @pytest.mark.smollm2
@@ -194,7 +196,7 @@ def test_head_catches_up_after_lookup_only_rounds_on_smollm2(smollm2_path):
     for name, kw in (("plain", dict(plain=True)), ("alternating", dict(lookup=True))):
         with Eagle2(n_threads=1, total_tokens=16, **kw) as llm:
             if name == "alternating":
-                llm.generator.budget = Alternating(16)
+                llm.generator.policy = Alternating(16)
             outs[name] = list(llm.generate(llm.chat_tokens([{"role": "user", "content": prompt}]), temp=0.0,
                                            top_k=0, top_p=1.0, min_p=0.0, max_tokens=64))
             stats = llm.stats()

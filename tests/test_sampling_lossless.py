@@ -97,15 +97,15 @@ def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
 
     sampling = SamplingParams(temperature=1.0)
     spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(model, ONE_THREAD, 3, 4), TreeParams(12, 4, 3),
-                     budget=forced_budget(12, 4))
+                     policy=forced_budget(12, 4))
     sizes, plain_steps = set(), 0
     counts: list[dict[int, int]] = [{}, {}]
     for seed in range(N_RUNS):
-        spec.budget = forced_budget(12, 4)
+        spec.policy = forced_budget(12, 4)
         if seed % 2:  # trees "lose": this run's first round is a plain step, then a probe tree, then plain again
-            spec.budget.probe_every = spec.budget.max_probe_every = 1
-            spec.budget.tree_rate = 0.0
-            spec.budget.wants_tree()  # the probe falls before the run: it starts with a plain step
+            spec.policy.schedule.probe_every = spec.policy.schedule.max_probe_every = 1
+            spec.policy.tree_rate = 0.0
+            spec.policy.plan()  # the probe falls before the run: it starts with a plain step
         toks = []
         for ch in spec.generate(PROMPT, 3, sampling, seed=seed):
             toks += ch.tokens

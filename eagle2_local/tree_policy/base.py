@@ -1,0 +1,139 @@
+"""What the generation loop and a tree policy say to each other, once each per round, and EAGLE-2's fixed tree.
+
+Every round the loop asks its :class:`TreePolicy` for one :class:`RoundPlan` and, once the round is over, hands
+it one :class:`RoundResult`:
+
+* a plain step (``plan.drafts`` False): the target decodes the root alone; the draft does not run;
+* a drafted round: the draft (only its free part when ``plan.free_only``) grows at most ``plan.max_depth``
+  levels, ``plan.go_deeper`` deciding before each deeper one, and ``plan.size`` picks how many of the ranked
+  candidates (root included) to verify, at most ``plan.max_nodes``.
+
+The round's :class:`RoundTimes`, read from the loop's one clock, is what the statistics, the policy (through the
+plan's callables and the result) and a draft timer all see.
+
+:class:`FixedTree` is EAGLE-2 as published: always a tree, all levels, ``max_nodes`` nodes.
+:class:`~eagle2_local.tree_policy.budget.TreeBudget` (``--budget auto``) sizes trees by measured cost and draft
+confidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+
+@dataclass
+class RoundTimes:
+    """Clock readings of one round: when it started, when each draft level was in (level 1: the root's output,
+    after the catch-up), when the tree was chosen, verified, and the round committed. A plain step has no
+    levels and is "drafted" at its start."""
+
+    start: float
+    levels: list[float] = field(default_factory=list)
+    drafted: float = 0.0
+    verified: float = 0.0
+    done: float = 0.0
+
+    @property
+    def catch_up_s(self) -> float:
+        """The draft's catch-up up to the root's output (0 when nothing was drafted)."""
+        return self.levels[0] - self.start if self.levels else 0.0
+
+    @property
+    def level_s(self) -> list[float]:
+        """Seconds of each deeper level (one ``expand`` and its top-k), in order."""
+        return np.diff(np.asarray(self.levels)).tolist() if self.levels else []
+
+    @property
+    def deeper_s(self) -> float:
+        """Seconds of the levels below the first grown so far."""
+        return self.levels[-1] - self.levels[0] if self.levels else 0.0
+
+    @property
+    def draft_s(self) -> float:
+        return self.drafted - self.start
+
+    @property
+    def verify_s(self) -> float:
+        return self.verified - self.drafted
+
+
+# go_deeper(candidate scores so far, frontier scores, levels grown, the round's times) -> grow another level?
+GoDeeperFn = Callable[[np.ndarray, np.ndarray, int, RoundTimes], bool]
+# size(candidate scores, the round's times) -> nodes to verify, root included
+SizeFn = Callable[[np.ndarray, RoundTimes], int]
+
+
+def _always(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels: int, times: RoundTimes) -> bool:
+    return True  # the tree builder stops at the plan's depth
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one round does: a plain step, or a tree within these limits (see the module docstring)."""
+
+    drafts: bool
+    max_nodes: int = 1
+    max_depth: int = 0
+    free_only: bool = False  # only the draft's free part (lookup branches) runs; the model draft sits out
+    go_deeper: GoDeeperFn = _always
+    size: SizeFn | None = None  # None: max_nodes
+
+    def nodes(self, cand_scores: np.ndarray, times: RoundTimes) -> int:
+        """Nodes to verify (root included) among the ranked candidates, within ``max_nodes``."""
+        return self.max_nodes if self.size is None else min(self.size(cand_scores, times), self.max_nodes)
+
+
+PLAIN_STEP = RoundPlan(drafts=False)
+
+
+@dataclass
+class RoundResult:
+    """What one round did: its plan and times, the drafted nodes verified (root excluded) with their scores,
+    sources and whether each lies on the accepted path, and the tokens it produced (accepted + the target's)."""
+
+    plan: RoundPlan
+    times: RoundTimes
+    n_emitted: int = 1
+    node_scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    node_sources: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes verified, root included (1 for a plain step)."""
+        return len(self.node_scores) + 1
+
+
+class TreePolicy(Protocol):
+    """Decides, round by round, whether to draft, how deep, and how many nodes to verify."""
+
+    max_nodes: int  # the most nodes (root included) a round may verify
+
+    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+        """This round's plan. ``fresh_tokens``: the text the draft would first catch up on, root included."""
+
+    def observe(self, result: RoundResult) -> None:
+        """What the planned round did."""
+
+    def summary(self) -> dict | None:
+        """The policy's state for the generation statistics (None: nothing to report)."""
+
+
+class FixedTree:
+    """EAGLE-2's fixed size: every round drafts all levels and verifies the ``max_nodes`` best nodes."""
+
+    def __init__(self, max_nodes: int, max_depth: int = 32) -> None:
+        self.max_nodes = max_nodes
+        self.max_depth = max_depth  # the generator caps it at the tree's depth
+
+    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth)
+
+    def observe(self, result: RoundResult) -> None:
+        pass
+
+    def summary(self) -> None:
+        return None  # shown as "budget": null, i.e. the fixed tree

@@ -1,0 +1,87 @@
+"""The pure sizing maths of the auto budget: draft confidence to acceptance probability, and the tree size and
+depth that maximise expected tokens per second on a cost model. Numbers in, numbers out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..costs import CostModel
+
+
+class AcceptanceMap:
+    """Path confidence (cumulative log-prob) -> probability that the node lies on the accepted path.
+
+    Bins of ``width`` nats from ``low`` to 0; each bin holds pseudo-counts seeded with ``prior_weight``
+    observations at exp(bin centre), so the map starts as EAGLE-2's own assumption and moves to the measured
+    rate as rounds come in. Counts are capped (scaled down together) so the map keeps following a drifting
+    conversation instead of freezing after the first thousand rounds. Estimates are made monotone in the
+    score: the tree builder ranks by score, so a better score must never map to a lower probability.
+    """
+
+    def __init__(self, low: float = -8.0, width: float = 0.5, prior_weight: float = 4.0,
+                 max_count: float = 400.0) -> None:
+        self.edges = np.arange(low, 0.0 + 1e-9, width)  # bin i covers [edges[i-1], edges[i]); bin 0 is < low
+        centres = np.concatenate([[low - width / 2], self.edges[:-1] + width / 2, [0.0]])
+        self.counts = np.full(len(centres), prior_weight)
+        self.hits = prior_weight * np.exp(np.minimum(centres, 0.0))
+        self.max_count = max_count
+        self.n_observed = 0
+
+    def _bin(self, scores: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.edges, np.asarray(scores, dtype=np.float64), side="right")
+
+    def rates(self) -> np.ndarray:
+        """Per-bin acceptance estimate, monotone non-decreasing in the score."""
+        return np.clip(np.maximum.accumulate(self.hits / self.counts), 0.0, 1.0)
+
+    def prob(self, scores: np.ndarray) -> np.ndarray:
+        return self.rates()[self._bin(scores)]
+
+    def observe(self, scores: np.ndarray, accepted: np.ndarray) -> None:
+        """One verified round: each drafted node's score and whether it ended on the accepted path."""
+        bins = self._bin(scores)
+        np.add.at(self.counts, bins, 1.0)
+        np.add.at(self.hits, bins, np.asarray(accepted, dtype=np.float64))
+        over = self.counts > self.max_count
+        if over.any():
+            scale = np.where(over, self.max_count / self.counts, 1.0)
+            self.counts *= scale
+            self.hits *= scale
+        self.n_observed += len(bins)
+
+
+def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes: int) -> tuple[int, float]:
+    """The node count (root included) with the highest expected tokens per second, and that rate.
+
+    ``p_sorted``: acceptance probabilities of the ranked candidates, best first. n = 1 (root only, i.e. the
+    round's draft wasted) is always a choice.
+    """
+    m = min(len(p_sorted), max_nodes - 1)
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])
+    n = np.arange(1, m + 2)
+    rate = expected / (draft_s + costs.verify_s(n))
+    i = int(np.argmax(rate))
+    return int(n[i]), float(rate[i])
+
+
+def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, levels_left: int,
+                   costs: CostModel, max_nodes: int, level_s: float | None = None) -> bool:
+    """Could one or more further levels beat the best tree available now?
+
+    A level's nodes are children of the frontier, and children's path probabilities sum to at most their
+    parent's, so j more levels add at most ``j * frontier_mass`` expected tokens. That optimistic gain, at
+    the cost of j more draft levels plus verifying the larger tree, is compared with the best rate now.
+    ``level_s``: a level's draft time (default: the cost model's; 0 for lookup branches).
+    """
+    level_s = costs.draft_level_now if level_s is None else level_s
+    _, now = best_size(p_sorted, draft_s, costs, max_nodes)
+    m = min(len(p_sorted), max_nodes - 1)
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])
+    expected = np.concatenate([expected, np.full(max(max_nodes - len(expected), 0), expected[-1])])
+    n = np.arange(1, len(expected) + 1)
+    verify = costs.verify_s(n)
+    for j in range(1, levels_left + 1):
+        bound = (expected + j * frontier_mass) / (draft_s + j * level_s + verify)
+        if float(bound.max()) > now:
+            return True
+    return False
