@@ -28,7 +28,7 @@ from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .tree_policy import TreeBudget
 from .costs import CostKey, cached_or_measured, file_identity
 from .llama import MAX_SEQ, ContextSettings, LlamaModel, system_info
-from .calibration import check_costs, measure_costs
+from .microbench import check_costs, measure_costs
 from .models import default_head_path, resolve_model
 from .rpc import parse_servers
 from .sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams

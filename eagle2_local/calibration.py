@@ -12,23 +12,21 @@ median of its timings, and the result is checked:
 * one node: verifying a one-node tree costs about a plain step.
 
 A calibration that fails is measured once more; if that fails too, its problems are reported and the caller
-does not cache it. The checks are pure (the timing functions are passed in, so tests simulate any load
-deterministically); ``measure_costs`` and ``check_costs`` at the end supply those functions from a real target
-and draft engine: the runtime's tree budget (api.py) calls them.
+does not cache it. Everything here is pure: the timing functions are passed in, so tests simulate any load
+deterministically; microbench.py's ``measure_costs`` and ``check_costs`` supply them from a real target and
+draft engine (the runtime's auto budget, api.py, calls those).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .costs import CostModel
-from .target import Target
-from .tree import DraftTree, TreeParams, grow_candidates
+from .tree import TreeParams
+from .tree_policy.costs import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +136,11 @@ def cost_model(cal: Calibration, draft_root_s: float, draft_level_s: float,
                      quality=cal.quality())
 
 
-def check_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerify, mid_size: int,
+def adopt_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerify, mid_size: int,
                  n_plain: int = 5, n_tree: int = 3, limits: Limits = Limits()) -> tuple[bool, dict]:
-    """Does a cached calibration still describe this machine? A few plain steps and a mid-size tree, timed;
-    their ratio (load cancels out) is compared with the cached shape. The plain steps also seed ``costs``'
-    plain rate, so the budget starts from the machine's speed now, not the calibration's."""
+    """Adopt a cached calibration if it still describes this machine: a few plain steps and a mid-size tree,
+    timed; their ratio (load cancels out) is compared with the cached shape. If they agree, the plain steps
+    seed ``costs``' plain rate, so the budget starts from the machine's speed now, not the calibration's."""
     plain = [time_plain() for _ in range(n_plain)]
     tree = [time_verify(mid_size) for _ in range(n_tree)]
     p, t = float(np.median(plain)), float(np.median(tree))
@@ -158,134 +156,5 @@ def check_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerif
     return agrees, info
 
 
-def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 6) -> DraftTree:
-    """A random tree shaped like EAGLE-2's (wide near the root, at most ``max_depth`` deep)."""
-    parents = [-1]
-    depth = [0]
-    for i in range(1, n):
-        candidates = [j for j in range(i) if depth[j] < max_depth]
-        p = int(candidates[int(rng.integers(0, min(len(candidates), 4 + i // 2)))])
-        parents.append(p)
-        depth.append(depth[p] + 1)
-    return DraftTree.from_parents(rng.integers(0, n_vocab, n), parents)
-
-
-def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
-               seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float, float]:
-    """Median seconds of a draft round's root (``catch_up`` of one new token), of one deeper level, and per
-    token of a catch-up over a backlog (the whole text at once, beyond the root's cost).
-
-    Runs real rounds of the tree builder on random text, fed with the target's real features when the engine
-    needs them (the target decodes each new token between rounds, untimed); engine and target are reset
-    afterwards. Medians, like the verify times they are weighed against (a stalled pass moves neither), and
-    the budget replaces them with the times of real rounds as soon as it drafts. The backlog catch-up (what
-    a new prompt costs the draft before its first tree) is timed on the same text, a few times, warm.
-    """
-    rng = np.random.default_rng(seed)
-    n_vocab = target.model.n_vocab
-    text = [int(t) for t in rng.integers(0, n_vocab, context_tokens)]
-    target.reset()
-    engine.reset()
-    feats = target.prefill(text).features if engine.needs_features else None
-    roots, levels = [], []
-    for i in range(repeats + 1):  # the first round ingests the context and warms up; dropped
-        new = int(rng.integers(0, n_vocab))
-        marks: list[float] = []
-        t0 = clock()
-        root_logits = engine.catch_up(np.asarray(text + [new]), feats, 0)
-        grow_candidates(root_logits, engine.expand, params, level_done=lambda _: marks.append(clock()))
-        engine.commit(np.zeros(0, dtype=np.int64))
-        if i:
-            roots.append(marks[0] - t0)
-            levels.extend(np.diff(marks).tolist())
-        if feats is not None:
-            feats = np.concatenate([feats, target.decode_one(new).features])
-        text.append(new)
-    root_s = float(np.median(roots))
-    token_s = _backlog_catch_up(engine, np.asarray(text), None if feats is None else feats[:len(text) - 1],
-                                repeats, clock) - root_s
-    token_s = max(token_s, 0.0) / (len(text) - 1)
-    engine.reset()
-    target.reset()
-    level_s = float(np.median(levels)) if levels else 0.0
-    log.info("draft root %.2f ms, level %.2f ms, %.3f ms per backlog token", root_s * 1e3, level_s * 1e3,
-             token_s * 1e3)
-    return root_s, level_s, token_s
-
-
-def _backlog_catch_up(engine, tokens: np.ndarray, feats: np.ndarray | None, repeats: int,
-                      clock: Callable[[], float]) -> float:
-    """Median seconds of a fresh engine ingesting all of ``tokens`` (the last one the root) in one catch-up."""
-    times = []
-    for _ in range(repeats):
-        engine.reset()
-        t0 = clock()
-        engine.catch_up(tokens, feats, 0)
-        times.append(clock() - t0)
-    return float(np.median(times))
-
-
-class _Timers:
-    """Times plain steps and tree verifications on a target holding ``context_tokens`` of random text, each
-    call leaving the cache as it found it; the first call of each kind warms buffers up and is not timed."""
-
-    def __init__(self, target: Target, clock: Callable[[], float], warm_size: int, context_tokens: int = 64,
-                 seed: int = 0) -> None:
-        self.target, self.clock = target, clock
-        self.rng = np.random.default_rng(seed)
-        self.n_vocab = target.model.n_vocab
-        target.reset()
-        target.prefill(self.rng.integers(0, self.n_vocab, context_tokens))
-        self.plain()
-        self.verify(warm_size)
-
-    def plain(self) -> float:
-        """One plain decoding step, as the plain loop takes it (``decode_one``), then rolled back."""
-        token = int(self.rng.integers(0, self.n_vocab))
-        t0 = self.clock()
-        self.target.decode_one(token)
-        seconds = self.clock() - t0
-        self.target.rollback(self.target.n_past - 1)
-        return seconds
-
-    def verify(self, n: int) -> float:
-        tree = bushy_tree(n, self.rng, self.n_vocab)
-        t0 = self.clock()
-        self.target.verify(tree)
-        seconds = self.clock() - t0
-        self.target.abort_tree()
-        return seconds
-
-
 def calibration_sizes(params: TreeParams) -> list[int]:
     return sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
-
-
-def measure_costs(target: Target, engine, params: TreeParams, progress=None,
-                  clock: Callable[[], float] = time.perf_counter) -> CostModel:
-    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens``, timed
-    interleaved and checked for disturbance (calibration.py), and the draft's root, level and backlog-token
-    times; a few seconds on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target
-    and engine empty."""
-    say = progress or log.info
-    sizes = calibration_sizes(params)
-    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
-    timers = _Timers(target, clock, warm_size=min(8, params.total_tokens))
-    cal = calibrate(timers.plain, timers.verify, sizes)
-    target.reset()
-    say("timing the draft")
-    # every level costs the same (k frontier nodes), so three levels time it as well as six
-    short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
-    return cost_model(cal, *draft_cost(engine, target, short, repeats=3, clock=clock))
-
-
-def check_costs(target: Target, costs: CostModel, params: TreeParams,
-                clock: Callable[[], float] = time.perf_counter) -> tuple[bool, dict]:
-    """Quick check of a cached calibration at start (5 plain steps and 3 timings of a mid-size tree, well
-    under a second on SmolLM2); leaves the target empty."""
-    mid = max(2, min(params.total_tokens, 16))
-    timers = _Timers(target, clock, warm_size=mid)
-    try:
-        return check_cached(costs, timers.plain, timers.verify, mid)
-    finally:
-        target.reset()

@@ -1,5 +1,7 @@
-"""What speculation costs on this machine, relative to decoding one token: verifying an n-node tree, and
-drafting one tree level.
+"""What speculation costs on this machine, timed live on a real target and draft: verifying an n-node tree
+(``verify_cost``), a plain step, the draft's root, levels and catch-up, the auto budget's calibration and its
+start check (``measure_costs``, ``check_costs``, whose checks are calibration.py's), and the draft's per-call
+profile during real generations.
 
 On a GPU, verifying 60 tree nodes costs about as much as one token; on a small CPU it can cost 25x. These
 measurements are what the tree size has to be weighed against (and the figures the benchmark record keeps).
@@ -10,36 +12,163 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from .calibration import bushy_tree
+from .calibration import adopt_cached, calibrate, calibration_sizes, cost_model
 from .target import Target
+from .tree import DraftTree, TreeParams, grow_candidates
+from .tree_policy.costs import CostModel
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 48, 60, 64)
 
 
+def bushy_tree(n: int, rng: np.random.Generator, n_vocab: int, max_depth: int = 6) -> DraftTree:
+    """A random tree shaped like EAGLE-2's (wide near the root, at most ``max_depth`` deep)."""
+    parents = [-1]
+    depth = [0]
+    for i in range(1, n):
+        candidates = [j for j in range(i) if depth[j] < max_depth]
+        p = int(candidates[int(rng.integers(0, min(len(candidates), 4 + i // 2)))])
+        parents.append(p)
+        depth.append(depth[p] + 1)
+    return DraftTree.from_parents(rng.integers(0, n_vocab, n), parents)
+
+
+def draft_cost(engine, target: Target, params: TreeParams, context_tokens: int = 64, repeats: int = 3,
+               seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float, float]:
+    """Median seconds of a draft round's root (``catch_up`` of one new token), of one deeper level, and per
+    token of a catch-up over a backlog (the whole text at once, beyond the root's cost).
+
+    Runs real rounds of the tree builder on random text, fed with the target's real features when the engine
+    needs them (the target decodes each new token between rounds, untimed); engine and target are reset
+    afterwards. Medians, like the verify times they are weighed against (a stalled pass moves neither), and
+    the budget replaces them with the times of real rounds as soon as it drafts. The backlog catch-up (what
+    a new prompt costs the draft before its first tree) is timed on the same text, a few times, warm.
+    """
+    rng = np.random.default_rng(seed)
+    n_vocab = target.model.n_vocab
+    text = [int(t) for t in rng.integers(0, n_vocab, context_tokens)]
+    target.reset()
+    engine.reset()
+    feats = target.prefill(text).features if engine.needs_features else None
+    roots, levels = [], []
+    for i in range(repeats + 1):  # the first round ingests the context and warms up; dropped
+        new = int(rng.integers(0, n_vocab))
+        marks: list[float] = []
+        t0 = clock()
+        root_logits = engine.catch_up(np.asarray(text + [new]), feats, 0)
+        grow_candidates(root_logits, engine.expand, params, level_done=lambda _: marks.append(clock()))
+        engine.commit(np.zeros(0, dtype=np.int64))
+        if i:
+            roots.append(marks[0] - t0)
+            levels.extend(np.diff(marks).tolist())
+        if feats is not None:
+            feats = np.concatenate([feats, target.decode_one(new).features])
+        text.append(new)
+    root_s = float(np.median(roots))
+    token_s = _backlog_catch_up(engine, np.asarray(text), None if feats is None else feats[:len(text) - 1],
+                                repeats, clock) - root_s
+    token_s = max(token_s, 0.0) / (len(text) - 1)
+    engine.reset()
+    target.reset()
+    level_s = float(np.median(levels)) if levels else 0.0
+    log.info("draft root %.2f ms, level %.2f ms, %.3f ms per backlog token", root_s * 1e3, level_s * 1e3,
+             token_s * 1e3)
+    return root_s, level_s, token_s
+
+
+def _backlog_catch_up(engine, tokens: np.ndarray, feats: np.ndarray | None, repeats: int,
+                      clock: Callable[[], float]) -> float:
+    """Median seconds of a fresh engine ingesting all of ``tokens`` (the last one the root) in one catch-up."""
+    times = []
+    for _ in range(repeats):
+        engine.reset()
+        t0 = clock()
+        engine.catch_up(tokens, feats, 0)
+        times.append(clock() - t0)
+    return float(np.median(times))
+
+
+class Timers:
+    """Times plain steps and tree verifications on a target holding ``context_tokens`` of random text, each
+    call leaving the cache as it found it; a plain step and a ``warm_size``-node tree warm buffers up first,
+    untimed (``warm_size`` None: the caller drops its own first timings)."""
+
+    def __init__(self, target: Target, clock: Callable[[], float], warm_size: int | None, context_tokens: int = 64,
+                 seed: int = 0) -> None:
+        self.target, self.clock = target, clock
+        self.rng = np.random.default_rng(seed)
+        self.n_vocab = target.model.n_vocab
+        target.reset()
+        target.prefill(self.rng.integers(0, self.n_vocab, context_tokens))
+        if warm_size is not None:
+            self.plain()
+            self.verify(warm_size)
+
+    def plain(self) -> float:
+        """One plain decoding step, as the plain loop takes it (``decode_one``), then rolled back."""
+        token = int(self.rng.integers(0, self.n_vocab))
+        t0 = self.clock()
+        self.target.decode_one(token)
+        seconds = self.clock() - t0
+        self.target.rollback(self.target.n_past - 1)
+        return seconds
+
+    def verify(self, n: int) -> float:
+        tree = bushy_tree(n, self.rng, self.n_vocab)
+        t0 = self.clock()
+        self.target.verify(tree)
+        seconds = self.clock() - t0
+        self.target.abort_tree()
+        return seconds
+
+
 def verify_cost(target: Target, sizes=DEFAULT_SIZES, context_tokens: int = 128, repeats: int = 5,
                 seed: int = 0, reduce=np.median) -> dict[int, float]:
     """Seconds of one ``verify`` of an n-node tree after ``context_tokens`` of context, per size (the median
-    of ``repeats`` runs, or ``reduce`` of them)."""
-    rng = np.random.default_rng(seed)
-    target.reset()
-    target.prefill(rng.integers(0, target.model.n_vocab, context_tokens))
+    of ``repeats`` runs, or ``reduce`` of them); leaves the target empty."""
+    timers = Timers(target, time.perf_counter, warm_size=None, context_tokens=context_tokens, seed=seed)
     out: dict[int, float] = {}
     for n in sizes:
-        times = []
-        for _ in range(repeats + 1):  # the first run warms caches and allocates buffers; dropped
-            tree = bushy_tree(n, rng, target.model.n_vocab)
-            t0 = time.perf_counter()
-            target.verify(tree)
-            times.append(time.perf_counter() - t0)
-            target.abort_tree()
+        times = [timers.verify(n) for _ in range(repeats + 1)]  # the first run warms caches for the size: dropped
         out[n] = float(reduce(times[1:]))
         log.info("verify %d nodes: %.2f ms", n, out[n] * 1e3)
+    target.reset()
     return out
+
+
+def measure_costs(target: Target, engine, params: TreeParams, progress=None,
+                  clock: Callable[[], float] = time.perf_counter) -> CostModel:
+    """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens``, timed
+    interleaved and checked for disturbance (calibration.py), and the draft's root, level and backlog-token
+    times; a few seconds on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target
+    and engine empty."""
+    say = progress or log.info
+    sizes = calibration_sizes(params)
+    say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
+    timers = Timers(target, clock, warm_size=min(8, params.total_tokens))
+    cal = calibrate(timers.plain, timers.verify, sizes)
+    target.reset()
+    say("timing the draft")
+    # every level costs the same (k frontier nodes), so three levels time it as well as six
+    short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
+    return cost_model(cal, *draft_cost(engine, target, short, repeats=3, clock=clock))
+
+
+def check_costs(target: Target, costs: CostModel, params: TreeParams,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[bool, dict]:
+    """Quick check of a cached calibration at start (5 plain steps and 3 timings of a mid-size tree, well
+    under a second on SmolLM2); leaves the target empty."""
+    mid = max(2, min(params.total_tokens, 16))
+    timers = Timers(target, clock, warm_size=mid)
+    try:
+        return adopt_cached(costs, timers.plain, timers.verify, mid)
+    finally:
+        target.reset()
 
 
 @dataclass

@@ -66,8 +66,7 @@ def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_to
 def forced_budget(max_nodes: int, depth: int):
     """A budget on a fixed, moderately steep cost curve (no online timing updates, a guard that never trips), so
     its choices depend on the draft's confidence and observed acceptance: trees of many sizes, plain steps."""
-    from eagle2_local.costs import CostModel
-    from eagle2_local.tree_policy import ProbeSchedule, RateGuard, TreeBudget
+    from eagle2_local.tree_policy import CostModel, ProbeSchedule, RateGuard, TreeBudget
 
     sizes = [1, 2, 4, 8, 16, 32]
     costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, frozen=True)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
-from eagle2_local.calibration import Limits, calibrate, check_cached, cost_model, summarise
-from eagle2_local.costs import CostKey, CostModel, cached_or_measured, load_costs, save_costs
-from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, ProbeSchedule, RoundPlan, RoundResult, RoundTimes,
-                                      TreeBudget, best_size, deeper_can_pay)
+from eagle2_local.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
+from eagle2_local.costs import CostKey, cached_or_measured, load_costs, save_costs
+from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
+                                      RoundTimes, TreeBudget, best_size, deeper_can_pay)
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
@@ -351,11 +351,11 @@ def test_cached_calibration_is_checked_cheaply_at_start():
     world = World()
     time_plain, time_verify, calls = sim_timers(world, lambda i: 2.0)  # twice as busy as at calibration
     good = CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], 0.0018, 0.0063)
-    agrees, info = check_cached(good, time_plain, time_verify, 16)
+    agrees, info = adopt_cached(good, time_plain, time_verify, 16)
     assert agrees and calls[0] == 8 and info["tree_over_plain"] == pytest.approx(9.46)
     assert good.load == pytest.approx(2.0) and good.n_plain == 5  # the budget starts from today's speed
     poisoned = CostModel(POISONED_SIZES, POISONED_VERIFY, 0.0018, 0.0063)
-    agrees, info = check_cached(poisoned, time_plain, time_verify, 16)
+    agrees, info = adopt_cached(poisoned, time_plain, time_verify, 16)
     assert not agrees and "16 nodes cost 9.5 plain steps, the cache says 1.0" == info["reason"]
 
 
@@ -423,12 +423,12 @@ def test_eagle2_calibrates_once_then_checks_the_cache(synth_q8, tmp_path, monkey
     checks, checks a cached calibration at start, never caches a disturbed one, and stays lossless."""
     from functools import partial
 
-    from eagle2_local import api, calibration
+    from eagle2_local import api, microbench
     from eagle2_local.api import Eagle2
 
     def timing(steps) -> None:  # every timed call of calibration and start check takes the next step
-        monkeypatch.setattr(api, "measure_costs", partial(calibration.measure_costs, clock=fake_clock(steps)))
-        monkeypatch.setattr(api, "check_costs", partial(calibration.check_costs, clock=fake_clock(steps)))
+        monkeypatch.setattr(api, "measure_costs", partial(microbench.measure_costs, clock=fake_clock(steps)))
+        monkeypatch.setattr(api, "check_costs", partial(microbench.check_costs, clock=fake_clock(steps)))
 
     monkeypatch.setenv("EAGLE2_LOCAL_CACHE", str(tmp_path))
     lines: list[str] = []

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..costs import CostModel
+from .costs import CostModel
 from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
 from .guard import RateGuard
 from .schedule import ProbeSchedule

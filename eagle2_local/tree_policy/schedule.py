@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costs import CostModel
+from .costs import CostModel
 
 
 @dataclass

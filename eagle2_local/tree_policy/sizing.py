@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costs import CostModel
+from .costs import CostModel
 
 
 class AcceptanceMap:
