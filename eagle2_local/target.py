@@ -46,6 +46,15 @@ INVARIANT_FTYPES = frozenset({llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, llama_cpp.LLAMA
 
 
 @dataclass
+class Prefill:
+    """What evaluating text onto the committed sequence returns: the last token's logits, as one row (1, V),
+    and, when the context has features on, the features of every token evaluated."""
+
+    logits: np.ndarray
+    features: np.ndarray | None
+
+
+@dataclass
 class Verification:
     """What one tree decode returns: logits (and features when enabled) for every node, in node order."""
 
@@ -109,7 +118,7 @@ class Target:
                                    f"n_ctx={self.n_ctx}")
 
     # ------------------------------------------------------------ plain path
-    def prefill(self, tokens, want_features: bool | None = None, *, aligned: bool = False) -> Verification:
+    def prefill(self, tokens, want_features: bool | None = None, *, aligned: bool = False) -> Prefill:
         """Evaluate ``tokens`` after the committed text in chunks of n_batch, or with ``aligned`` in the
         reproducible schedule (chunks of ``PROMPT_CHUNK`` starting at its multiples; a little slower).
 
@@ -142,9 +151,9 @@ class Target:
             if start + n == len(toks):
                 last_logits = self.ctx.logits(n_out)[-1]
         features = np.concatenate(feats) if feats else None
-        return Verification(logits=last_logits[None, :], features=features)
+        return Prefill(logits=last_logits[None, :], features=features)
 
-    def decode_one(self, token: int) -> Verification:
+    def decode_one(self, token: int) -> Prefill:
         """Plain decoding step: append one token to sequence 0 and return its logits (and feature)."""
         return self.prefill([token])
 
