@@ -230,15 +230,7 @@ class Eagle2:
         tokens = prompt if isinstance(prompt, list) else prompt_tokens(self.model, prompt)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
                            speculative, cache_prompt)
-        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        if stream:
-            return self._stream_completion(chunks, cid, created)
-        text, reason = _collect(chunks)
-        return {
-            "id": cid, "object": "text_completion", "created": created, "model": str(self.model_path),
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}],
-            "usage": self._usage(), "eagle": self.stats(),
-        }
+        return self._respond(chunks, stream, chat=False)
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None,
                                temperature: float = CHAT_TEMPERATURE, top_p: float = DEFAULTS.top_p,
@@ -250,16 +242,7 @@ class Eagle2:
         tokens = self.chat_tokens(messages)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
                            speculative, cache_prompt)
-        cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-        if stream:
-            return self._stream_chat(chunks, cid, created)
-        text, reason = _collect(chunks)
-        return {
-            "id": cid, "object": "chat.completion", "created": created, "model": str(self.model_path),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": reason}],
-            "usage": self._usage(), "eagle": self.stats(),
-        }
+        return self._respond(chunks, stream, chat=True)
 
     def render_chat(self, messages: list[dict]) -> str:
         """The prompt text the chat template makes of ``messages`` (with the generation prompt)."""
@@ -287,6 +270,18 @@ class Eagle2:
             max_tokens = None  # llama-cpp-python's convention: no limit but the context
         return self.stream(tokens, max_tokens, sampling, stop=stop, seed=seed, speculative=speculative,
                            cache_prompt=cache_prompt)
+
+    def _respond(self, chunks: Iterator[Chunk], stream: bool, chat: bool):
+        """The OpenAI-shaped answer of a completion (``chat``: a chat completion): one dict, or a chunk stream."""
+        cid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}", int(time.time())
+        if stream:
+            return (self._stream_chat if chat else self._stream_completion)(chunks, cid, created)
+        text, reason = _collect(chunks)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": reason} if chat else
+                  {"text": text, "index": 0, "logprobs": None, "finish_reason": reason})
+        return {"id": cid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": str(self.model_path), "choices": [choice], "usage": self._usage(), "eagle": self.stats()}
 
     def _usage(self) -> dict:
         s = self.generator.last_stats

@@ -63,9 +63,7 @@ class DraftModelEngine:
         self.seqs = TreeSequences(self.ctx)
 
     def reset(self) -> None:
-        self.ctx.clear()
-        self.n_seen = 0
-        self._forget_tree()
+        self.rollback(0)
 
     def rollback(self, n_tokens: int) -> None:
         self._forget_tree()

@@ -135,9 +135,7 @@ class Eagle3Engine:
 
     # ------------------------------------------------------------ state
     def reset(self) -> None:
-        self.ctx.clear()
-        self.n_seen = 0
-        self._forget_tree()
+        self.rollback(0)
 
     def rollback(self, n_tokens: int) -> None:
         """Keep entries whose token is among the first ``n_tokens`` (entry P holds token P+1)."""
