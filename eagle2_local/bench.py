@@ -27,7 +27,7 @@ import numpy as np
 
 from .chat import prompt_tokens, render_for_model
 from .errors import Eagle2Error
-from .generator import GenerationStats, add_counts
+from .generator import GenerationStats, add_counts, host_summary
 from .llama import LlamaModel, system_info
 from .sampling import SamplingParams
 
@@ -191,6 +191,8 @@ class Bench:
                 "nodes_by_source": reduce(add_counts, (r.eagle.get("nodes_by_source", {}) for r in rs), {}),
                 "accepted_by_source": reduce(add_counts, (r.eagle.get("accepted_by_source", {}) for r in rs), {}),
                 "time_split_eagle": {k: round(sum(r.eagle[k] for r in rs), 3) for k in ("draft_s", "verify_s", "other_s")},
+                "host_eagle": _host(r.eagle for r in rs),
+                "host_plain": _host(r.plain for r in rs),
                 "identical_outputs": sum(r.identical for r in rs) if greedy else None,
                 "near_tie_divergences": len(near) if greedy else None,
                 "mismatches": (len(rs) - sum(r.identical for r in rs) - len(near)) if greedy else None,
@@ -216,6 +218,13 @@ class Bench:
                              "divergence_gap": r.divergence_gap, "plain": r.plain, "eagle": r.eagle,
                              "llama_cpp": r.llama_cpp}
                             for r in self.results]}
+
+
+def _host(stats) -> dict:
+    """A set's host time: the rounds, their time inside llama.cpp, and :func:`host_summary`'s figures."""
+    stats = list(stats)
+    return {"rounds": sum(s.get("rounds", 0) for s in stats),
+            "llama_s": round(sum(s.get("llama_s", 0.0) for s in stats), 4), **host_summary(stats)}
 
 
 def _median_stats(runs: list[tuple[list[int], GenerationStats]]) -> dict:

@@ -21,7 +21,8 @@ from .errors import ContextFullError
 
 
 def stats_line(stats: dict) -> str:
-    """The one line after an answer: tokens/s, and for speculation tau, passes and the budget's tree size."""
+    """The one line after an answer: tokens/s, and for speculation tau, passes, the budget's tree size and the
+    host's own time per round (outside llama.cpp)."""
     line = f"{stats['n_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s"
     if stats["engine"] != "plain":
         line += f", tau {stats['tau']:.2f} ({stats['target_passes']} target passes)"
@@ -30,6 +31,8 @@ def stats_line(stats: dict) -> str:
             line += f", {by_source.get('lookup', 0) + by_source.get('both', 0)} draft tokens from lookups"
         if stats.get("budget"):
             line += f", tree {stats['mean_tree_size']:.1f} nodes, {stats['plain_steps']} plain steps"
+        if stats.get("rounds"):
+            line += f", host {stats['host_ms_per_round']:.2f} ms/round"
     return line
 
 
@@ -118,12 +121,13 @@ def bench_prompt_line(done: int, total: int, set_name: str, index: int, result, 
 def bench_table(report: dict) -> list[str]:
     """The per-set summary table of a ``bench`` report (and llama.cpp's tools' figures when timed)."""
     lines = [f"{'set':<12} {'plain tok/s':>11} {'eagle tok/s':>11} {'speedup':>8} {'tau':>6} {'same':>6} "
-             f"{'ties':>5} {'tree':>5}"]
+             f"{'ties':>5} {'tree':>5} {'host ms/round':>13}"]
     for name, s in report["sets"].items():
         same = "-" if s["identical_outputs"] is None else f"{s['identical_outputs']}/{s['n_prompts']}"
         ties = "-" if s["near_tie_divergences"] is None else str(s["near_tie_divergences"])
         lines.append(f"{name:<12} {s['tokens_per_s_plain']:>11.1f} {s['tokens_per_s_eagle']:>11.1f} "
-                     f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f}")
+                     f"{s['speedup']:>8.2f} {s['tau']:>6.2f} {same:>6} {ties:>5} {s['mean_tree_size']:>5.1f} "
+                     f"{_host_cell(s.get('host_eagle')):>13}")
         by_source = s.get("accepted_by_source") or {}
         if set(by_source) - {"model"}:
             lines.append(f"{'':<12} accepted draft tokens by source: "
@@ -133,6 +137,13 @@ def bench_table(report: dict) -> list[str]:
             lines.append(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
                          f"{t['tokens_per_s_draft_simple']:.1f} tok/s (accept {t['draft_simple_accept_rate']:.0%})")
     return lines
+
+
+def _host_cell(host: dict | None) -> str:
+    """A set's host time per round (draft + verify side) for the bench table; "-" in reports made before it."""
+    if not host:
+        return "-"
+    return f"{host['host_draft_ms_per_round']:.2f}+{host['host_verify_ms_per_round']:.2f}"
 
 
 def verify_cost_table(model_name: str, threads: int, context_tokens: int, cost: dict[int, float]) -> list[str]:

@@ -17,6 +17,7 @@ from .acceptance import accept
 from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
+from .llama import llama_seconds
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
@@ -46,6 +47,14 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    # The rounds' wall time split into time inside llama.cpp and the host's own work (numpy, Python), on the
+    # draft side (catch-up, levels, tree selection) and the verify side (verify, accept, commit): the host part
+    # is what a GPU cannot speed up, so it bounds the speed-up there.
+    rounds: int = 0
+    rounds_s: float = 0.0
+    llama_s: float = 0.0
+    host_draft_s: float = 0.0
+    host_verify_s: float = 0.0
 
     def add_round(self, r: RoundResult) -> None:
         """One round of the speculative loop: a tree (its passes, sizes, acceptance by depth and source) or a
@@ -54,6 +63,7 @@ class GenerationStats:
         self.pass_tokens += r.n_emitted  # the accepted draft tokens and the target's own
         self.draft_s += r.times.draft_s
         self.verify_s += r.times.verify_s
+        self.add_host(r.times)
         if not r.plan.drafts:
             self.plain_steps += 1
             return
@@ -61,6 +71,30 @@ class GenerationStats:
         _count_depths(self.accepted_per_depth, r.n_emitted - 1)
         _count_sources(self.nodes_by_source, r.node_sources)
         _count_sources(self.accepted_by_source, r.node_sources[r.accepted])
+
+    def add_host(self, t: RoundTimes) -> None:
+        """One round's (or plain decoding step's) wall time, llama.cpp time and host time on each side."""
+        self.rounds += 1
+        self.rounds_s += t.done - t.start
+        self.llama_s += t.llama_draft_s + t.llama_verify_s
+        self.host_draft_s += t.host_draft_s
+        self.host_verify_s += t.host_verify_s
+
+    @property
+    def host_s(self) -> float:
+        return self.host_draft_s + self.host_verify_s
+
+    @property
+    def drafted_nodes(self) -> int:
+        """Draft nodes verified (roots excluded), over all drafted rounds."""
+        return sum(self.tree_sizes) - len(self.tree_sizes)
+
+    def host_dict(self) -> dict:
+        """The host-time sums and figures: per round (ms) and per drafted node verified (µs)."""
+        sums = {"rounds": self.rounds, "drafted_nodes": self.drafted_nodes, "rounds_s": round(self.rounds_s, 6),
+                "llama_s": round(self.llama_s, 6), "host_draft_s": round(self.host_draft_s, 6),
+                "host_verify_s": round(self.host_verify_s, 6)}
+        return {**sums, **host_summary([sums])}
 
     @property
     def decode_s(self) -> float:
@@ -92,7 +126,22 @@ class GenerationStats:
             "verify_s": round(self.verify_s, 4),
             "other_s": round(max(self.decode_s - self.draft_s - self.verify_s, 0.0), 4),
             "total_s": round(self.total_s, 4), "tokens_per_s": round(self.tokens_per_s, 3),
+            **self.host_dict(),
         }
+
+
+def host_summary(stats: list[dict]) -> dict:
+    """Host time (rounds' wall time minus time inside llama.cpp) over the sums of one or more generations' stats
+    (a benchmark set, a server's generations): in all, per round and per drafted node verified (None without
+    any), on the draft and the verify side."""
+    rounds = sum(s.get("rounds", 0) for s in stats)
+    draft, verify = (sum(s.get(k, 0.0) for s in stats) for k in ("host_draft_s", "host_verify_s"))
+    nodes = sum(s.get("drafted_nodes", 0) for s in stats)
+    per_round = 1e3 / rounds if rounds else 0.0
+    return {"host_s": round(draft + verify, 6), "host_ms_per_round": round((draft + verify) * per_round, 4),
+            "host_draft_ms_per_round": round(draft * per_round, 4),
+            "host_verify_ms_per_round": round(verify * per_round, 4),
+            "host_us_per_node": round((draft + verify) * 1e6 / nodes, 3) if nodes else None}
 
 
 @dataclass
@@ -238,8 +287,8 @@ class Generator:
     def _plain(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
                rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
         history = list(self.tokens)
+        token = sampling.choose(logits, np.asarray(history), rng)
         while True:
-            token = sampling.choose(logits, np.asarray(history), rng)
             history.append(token)
             yield _emit(emitter, [token])
             if emitter.done:
@@ -249,13 +298,18 @@ class Generator:
                 return
             stats.target_passes += 1
             stats.pass_tokens += 1
-            t = self.clock()
+            step = RoundTimes(start=self.clock(), llama_start=llama_seconds())
+            step.drafted, step.llama_drafted = step.start, step.llama_start  # a plain step drafts nothing
             ver = self.target.decode_one(token)
             logits = ver.logits[0]
-            stats.verify_s += self.clock() - t
+            step.verified = self.clock()
+            stats.verify_s += step.verify_s
             self.tokens.append(token)
             if self.engine is not None:
                 self.backlog.extend(ver.features)  # kept for a feature-fed draft engine's next speculative call
+            token = sampling.choose(logits, np.asarray(history), rng)
+            step.done, step.llama_done = self.clock(), llama_seconds()
+            stats.add_host(step)
 
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
@@ -299,7 +353,7 @@ class Generator:
         then sits the round out like a plain step, and catches up on it later."""
         free_only = plan.free_only and self.engine.free_part is not None
         engine = self.engine.free_part if free_only else self.engine
-        times = RoundTimes(start=self.clock())
+        times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
         # draft: catch up on the new text (the root last), grow levels while the plan says they pay, re-rank
         features = (None, 0) if free_only else self.backlog.take()
         root_out = engine.catch_up(np.asarray(self.tokens + [root]), *features)
@@ -312,7 +366,7 @@ class Generator:
                                 level_done=lambda levels: times.levels.append(self.clock()))
         n_nodes = min(plan.nodes(cands.scores, times), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
-        times.drafted = self.clock()
+        times.drafted, times.llama_drafted = self.clock(), llama_seconds()
         # verify every node in one target pass
         ver = self.target.verify(tree, copy=False)
         times.verified = self.clock()
@@ -325,7 +379,7 @@ class Generator:
             self.backlog.extend(rows)
         else:  # the engine has now read the root; the features of root + accepted nodes are its next input
             self.backlog.restart(rows, at=len(self.tokens), read=len(self.tokens) + 1)
-        times.done = self.clock()
+        times.done, times.llama_done = self.clock(), llama_seconds()
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
@@ -334,12 +388,13 @@ class Generator:
                     rng: np.random.Generator) -> tuple[RoundResult, list[int], int]:
         """One step of plain decoding inside the speculative loop (the same calls as the plain loop); the
         draft is not run, so the step's features join the backlog."""
-        start = self.clock()
+        start, busy = self.clock(), llama_seconds()
+        times = RoundTimes(start=start, drafted=start, llama_start=busy, llama_drafted=busy)
         ver = self.target.decode_one(root)
-        end = self.clock()
+        times.verified = self.clock()
         self.backlog.extend(ver.features)
-        times = RoundTimes(start=start, drafted=start, verified=end, done=end)
         bonus = sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
+        times.done, times.llama_done = self.clock(), llama_seconds()
         return RoundResult(PLAIN_STEP, times), [], bonus
 
 

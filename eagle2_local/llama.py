@@ -13,6 +13,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -74,6 +75,26 @@ def last_llama_errors() -> str:
 def system_info() -> str:
     """llama.cpp's build/backend description (for benchmark records)."""
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- time inside llama.cpp
+_busy = threading.local()  # .s: seconds this thread spent in timed llama.cpp calls
+
+
+def llama_seconds() -> float:
+    """Seconds the calling thread has spent inside llama.cpp through :class:`LlamaContext` (decode, process,
+    KV-memory calls and the output fetches that wait for a backend), since the thread started.
+
+    A generation reads it at the marks of its round clock: the round's wall time minus this is the host's own
+    work (numpy, Python), which a GPU does not speed up. Kept per thread rather than per context because a round
+    spans the target's and the draft's contexts, and a generation runs on one thread: one float to read, no
+    list of contexts to keep, and another thread's generation does not leak into it."""
+    return getattr(_busy, "s", 0.0)
+
+
+def _charge(t0: float) -> None:
+    """Add the time since ``t0`` (``time.perf_counter``) to this thread's llama.cpp seconds."""
+    _busy.s = getattr(_busy, "s", 0.0) + (time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------- model
@@ -370,7 +391,9 @@ class LlamaContext:
             raise TreeError(f"sequence id {seq} out of range 0..{self.n_seq_max - 1}")
         self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs)
         last_llama_errors()
+        t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self.batch.struct)
+        _charge(t0)
         if rc == 1:
             raise ContextFullError(f"no room in the KV cache for {n} tokens ({last_llama_errors()})")
         if rc != 0:
@@ -385,7 +408,9 @@ class LlamaContext:
             raise TreeError(f"batch of {n} entries exceeds n_batch={self.n_batch}")
         kind = llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode else llama_cpp.LLAMA_PROCESS_TYPE_DECODE
         last_llama_errors()
+        t0 = time.perf_counter()
         rc = llama_cpp.llama_process(self._ctx, kind, batch.ptr)
+        _charge(t0)
         if rc == 1:
             raise ContextFullError(f"no room in the KV cache for {n} entries ({last_llama_errors()})")
         if rc != 0:
@@ -397,7 +422,9 @@ class LlamaContext:
         ``copy=False`` returns a view of llama.cpp's buffer (n_out x vocab floats, megabytes for large
         vocabularies): valid only until the next decode on this context or its release.
         """
-        ptr = llama_cpp.llama_get_logits(self._ctx)
+        t0 = time.perf_counter()
+        ptr = llama_cpp.llama_get_logits(self._ctx)  # waits for an asynchronous backend (GPU) to finish
+        _charge(t0)
         view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
         return view.copy() if copy else view
 
@@ -405,7 +432,9 @@ class LlamaContext:
         """Post-final-norm hidden states of the last batch's outputs (needs ``embeddings=True``)."""
         if not self.embeddings:
             raise DecodeError("features need a context created with embeddings=True")
+        t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_embeddings(self._ctx)
+        _charge(t0)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy()
 
     def layer_inputs(self, n_tokens: int) -> np.ndarray:
@@ -418,28 +447,45 @@ class LlamaContext:
                               axis=1)
 
     # ------------------------------------------------------------ memory
+    # Each call is charged to llama_seconds(): a tree round makes one or two per node (sequence copies), and on a
+    # unified KV cache each walks the cells, so together they are a visible part of a round.
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
+        t0 = time.perf_counter()
+        ok = bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
+        _charge(t0)
+        return ok
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        t0 = time.perf_counter()
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+        _charge(t0)
 
     def seq_pos_max(self, seq: int) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
+        t0 = time.perf_counter()
+        pos = int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
+        _charge(t0)
+        return pos
 
     def clear(self) -> None:
+        t0 = time.perf_counter()
         llama_cpp.llama_memory_clear(self.mem, True)
+        _charge(t0)
 
     def save_seq(self, seq: int) -> bytes:
         """Serialise one sequence's KV cells (in cell order)."""
+        t0 = time.perf_counter()
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
         buf = (ctypes.c_uint8 * size)()
         written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        _charge(t0)
         return bytes(buf[:written])
 
     def load_seq(self, data: bytes, seq: int) -> None:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) == 0:
+        t0 = time.perf_counter()
+        ok = int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) != 0
+        _charge(t0)
+        if not ok:
             raise ContextFullError(f"could not restore sequence {seq}: {last_llama_errors()}")
 
     def close(self) -> None:

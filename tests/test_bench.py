@@ -23,10 +23,15 @@ def test_bench_json_fields(tmp_path, synth_q8):
                     "near_tie_divergences", "acceptance_per_depth", "time_split_eagle", "mean_tree_size"):
             assert key in s
         assert s["identical_outputs"] == 2  # one thread, quantized: bit-identical
+        for mode in ("host_eagle", "host_plain"):  # the host's own time (wall minus llama.cpp) per round
+            host = s[mode]
+            assert host["rounds"] > 0 and host["llama_s"] > 0 and host["host_s"] > 0, host
+            assert host["host_draft_ms_per_round"] >= 0 and host["host_verify_ms_per_round"] > 0, host
+        assert s["host_eagle"]["host_us_per_node"] > 0 and s["host_plain"]["host_us_per_node"] is None
         assert s["tau"] > 1.5
     assert report["settings"]["model_sha256"] and report["machine"]["llama_cpp_python"]
     assert len(report["prompts"]) == 12
-    assert "speedup" in proc.stdout
+    assert "speedup" in proc.stdout and "host ms/round" in proc.stdout
 
 
 def test_bench_needs_a_draft(synth_q8):

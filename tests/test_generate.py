@@ -250,3 +250,29 @@ def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
     run(spec, [1, 50, 60, 70], 60)
     assert spec.last_stats.plain_steps > 20 and len(seen) >= 2
     assert max(np.diff(seen)) > params.depth + 1  # some catch-up came after plain steps
+
+
+# ------------------------------------------------------------------ host time
+def test_host_time_adds_up(synth_q8):
+    """Every generation reports its rounds' host time (wall minus llama.cpp) on both sides, per round and per
+    drafted node: non-negative, and host + llama.cpp = the rounds' wall time."""
+    model = LlamaModel(synth_q8)
+    plain, spec = make(model, None), make(model, model)
+    prompt = random_prompts(model, 1, seed=3)[0]
+    for gen, drafts in ((plain, False), (spec, True)):
+        run(gen, prompt, 24)
+        s = gen.last_stats.as_dict()
+        assert s["rounds"] == s["target_passes"] > 0
+        for key in ("rounds_s", "llama_s", "host_s", "host_draft_s", "host_verify_s", "host_ms_per_round",
+                    "host_draft_ms_per_round", "host_verify_ms_per_round"):
+            assert s[key] >= 0.0, (key, s)
+        assert s["llama_s"] > 0.0 and s["host_s"] > 0.0
+        assert abs(s["host_s"] + s["llama_s"] - s["rounds_s"]) < 1e-5, s
+        assert abs(s["host_draft_s"] + s["host_verify_s"] - s["host_s"]) < 1e-5, s
+        assert s["rounds_s"] <= s["total_s"] - s["prefill_s"] + 1e-6, s
+        assert abs(s["host_ms_per_round"] - 1e3 * s["host_s"] / s["rounds"]) < 1e-3, s
+        if drafts:
+            assert s["drafted_nodes"] > 0 and s["host_draft_s"] > 0.0
+            assert abs(s["host_us_per_node"] - 1e6 * s["host_s"] / s["drafted_nodes"]) < 1e-2, s
+        else:  # plain decoding drafts nothing: its host time is the sampling around each decode
+            assert s["drafted_nodes"] == 0 and s["host_us_per_node"] is None and s["host_draft_s"] == 0.0

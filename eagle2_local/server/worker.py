@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import ContextFullError, EmptyPromptError
-from ..generator import add_counts
+from ..generator import add_counts, host_summary
 from ..sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
 
@@ -54,11 +54,18 @@ class Job:
 
 
 class GenerationTotals:
-    """What the generations since the server started produced, summed: tokens, target passes (so τ), and the
-    draft tokens verified and accepted per drafter (model, lookup, both)."""
+    """What the generations since the server started produced, summed: tokens, target passes (so τ), the
+    draft tokens verified and accepted per drafter (model, lookup, both), and the rounds' host time."""
+
+    SUMMED = ("n_tokens", "target_passes", "pass_tokens", "plain_steps", "rounds", "drafted_nodes")
+    SUMMED_S = ("llama_s", "host_draft_s", "host_verify_s")
 
     def __init__(self) -> None:
-        self.generations = self.n_tokens = self.target_passes = self.pass_tokens = self.plain_steps = 0
+        self.generations = 0
+        for key in self.SUMMED:
+            setattr(self, key, 0)
+        for key in self.SUMMED_S:
+            setattr(self, key, 0.0)
         self.nodes_by_source: dict[str, int] = {}
         self.accepted_by_source: dict[str, int] = {}
         self.last: dict | None = None
@@ -66,8 +73,10 @@ class GenerationTotals:
     def add(self, stats: dict) -> None:
         self.generations += 1
         self.last = stats
-        for key in ("n_tokens", "target_passes", "pass_tokens", "plain_steps"):
+        for key in self.SUMMED:
             setattr(self, key, getattr(self, key) + int(stats.get(key, 0)))
+        for key in self.SUMMED_S:
+            setattr(self, key, getattr(self, key) + float(stats.get(key, 0.0)))
         for key in ("nodes_by_source", "accepted_by_source"):
             add_counts(getattr(self, key), stats.get(key) or {})
 
@@ -76,7 +85,9 @@ class GenerationTotals:
         return {"generations": self.generations, "n_tokens": self.n_tokens, "target_passes": self.target_passes,
                 "pass_tokens": self.pass_tokens, "tau": round(tau, 4), "plain_steps": self.plain_steps,
                 "nodes_by_source": dict(self.nodes_by_source),
-                "accepted_by_source": dict(self.accepted_by_source), "last": self.last}
+                "accepted_by_source": dict(self.accepted_by_source), "rounds": self.rounds,
+                "llama_s": round(self.llama_s, 4),
+                **host_summary([{k: getattr(self, k) for k in self.SUMMED + self.SUMMED_S}]), "last": self.last}
 
 
 class ModelWorker:

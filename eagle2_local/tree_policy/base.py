@@ -28,13 +28,20 @@ import numpy as np
 class RoundTimes:
     """Clock readings of one round: when it started, when each draft level was in (level 1: the root's output,
     after the catch-up), when the tree was chosen, verified, and the round committed. A plain step has no
-    levels and is "drafted" at its start."""
+    levels and is "drafted" at its start.
+
+    Beside the clock, the seconds spent inside llama.cpp so far (:func:`~eagle2_local.llama.llama_seconds`) are
+    read at the start, when the tree was chosen and at the end, so the round's wall time splits into llama.cpp
+    and the host's own work on each side: the host part is what a faster backend (a GPU) cannot take away."""
 
     start: float
     levels: list[float] = field(default_factory=list)
     drafted: float = 0.0
     verified: float = 0.0
     done: float = 0.0
+    llama_start: float = 0.0
+    llama_drafted: float = 0.0
+    llama_done: float = 0.0
 
     @property
     def catch_up_s(self) -> float:
@@ -58,6 +65,26 @@ class RoundTimes:
     @property
     def verify_s(self) -> float:
         return self.verified - self.drafted
+
+    @property
+    def llama_draft_s(self) -> float:
+        """Draft side (catch-up, levels, tree selection): seconds inside llama.cpp."""
+        return self.llama_drafted - self.llama_start
+
+    @property
+    def llama_verify_s(self) -> float:
+        """Verify side (verify, accept, commit): seconds inside llama.cpp."""
+        return self.llama_done - self.llama_drafted
+
+    @property
+    def host_draft_s(self) -> float:
+        """Draft side: wall time minus llama.cpp (top-k, log-normalizers, tree building, batch filling)."""
+        return self.draft_s - self.llama_draft_s
+
+    @property
+    def host_verify_s(self) -> float:
+        """Verify side: wall time minus llama.cpp (the tree's batch, acceptance, commit bookkeeping)."""
+        return self.done - self.drafted - self.llama_verify_s
 
 
 # go_deeper(candidate scores so far, frontier scores, levels grown, the round's times) -> grow another level?
