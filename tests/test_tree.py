@@ -192,3 +192,55 @@ def test_top_k_exact_and_fast_path_agree():
         _, lp = top_k_log_probs(x, 10)
         np.testing.assert_allclose(lp, log_softmax(x)[np.arange(4)[:, None], ref], atol=1e-6)
         np.testing.assert_allclose(log_normalizer(x), log_normalizer(x.astype(np.float64)), atol=1e-6)
+
+
+def _top_k_rows_per_row(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The per-row top-k that tree.top_k_rows replaced (one sampled pre-filter and one partition per row), kept
+    as the reference the vectorised one must reproduce exactly."""
+    values = np.atleast_2d(values)
+    n, width = values.shape
+    k = min(k, width)
+    if width <= 4096:
+        idx = np.lexsort((np.broadcast_to(np.arange(width), values.shape), -values), axis=-1)[:, :k]
+    else:
+        idx = np.empty((n, k), dtype=np.int64)
+        for r in range(n):
+            row = values[r]
+            sample = row[:: max(1, width // 2048)]
+            bound = np.partition(sample, len(sample) - k)[len(sample) - k] if len(sample) >= k else row.min()
+            cand = np.flatnonzero(row >= bound)
+            idx[r] = cand[np.lexsort((cand, -row[cand]))[:k]]
+    vals = np.take_along_axis(values, idx, axis=-1)
+    order = np.lexsort((idx, -vals), axis=-1)
+    idx = np.take_along_axis(idx, order, axis=-1)
+    return idx, np.take_along_axis(values, idx, axis=-1)
+
+
+@pytest.mark.parametrize("width", [50, 4096, 4097, 16000, 49152, 49155, 151936])
+def test_vectorised_top_k_equals_the_per_row_one(width):
+    """Same indices and values, ties included (lower index first), on rows with many exact ties, rows of a few
+    distinct values, rows mostly -inf (an EAGLE-3 head's scattered draft vocabulary), float32 and float64."""
+    from eagle2_local.tree import log_normalizer, top_k_log_probs, top_k_rows
+    rng = np.random.default_rng(width)
+    rows = [np.round(rng.standard_normal(width) * 2, 1),  # ~80 distinct values: ties everywhere
+            rng.integers(0, 3, width).astype(float),  # three values: the top k are all tied
+            np.full(width, 0.25),
+            rng.standard_normal(width) * 4]
+    sparse = np.full(width, -np.inf)
+    sparse[rng.choice(width, max(1, width // 3), replace=False)] = rng.standard_normal(max(1, width // 3))
+    rows.append(sparse)
+    few = np.full(width, -np.inf)
+    few[rng.choice(width, 5, replace=False)] = 1.0  # fewer finite entries than k
+    rows.append(few)
+    x = np.stack(rows)
+    for dtype in (np.float32, np.float64):
+        xd = x.astype(dtype)
+        for k in (1, 3, 10, 17):
+            idx, vals = top_k_rows(xd, k)
+            ref_idx, ref_vals = _top_k_rows_per_row(xd, k)
+            assert np.array_equal(idx, ref_idx) and np.array_equal(vals, ref_vals), (dtype, k)
+        idx, lp = top_k_log_probs(xd[:5], 10)  # (the all -inf-but-5 row has no finite log-probs to compare)
+        norm = log_normalizer(xd[:5])
+        assert np.array_equal(lp, np.take_along_axis(xd[:5], idx, -1).astype(np.float64) - norm[:, None])
+    one = top_k_rows(x[0], 10)  # one row given as a vector
+    assert np.array_equal(one[0], _top_k_rows_per_row(x[0], 10)[0])

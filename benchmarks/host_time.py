@@ -1,0 +1,54 @@
+"""The host's own time per round (wall time minus llama.cpp) on one chat answer, optionally under cProfile.
+
+    python benchmarks/host_time.py --threads 1 --total-tokens 60 --max-tokens 128 [--profile 25]
+
+Issue 31's measurement: the default model with its shipped EAGLE-3 head (and lookup branches), fixed trees of
+``--total-tokens`` nodes, greedy. Prints the generation's host figures (``stats()``: per round, draft and verify
+side, per drafted node) and, with ``--profile N``, the N functions with the most own time. The answer's tokens
+are printed as a checksum so a change to the round can be shown to leave them as they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import io
+import json
+import pstats
+
+from eagle2_local import Eagle2
+
+PROMPT = "Explain how a hash table works, with a short example in Python."
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--total-tokens", type=int, default=60)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N functions with most own time")
+    args = ap.parse_args()
+    with Eagle2(n_threads=args.threads, total_tokens=args.total_tokens) as llm:
+        messages = [{"role": "user", "content": PROMPT}]
+        llm.create_chat_completion(messages, max_tokens=8, temperature=0.0)  # warm up (first-call costs)
+        prof = cProfile.Profile() if args.profile else None
+        if prof:
+            prof.enable()
+        out = llm.create_chat_completion(messages, max_tokens=args.max_tokens, temperature=0.0)
+        if prof:
+            prof.disable()
+        s = llm.stats()
+    keys = ("engine", "n_tokens", "rounds", "tau", "mean_tree_size", "tokens_per_s", "rounds_s", "llama_s",
+            "host_s", "host_ms_per_round", "host_draft_ms_per_round", "host_verify_ms_per_round", "host_us_per_node")
+    text = out["choices"][0]["message"]["content"]
+    print(json.dumps({**{k: s[k] for k in keys}, "profiled": bool(prof),
+                      "answer_sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}))
+    if prof:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.profile)
+        print(buf.getvalue())
+
+
+if __name__ == "__main__":
+    main()
