@@ -478,7 +478,7 @@ class LlamaContext:
         buf = (ctypes.c_uint8 * size)()
         written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq))
         _charge(t0)
-        return bytes(buf[:written])
+        return ctypes.string_at(buf, written)  # (bytes(buf[:written]) went through a list of Python ints)
 
     def load_seq(self, data: bytes, seq: int) -> None:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

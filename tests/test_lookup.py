@@ -239,3 +239,42 @@ def test_cli_lookup_draft_reports_its_sources(synth_q8):
     assert stats["engine"] == "lookup" and set(stats["accepted_by_source"]) <= {"lookup"}
     assert stats["accepted_by_source"].get("lookup", 0) > 0 and stats["tau"] > 1.0
     assert len(stats["accepted_per_depth"]) > 6  # chains deeper than a model draft's default 6 levels
+
+
+def _merge_by_dict(model: Proposals, lookup: Proposals) -> Proposals:
+    """The row-by-row dictionary merge that merge_proposals replaced: the reference it must reproduce."""
+    rows = []
+    for r in range(model.tokens.shape[0]):
+        best: dict[int, tuple[float, int]] = {}
+        for part in (model, lookup):
+            finite = np.isfinite(part.log_probs[r])
+            for tok, lp, src in zip(part.tokens[r][finite].tolist(), part.log_probs[r][finite].tolist(),
+                                    part.sources[r][finite].tolist()):
+                best[tok] = (max(best[tok][0], lp), BOTH) if tok in best else (lp, src)
+        rows.append(best)
+    width = max(1, max(len(b) for b in rows))
+    tokens = np.zeros((len(rows), width), dtype=np.int64)
+    log_probs = np.full((len(rows), width), -np.inf)
+    sources = np.zeros((len(rows), width), dtype=np.int8)
+    for r, best in enumerate(rows):
+        for c, (tok, (lp, src)) in enumerate(best.items()):
+            tokens[r, c], log_probs[r, c], sources[r, c] = tok, lp, src
+    return Proposals(tokens, log_probs, sources)
+
+
+def test_merge_equals_the_dictionary_merge():
+    """Shared tokens, padding anywhere, a token twice within one draft's row, rows with nothing: identical."""
+    rng = np.random.default_rng(7)
+    for n_rows, km, kl in [(1, 3, 3), (10, 10, 10), (6, 4, 8), (5, 1, 2)]:
+        for _ in range(40):
+            def draft(k, source):
+                lp = np.log(rng.uniform(0.01, 1.0, (n_rows, k)))
+                lp[rng.random((n_rows, k)) < 0.3] = -np.inf
+                return Proposals(rng.integers(0, 12, (n_rows, k)), lp, np.full((n_rows, k), source, np.int8))
+            model, lookup = draft(km, MODEL), draft(kl, LOOKUP)
+            quiet = Proposals(lookup.tokens, np.full(lookup.tokens.shape, -np.inf), lookup.sources)
+            dense = Proposals(model.tokens, np.log(rng.uniform(0.01, 1.0, (n_rows, km))), model.sources)
+            for m, lk in ((model, lookup), (model, quiet), (dense, quiet), (dense, lookup)):
+                got, ref = merge_proposals(m, lk), _merge_by_dict(m, lk)
+                for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
+                    assert a.shape == b.shape and np.array_equal(a, b)

@@ -172,12 +172,14 @@ class LookupDraft:
     def _propose(self, contexts: list[list[int]]) -> Proposals:
         width = max(self.max_branches, 1)
         tokens = np.zeros((len(contexts), width), dtype=np.int64)
-        log_probs = np.full((len(contexts), width), -np.inf)
+        probs = np.zeros((len(contexts), width))  # 0 pads: its log, -inf, is a proposal's padding
         for row, context in enumerate(contexts):
-            toks, probs = self.index.continuations(context, width)
-            tokens[row, :len(toks)] = toks
-            with np.errstate(divide="ignore"):
-                log_probs[row, :len(toks)] = np.log(probs)
+            toks, p = self.index.continuations(context, width)
+            if len(toks):
+                tokens[row, :len(toks)] = toks
+                probs[row, :len(toks)] = p
+        with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
+            log_probs = np.log(probs)
         return Proposals(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:

@@ -20,27 +20,29 @@ from .lookup import LookupDraft
 
 
 def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
-    """Row-wise union of two drafts' candidates; a token in both keeps the higher log-probability, marked BOTH."""
-    rows = []
-    for r in range(model.tokens.shape[0]):
-        best: dict[int, tuple[float, int]] = {}
-        for part in (model, lookup):
-            finite = np.isfinite(part.log_probs[r])
-            for tok, lp, src in zip(part.tokens[r][finite].tolist(), part.log_probs[r][finite].tolist(),
-                                    part.sources[r][finite].tolist()):
-                if tok in best:
-                    best[tok] = (max(best[tok][0], lp), BOTH)
-                else:
-                    best[tok] = (lp, src)
-        rows.append(best)
-    width = max(1, max(len(b) for b in rows))
-    tokens = np.zeros((len(rows), width), dtype=np.int64)
-    log_probs = np.full((len(rows), width), -np.inf)
-    sources = np.zeros((len(rows), width), dtype=np.int8)
-    for r, best in enumerate(rows):
-        for c, (tok, (lp, src)) in enumerate(best.items()):
-            tokens[r, c], log_probs[r, c], sources[r, c] = tok, lp, src
-    return Proposals(tokens, log_probs, sources)
+    """Row-wise union of two drafts' candidates; a token in both keeps the higher log-probability, marked BOTH.
+
+    Each row lists the model's finite candidates, then the lookup's not already listed, in their order (padding
+    after them); a token met twice keeps its first place. All rows at once: this runs on every tree level."""
+    if (not np.isfinite(lookup.log_probs).any() and np.isfinite(model.log_probs).all()
+            and (np.diff(np.sort(model.tokens, axis=1), axis=1) != 0).all()):
+        return model  # the lookup proposes nothing here: the union is the model's (distinct) candidates
+    tokens = np.concatenate([model.tokens, lookup.tokens], axis=1)
+    log_probs = np.concatenate([model.log_probs, lookup.log_probs], axis=1)
+    sources = np.concatenate([model.sources, lookup.sources], axis=1)
+    finite = np.isfinite(log_probs)
+    same = (tokens[:, :, None] == tokens[:, None, :]) & finite[:, :, None] & finite[:, None, :]  # (n, m, m)
+    first = same.argmax(axis=2)  # the first finite entry with the same token (itself for a finite entry)
+    keep = finite & (first == np.arange(tokens.shape[1]))
+    best = np.where(same, log_probs[:, None, :], -np.inf).max(axis=2)
+    sources = np.where(same.sum(axis=2) > 1, np.int8(BOTH), sources)
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept entries first, in their order
+    width = max(1, int(keep.sum(axis=1).max(initial=0)))
+    order = order[:, :width]
+    kept = np.take_along_axis(keep, order, axis=1)
+    return Proposals(np.where(kept, np.take_along_axis(tokens, order, axis=1), 0),
+                     np.where(kept, np.take_along_axis(best, order, axis=1), -np.inf),
+                     np.where(kept, np.take_along_axis(sources, order, axis=1), 0).astype(np.int8))
 
 
 class MergedDraft:
