@@ -252,6 +252,9 @@ class Batch:
         return n
 
 
+_FLOAT_P = ctypes.POINTER(ctypes.c_float)
+
+
 class ExtBatch:
     """llama.cpp's extended batch: each entry may carry a token id AND an embedding row (EAGLE-3 inputs).
 
@@ -275,13 +278,14 @@ class ExtBatch:
         """Append one entry (``token=None``: an embedding-only encoder input) to the sequences ``seqs``."""
         if self.n_tokens >= self.capacity:
             raise TreeError(f"extended batch full ({self.capacity} entries)")
-        seqs = [int(s) for s in np.atleast_1d(seqs)]
+        # (called once per tree node and draft level: the one-sequence case skips numpy)
+        seqs = (int(seqs),) if isinstance(seqs, (int, np.integer)) else [int(s) for s in np.atleast_1d(seqs)]
         if any(not 0 <= s < self.n_seq_max for s in seqs):
             raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
         row = None
         if embd is not None:
             row = np.ascontiguousarray(embd, dtype=np.float32)
-            row_c = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.size)
+            row_c = llama_cpp.llama_embd(ctypes.cast(row.ctypes.data, _FLOAT_P), 1, row.size)
         if token is None:
             idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, seqs[0], row_c)
         else:

@@ -149,7 +149,7 @@ class Target:
             if with_features and self.has_features:
                 feats.append(self._features(n))
             if start + n == len(toks):
-                last_logits = self.ctx.logits(n_out)[-1]
+                last_logits = self.ctx.logits(n_out, copy=False)[-1].copy()  # only the row we return
         features = np.concatenate(feats) if feats else None
         return Prefill(logits=last_logits[None, :], features=features)
 
