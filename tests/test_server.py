@@ -664,3 +664,21 @@ def test_same_request_same_answer_two_threads_plain(tmp_path):
         _concurrent_vs_alone(s, alone)
     finally:
         stop_server(s)
+
+
+def test_stats_totals_sum_the_host_time():
+    """/stats sums the generations' host time (rounds' wall time minus llama.cpp) and reports it per round and
+    per drafted node over all of them; the last generation's figures stay under "last"."""
+    from eagle2_local.server.worker import GenerationTotals
+    totals = GenerationTotals()
+    first = {"n_tokens": 10, "rounds": 4, "drafted_nodes": 40, "llama_s": 0.5, "host_draft_s": 0.02,
+             "host_verify_s": 0.01}
+    plain = {"n_tokens": 5, "rounds": 5, "drafted_nodes": 0, "llama_s": 0.3, "host_draft_s": 0.0,
+             "host_verify_s": 0.005}
+    totals.add(first)
+    totals.add(plain)
+    d = totals.as_dict()
+    assert d["rounds"] == 9 and d["llama_s"] == 0.8 and d["host_s"] == pytest.approx(0.035)
+    assert d["host_ms_per_round"] == pytest.approx(35 / 9, abs=1e-4)
+    assert d["host_draft_ms_per_round"] == pytest.approx(20 / 9, abs=1e-4)
+    assert d["host_us_per_node"] == pytest.approx(875.0) and d["last"] is plain
