@@ -2,7 +2,7 @@
 
     python benchmarks/host_time.py --threads 1 --total-tokens 60 --max-tokens 128 [--profile 25]
 
-Issue 31's measurement: the default model with its shipped EAGLE-3 head (and lookup branches), fixed trees of
+The measurement: the default model with its shipped EAGLE-3 head (and lookup branches), fixed trees of
 ``--total-tokens`` nodes, greedy. Prints the generation's host figures (``stats()``: per round, draft and verify
 side, per drafted node) and, with ``--profile N``, the N functions with the most own time. The answer's tokens
 are printed as a checksum so a change to the round can be shown to leave them as they were.

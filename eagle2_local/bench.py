@@ -220,6 +220,17 @@ class Bench:
                             for r in self.results]}
 
 
+PROJECTION_STEPS_MS = (5.0, 10.0, 20.0, 40.0)  # target step times of GPU / Apple-silicon class devices
+
+
+def projected_speedup(tau: float, host_ms: float, step_ms: float, plain_host_ms: float = 0.0) -> float:
+    """What the measured host time would leave of a speed-up on a device where verifying a round's tree costs
+    one target step of ``step_ms`` and drafting costs nothing (a GPU running a 7-8B target: both nearly so).
+    An upper bound, and a projection, not a measurement: a round yields ``tau`` tokens in ``step_ms + host_ms``,
+    a plain step one token in ``step_ms + plain_host_ms``."""
+    return tau * (step_ms + plain_host_ms) / (step_ms + host_ms)
+
+
 def _host(stats) -> dict:
     """A set's host time: the rounds, their time inside llama.cpp, and :func:`host_summary`'s figures."""
     stats = list(stats)

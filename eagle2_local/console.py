@@ -17,6 +17,7 @@ from typing import Iterator
 
 import click
 
+from .bench import PROJECTION_STEPS_MS, projected_speedup
 from .errors import ContextFullError
 
 
@@ -136,6 +137,25 @@ def bench_table(report: dict) -> list[str]:
             t = s["llama_cpp"]
             lines.append(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
                          f"{t['tokens_per_s_draft_simple']:.1f} tok/s (accept {t['draft_simple_accept_rate']:.0%})")
+    return lines + projection_lines(report)
+
+
+def projection_lines(report: dict) -> list[str]:
+    """A projection, not a measurement: the speed-up each set's tau and measured host time per round would
+    allow on a device where a tree verify costs one target step and drafting is free (see
+    :func:`~eagle2_local.bench.projected_speedup`), at a few step times. Shows what the host's own work costs
+    where llama.cpp is fast; empty for reports without host figures."""
+    rows = [(name, s) for name, s in report["sets"].items() if s.get("host_eagle") and s.get("host_plain")]
+    if not rows:
+        return []
+    steps = "/".join(f"{t:g}" for t in PROJECTION_STEPS_MS)
+    lines = [f"projection from the measured host time (upper bound: tree verify = one target step, drafting "
+             f"free), speed-up at a target step of {steps} ms:"]
+    for name, s in rows:
+        host = s["host_eagle"]["host_draft_ms_per_round"] + s["host_eagle"]["host_verify_ms_per_round"]
+        plain = s["host_plain"]["host_draft_ms_per_round"] + s["host_plain"]["host_verify_ms_per_round"]
+        cells = "/".join(f"{projected_speedup(s['tau'], host, t, plain):.2f}" for t in PROJECTION_STEPS_MS)
+        lines.append(f"{name:<12} tau {s['tau']:.2f}, host {host:.2f} ms/round: {cells}")
     return lines
 
 

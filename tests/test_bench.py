@@ -32,6 +32,22 @@ def test_bench_json_fields(tmp_path, synth_q8):
     assert report["settings"]["model_sha256"] and report["machine"]["llama_cpp_python"]
     assert len(report["prompts"]) == 12
     assert "speedup" in proc.stdout and "host ms/round" in proc.stdout
+    assert "projection from the measured host time" in proc.stdout
+
+
+def test_projected_speedup_is_tau_when_the_host_is_free_and_falls_with_host_time():
+    from eagle2_local.bench import projected_speedup
+    from eagle2_local.console import projection_lines
+
+    assert projected_speedup(3.0, 0.0, 10.0) == 3.0
+    assert projected_speedup(3.0, 10.0, 10.0) == 1.5  # 3 tokens in 20 ms against 1 in 10 ms
+    assert projected_speedup(3.0, 10.0, 10.0, plain_host_ms=2.0) == 3.0 * 12.0 / 20.0
+    host = {"host_draft_ms_per_round": 6.0, "host_verify_ms_per_round": 2.0}
+    plain = {"host_draft_ms_per_round": 0.0, "host_verify_ms_per_round": 0.1}
+    lines = projection_lines({"sets": {"qa": {"tau": 3.5, "host_eagle": host, "host_plain": plain}}})
+    assert lines[1].startswith("qa") and "host 8.00 ms/round" in lines[1]
+    assert lines[1].endswith("/".join(f"{projected_speedup(3.5, 8.0, t, 0.1):.2f}" for t in (5, 10, 20, 40)))
+    assert projection_lines({"sets": {"qa": {"tau": 1.0}}}) == []  # reports made before host figures
 
 
 def test_bench_needs_a_draft(synth_q8):
