@@ -24,6 +24,7 @@ import numpy as np
 from .chat import prompt_tokens, render_for_model
 from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
+from .grammar import Grammar, response_grammar
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
 from .tree_policy import TreeBudget
 from .costs import CostKey, cached_or_measured, file_identity
@@ -168,7 +169,8 @@ class Eagle2:
                  min_p: float = DEFAULTS.min_p, typical_p: float = 1.0, temp: float = DEFAULTS.temperature,
                  repeat_penalty: float = DEFAULTS.repeat_penalty, reset: bool = True, *,
                  max_tokens: int | None = None, stop: str | list[str] | None = None, seed: int | None = None,
-                 speculative: bool | None = None, cache_prompt: bool | None = None) -> Iterator[int]:
+                 speculative: bool | None = None, cache_prompt: bool | None = None,
+                 grammar: str | Grammar | None = None) -> Iterator[int]:
         """Yield the generated token ids for the prompt ``tokens``, like llama-cpp-python's ``Llama.generate``
         (same leading parameters; ``typical_p`` must stay 1.0).
 
@@ -183,13 +185,15 @@ class Eagle2:
         sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty)
         with contextlib.closing(self.stream(prompt, max_tokens, sampling, stop=stop, seed=seed,
-                                            speculative=speculative, cache_prompt=cache_prompt)) as chunks:
+                                            speculative=speculative, cache_prompt=cache_prompt,
+                                            grammar=grammar)) as chunks:
             for chunk in chunks:
                 yield from chunk.tokens
 
     def stream(self, tokens: Sequence[int], max_tokens: int | None = None, sampling: SamplingParams | None = None,
                *, stop: str | list[str] | None = None, seed: int | None = None,
-               speculative: bool | None = None, cache_prompt: bool | None = None) -> Iterator[Chunk]:
+               speculative: bool | None = None, cache_prompt: bool | None = None,
+               grammar: str | Grammar | None = None) -> Iterator[Chunk]:
         """Stream :class:`~eagle2_local.generator.Chunk` pieces (text, the token ids it came from, and the
         finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
 
@@ -202,13 +206,17 @@ class Eagle2:
         fastest; but a cached cell computed in another batch shape differs in its last bits, so a T=0 answer can
         then depend on what was asked before. False reuses only cells a fresh evaluation would reproduce bit for
         bit (on a one-thread CPU build: all of them) and evaluates the rest in small aligned batches: the same
-        request always gets the same answer, at some cost in prompt time (NOTES.md)."""
+        request always gets the same answer, at some cost in prompt time (NOTES.md).
+
+        ``grammar``: GBNF text (or a :class:`~eagle2_local.grammar.Grammar`, e.g. from a JSON schema) the answer
+        must follow; such answers are decoded plainly for now (see :meth:`Generator.generate`)."""
         if max_tokens is None:
             max_tokens = self.target.n_ctx - len(tokens)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         return self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
                                        stop=stops, seed=self.seed if seed is None else seed, speculative=speculative,
-                                       cache_prompt=self.cache_prompt if cache_prompt is None else cache_prompt)
+                                       cache_prompt=self.cache_prompt if cache_prompt is None else cache_prompt,
+                                       grammar=Grammar(grammar) if isinstance(grammar, str) else grammar)
 
     def next_token_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """The target's logits for the token after ``tokens`` (a fresh evaluation: the KV cache is emptied
@@ -225,11 +233,14 @@ class Eagle2:
                           top_k: int = DEFAULTS.top_k, min_p: float = DEFAULTS.min_p,
                           repeat_penalty: float = DEFAULTS.repeat_penalty, stop: str | list[str] | None = None,
                           seed: int | None = None, stream: bool = False, speculative: bool | None = None,
-                          cache_prompt: bool | None = None):
-        """Complete ``prompt``. Returns an OpenAI ``text_completion`` dict, or an iterator of chunks."""
+                          cache_prompt: bool | None = None, grammar: str | Grammar | None = None,
+                          response_format: dict | None = None):
+        """Complete ``prompt``. Returns an OpenAI ``text_completion`` dict, or an iterator of chunks.
+        ``grammar`` (GBNF) or ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
+        "json_schema": {"schema": {...}}}``) constrain the answer, as in llama-cpp-python."""
         tokens = prompt if isinstance(prompt, list) else prompt_tokens(self.model, prompt)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
-                           speculative, cache_prompt)
+                           speculative, cache_prompt, _constraint(grammar, response_format))
         return self._respond(chunks, stream, chat=False)
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None,
@@ -237,11 +248,13 @@ class Eagle2:
                                top_k: int = DEFAULTS.top_k, min_p: float = DEFAULTS.min_p,
                                repeat_penalty: float = DEFAULTS.repeat_penalty, stop: str | list[str] | None = None,
                                seed: int | None = None, stream: bool = False, speculative: bool | None = None,
-                               cache_prompt: bool | None = None):
-        """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes."""
+                               cache_prompt: bool | None = None, grammar: str | Grammar | None = None,
+                               response_format: dict | None = None):
+        """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes.
+        ``grammar`` / ``response_format`` constrain the answer (see :meth:`create_completion`)."""
         tokens = self.chat_tokens(messages)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
-                           speculative, cache_prompt)
+                           speculative, cache_prompt, _constraint(grammar, response_format))
         return self._respond(chunks, stream, chat=True)
 
     def render_chat(self, messages: list[dict]) -> str:
@@ -263,13 +276,13 @@ class Eagle2:
 
     # ------------------------------------------------------------------ internals
     def _run(self, tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed, speculative,
-             cache_prompt):
+             cache_prompt, grammar=None):
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty)
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None  # llama-cpp-python's convention: no limit but the context
         return self.stream(tokens, max_tokens, sampling, stop=stop, seed=seed, speculative=speculative,
-                           cache_prompt=cache_prompt)
+                           cache_prompt=cache_prompt, grammar=grammar)
 
     def _respond(self, chunks: Iterator[Chunk], stream: bool, chat: bool):
         """The OpenAI-shaped answer of a completion (``chat``: a chat completion): one dict, or a chunk stream."""
@@ -333,6 +346,15 @@ def _draft_of(model_path, head_path, draft_model_path, draft: DraftSpec | str | 
         head = default_head_path()  # the default model comes with its trained head
         spec = draft_spec(head=head) if head is not None else None
     return spec
+
+
+def _constraint(grammar: str | Grammar | None, response_format: dict | None) -> Grammar | None:
+    """The grammar a completion call names (GBNF text, a Grammar, or an OpenAI response_format)."""
+    if isinstance(grammar, Grammar):
+        if response_format is not None:
+            raise Eagle2Error("give one of grammar and response_format")
+        return grammar
+    return response_grammar(grammar=grammar, response_format=response_format)
 
 
 def _collect(chunks) -> tuple[str, str | None]:

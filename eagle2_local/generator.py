@@ -18,6 +18,7 @@ from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import llama_seconds
+from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
@@ -209,16 +210,23 @@ class Generator:
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
                  seed: int | None = None, speculative: bool | None = None,
-                 cache_prompt: bool = False) -> Iterator[Chunk]:
+                 cache_prompt: bool = False, grammar: Grammar | None = None) -> Iterator[Chunk]:
         """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached".
+
+        ``grammar``: the answer follows it (llama.cpp's grammar engine masks the target's logits before the
+        warpers). Constrained answers are decoded plainly for now: trees do not carry grammar states yet, so a
+        draft attached is not used and ``speculative=True`` is refused.
 
         ``cache_prompt`` False (reproducible): the KV cache of earlier calls is reused only where it is exact
         and the rest of the prompt is evaluated in the aligned schedule, so the answer does not depend on what
         was asked before. True (llama-server's speed option): the whole common prefix is reused and the rest
         evaluated in full batches; a T=0 answer may then differ at near-ties from one without that history."""
-        use_draft = self.engine is not None if speculative is None else speculative
+        if grammar is not None and speculative:
+            raise Eagle2Error("speculative decoding under a grammar is not supported yet (leave speculative unset)")
+        use_draft = self.engine is not None and grammar is None if speculative is None else speculative
         if use_draft and self.engine is None:
             raise Eagle2Error("speculative decoding needs a draft (a head, a draft model or lookup)")
+        state = grammar.state(self.target.model) if grammar is not None else None
         rng = np.random.default_rng(seed)
         emitter = TokenEmitter(self.target.model, max_tokens, tuple(stop), self.stop_tokens)
         call = object()  # identifies this call: a newer one owns the KV cache from its start
@@ -229,9 +237,10 @@ class Generator:
         logits = self._prefill(prompt, stats, exact=not cache_prompt)
         self._prompt = list(prompt)
         stats.prefill_s = self.clock() - t0
-        loop = self._speculative if use_draft else self._plain
+        chunks = (self._speculative(logits, emitter, sampling, rng, stats) if use_draft
+                  else self._plain(logits, emitter, sampling, rng, stats, state))
         try:
-            for chunk in loop(logits, emitter, sampling, rng, stats):
+            for chunk in chunks:
                 yield chunk
                 if self._active is not call:
                     raise Eagle2Error("a newer generation started on this model; an older stream cannot go on")
@@ -242,6 +251,8 @@ class Generator:
             stats.total_s = self.clock() - t0
             if use_draft:
                 stats.budget = self.policy.summary()
+            if state is not None:
+                state.close()
 
     def _prefill(self, prompt: list[int], stats: GenerationStats, exact: bool) -> np.ndarray:
         if len(prompt) == 0:
@@ -285,10 +296,13 @@ class Generator:
 
     # ------------------------------------------------------------------ plain
     def _plain(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
-               rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
+               rng: np.random.Generator, stats: GenerationStats,
+               grammar: GrammarState | None = None) -> Iterator[Chunk]:
         history = list(self.tokens)
-        token = sampling.choose(logits, np.asarray(history), rng)
+        token = choose(sampling, grammar, logits, np.asarray(history), rng)
         while True:
+            if grammar is not None:
+                grammar.accept(token)
             history.append(token)
             yield _emit(emitter, [token])
             if emitter.done:
@@ -307,7 +321,7 @@ class Generator:
             self.tokens.append(token)
             if self.engine is not None:
                 self.backlog.extend(ver.features)  # kept for a feature-fed draft engine's next speculative call
-            token = sampling.choose(logits, np.asarray(history), rng)
+            token = choose(sampling, grammar, logits, np.asarray(history), rng)
             step.done, step.llama_done = self.clock(), llama_seconds()
             stats.add_host(step)
 

@@ -141,6 +141,11 @@ class LlamaModel:
         return self._model
 
     @property
+    def vocab(self):
+        """llama.cpp's vocabulary handle (grammar samplers are built over it)."""
+        return self._vocab
+
+    @property
     def architecture(self) -> str:
         return self.info.architecture
 

@@ -196,6 +196,13 @@ BAD = [  # (what, method, path, httpx kwargs, status, error code or None)
     ("lone surrogate", "POST", COMPLETIONS, {"content": b'{"prompt": "a\\ud800b"}',
                                              "headers": {"content-type": "application/json"}}, 400, None),
     ("n = 2", "POST", CHAT, {"json": {**GOOD, "n": 2}}, 400, "unsupported_parameter"),
+    ("invalid grammar", "POST", CHAT, {"json": {**GOOD, "grammar": "root ::= ("}}, 400, None),
+    ("schema that is not an object", "POST", CHAT, {"json": {**GOOD, "json_schema": [1]}}, 400, "invalid_value"),
+    ("response_format json_schema without a schema", "POST", CHAT,
+     {"json": {**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}}, 400, None),
+    ("unknown response_format", "POST", CHAT, {"json": {**GOOD, "response_format": {"type": "xml"}}}, 400, None),
+    ("tools", "POST", CHAT, {"json": {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}}, 400,
+     "unsupported_parameter"),
     ("token id outside the vocabulary", "POST", COMPLETIONS, {"json": {"prompt": [1, 10 ** 9]}}, 400, None),
     ("negative token id", "POST", COMPLETIONS, {"json": {"prompt": [-5]}}, 400, None),
     ("prompt longer than the context", "POST", COMPLETIONS, {"json": {"prompt": "hello " * 3000}}, 400,
@@ -457,7 +464,7 @@ class StandIn:
     def chat_tokens(self, messages: list[dict]) -> list[int]:
         return [1, 2]
 
-    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None):
+    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None):
         from eagle2_local.generator import Chunk
 
         self.started.set()
@@ -477,7 +484,7 @@ def _job(loop, max_tokens: int = 2):
     from eagle2_local.sampling import SamplingParams
     from eagle2_local.server import Job
 
-    return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, None, loop)
+    return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, None, None, loop)
 
 
 def _events(loop, job, timeout_s: float = 30) -> list[str]:
@@ -682,3 +689,33 @@ def test_stats_totals_sum_the_host_time():
     assert d["host_ms_per_round"] == pytest.approx(35 / 9, abs=1e-4)
     assert d["host_draft_ms_per_round"] == pytest.approx(20 / 9, abs=1e-4)
     assert d["host_us_per_node"] == pytest.approx(875.0) and d["last"] is plain
+
+
+# ------------------------------------------------------------------ structured output
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "likes_tea": {"type": "boolean"}},
+          "required": ["name", "age", "likes_tea"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_with_the_official_client(server):
+    """OpenAI's response_format (whole and streamed) and llama-server's json_schema and grammar fields: the
+    answers parse and validate against the schema, or match the grammar."""
+    import jsonschema
+
+    client = server.openai()
+    ask = [{"role": "user", "content": "Describe Ann, 31, who likes tea, as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    whole = client.chat.completions.create(model=NAME, messages=ask, temperature=0, max_tokens=60,
+                                           response_format=fmt)
+    jsonschema.validate(json.loads(whole.choices[0].message.content), PERSON)
+    assert whole.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=NAME, messages=ask, temperature=0, max_tokens=60, response_format=fmt, stream=True) if c.choices)
+    assert streamed == whole.choices[0].message.content
+    sampled = client.chat.completions.create(model=NAME, messages=ask, temperature=1.0, seed=3, max_tokens=60,
+                                             extra_body={"json_schema": PERSON})
+    jsonschema.validate(json.loads(sampled.choices[0].message.content), PERSON)
+    yes_no = client.completions.create(model=NAME, prompt="Is the sky blue? Answer:", max_tokens=4, temperature=0,
+                                       extra_body={"grammar": 'root ::= " yes" | " no"'})
+    assert yes_no.choices[0].text in (" yes", " no")

@@ -8,7 +8,24 @@ import sys
 import click
 
 from ..console import stats_line
-from .common import friendly_errors, load, runtime_options, sampling_options, sampling_params
+from ..grammar import Grammar, response_grammar
+from .common import fail, friendly_errors, load, runtime_options, sampling_options, sampling_params
+
+
+def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
+    """The grammar named by --grammar-file / --json-schema (one at most), checked before anything loads."""
+    if grammar_file is not None and json_schema is not None:
+        fail("give one of --grammar-file and --json-schema")
+    if grammar_file is not None:
+        with open(grammar_file, encoding="utf-8") as f:
+            return response_grammar(grammar=f.read())
+    if json_schema is not None:
+        text = json_schema
+        if json_schema.startswith("@"):
+            with open(json_schema[1:], encoding="utf-8") as f:
+                text = f.read()
+        return Grammar.from_json_schema(text)
+    return None
 
 
 @click.command("generate")
@@ -18,11 +35,20 @@ from .common import friendly_errors, load, runtime_options, sampling_options, sa
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt as one user message in the chat template.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, tokens, n_tokens, finish_reason and stats.")
+@click.option("--grammar-file", type=click.Path(dir_okay=False), default=None,
+              help="Constrain the answer to a GBNF grammar (llama.cpp's format) read from this file.")
+@click.option("--json-schema", default=None, metavar="SCHEMA",
+              help="Constrain the answer to JSON that follows this JSON schema (inline JSON, or @FILE).")
 @friendly_errors
-def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
+def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, temperature, top_k, top_p, min_p,
+             repeat_penalty, seed, **rt):
     """Generate a continuation of PROMPT and print it (streamed) or as JSON."""
-    llm = load(**rt, seed=seed)
-    if not llm.speculative and not rt["plain"] and not as_json:
+    constraint = read_constraint(grammar_file, json_schema)  # refused before the model loads
+    # answers under a grammar are decoded plainly for now: no draft to load or calibrate
+    llm = load(**{**rt, "plain": rt["plain"] or constraint is not None}, seed=seed)
+    if constraint is not None:
+        constraint.state(llm.model).close()  # an invalid grammar is one error line before any output
+    elif not llm.speculative and not rt["plain"] and not as_json:
         click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
     from ..chat import prompt_tokens
     tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)
@@ -30,7 +56,7 @@ def generate(prompt, as_chat, as_json, max_tokens, temperature, top_k, top_p, mi
     out_tokens: list[int] = []
     pieces: list[str] = []
     reason = None
-    for chunk in llm.stream(tokens, max_tokens or None, sampling, seed=seed):
+    for chunk in llm.stream(tokens, max_tokens or None, sampling, seed=seed, grammar=constraint):
         out_tokens.extend(chunk.tokens)
         pieces.append(chunk.text)
         reason = chunk.finish_reason or reason

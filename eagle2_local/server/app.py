@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..chat import prompt_tokens
 from ..errors import Eagle2Error
+from ..grammar import Grammar, GrammarError, response_grammar
 from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from .errors import APIError, add_error_handlers, shutting_down
 from .guard import Guard
@@ -127,7 +128,20 @@ class Service:
         seed = _pick(body.seed, d.seed)
         if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
             seed = None
-        return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, asyncio.get_running_loop())
+        grammar = self._grammar(body)
+        return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, grammar, asyncio.get_running_loop())
+
+    def _grammar(self, body: SamplingFields) -> Grammar | None:
+        """The request's constraint (``grammar``, ``json_schema`` or ``response_format``), compiled once against
+        the model here so that a bad one is a 400 before the request takes a queue slot."""
+        try:
+            grammar = response_grammar(body.grammar, body.json_schema, body.response_format)
+            if grammar is not None:
+                grammar.state(self.llm.model).close()
+        except GrammarError as exc:
+            raise APIError(400, str(exc), param="response_format" if body.response_format else
+                           "json_schema" if body.json_schema is not None else "grammar") from None
+        return grammar
 
     async def _collect(self, job: Job, shape, head: dict, request: Request) -> dict:
         """A whole answer; a client that disconnects while waiting stops its generation all the same."""

@@ -32,6 +32,9 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     cache_prompt: bool | None = None  # llama-server's field; None: the server's default (serve --cache-prompt)
+    grammar: str | None = None  # llama-server's GBNF
+    json_schema: dict | None = None  # llama-server's JSON schema
+    response_format: dict | None = None  # OpenAI's: {"type": "text" | "json_object" | "json_schema", ...}
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -51,13 +54,10 @@ class SamplingFields(BaseModel):
             "echo": bool(extra.get("echo")), "best_of": extra.get("best_of") not in (None, 1),
             "suffix": bool(extra.get("suffix")), "logit_bias": bool(extra.get("logit_bias")),
             "tools": bool(extra.get("tools")), "functions": bool(extra.get("functions")),
-            "grammar": bool(extra.get("grammar")),
-            "response_format": isinstance(extra.get("response_format"), dict)
-            and extra["response_format"].get("type", "text") != "text",
         }
         for name, bad in unsupported.items():
             if bad:
-                raise APIError(400, f"{name}: not supported by this server (only n=1, plain text, no logprobs)",
+                raise APIError(400, f"{name}: not supported by this server (only n=1, no logprobs or tools)",
                                code="unsupported_parameter", param=name)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import ContextFullError, EmptyPromptError
+from ..grammar import Grammar
 from ..generator import add_counts, host_summary
 from ..sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
@@ -34,6 +35,7 @@ class Job:
     stop: tuple[str, ...]
     seed: int | None
     cache_prompt: bool | None
+    grammar: Grammar | None
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -161,7 +163,7 @@ class ModelWorker:
     def _generate(self, job: Job) -> tuple[str, Any]:
         """Stream ``job``'s chunks; stop between rounds once its client has gone (or the server stops)."""
         stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed,
-                                 cache_prompt=job.cache_prompt)
+                                 cache_prompt=job.cache_prompt, grammar=job.grammar)
         tokens: list[int] = []
         reason = None
         try:

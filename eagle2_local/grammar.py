@@ -1,0 +1,195 @@
+"""Constrained output: llama.cpp's own grammar engine (GBNF) through its C API, and JSON schemas turned into GBNF
+by the converter llama-cpp-python ships, so answers follow exactly the rules llama-server and llama-cpp-python
+apply (``grammar``, ``json_schema``, ``response_format``).
+
+A :class:`GrammarState` is one parse position: it says which tokens may come next and advances by one token.
+Sampling under a grammar masks the disallowed tokens of the target's logits before the usual warpers, as
+llama.cpp does; greedy decoding first checks the unconstrained argmax (microseconds) and builds the full mask
+only when the grammar refuses it (milliseconds over a whole vocabulary: NOTES.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Iterator
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from .errors import Eagle2Error
+from .llama import LlamaModel, last_llama_errors
+from .sampling import SamplingParams
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+
+
+class GrammarError(Eagle2Error):
+    """A grammar or JSON schema that cannot be used (syntax, unsupported feature)."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """GBNF text with its start rule; :meth:`state` compiles it for a model's vocabulary."""
+
+    gbnf: str
+    root: str = "root"
+
+    @classmethod
+    def from_json_schema(cls, schema: dict | str) -> "Grammar":
+        """The GBNF llama-cpp-python makes of a JSON schema (refused in one line when it cannot)."""
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the JSON schema is not JSON: {exc.msg} at line {exc.lineno}") from None
+        if not isinstance(parsed, dict):
+            raise GrammarError("a JSON schema must be an object")
+        try:
+            return cls(json_schema_to_gbnf(text))
+        except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions of several kinds
+            raise GrammarError(f"unsupported JSON schema: {exc}") from None
+
+    @classmethod
+    def json_object(cls) -> "Grammar":
+        """Any JSON object (``response_format={"type": "json_object"}``)."""
+        return cls(JSON_GBNF)
+
+    def state(self, model: LlamaModel) -> "GrammarState":
+        """A parse at the grammar's start, over ``model``'s vocabulary."""
+        last_llama_errors()
+        with _c_stderr() as printed:
+            ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, self.gbnf.encode("utf-8"),
+                                                       self.root.encode("utf-8"))
+        if not ptr:
+            raise GrammarError(f"invalid grammar: {_parse_error(printed, last_llama_errors())}")
+        return GrammarState(ptr, model.n_vocab)
+
+
+@contextlib.contextmanager
+def _c_stderr() -> Iterator[list[str]]:
+    """Capture what C code writes to file descriptor 2 meanwhile: llama.cpp's grammar parser prints its errors
+    there (not through the log callback), several lines that would break a one-line error."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
+
+
+def _parse_error(printed: list[str], logged: str) -> str:
+    """One line from what the parser printed: its reason and where (``expecting ')' at: root ::= (``)."""
+    for i, line in enumerate(printed):
+        if "error parsing grammar:" in line:
+            where = next((x.strip() for x in printed[i + 1:] if x.strip()), "")
+            reason = line.split("error parsing grammar:", 1)[1].strip().rstrip(" at").strip()
+            return f"{reason} at: {where[:60]}" if where else reason
+    lines = [x for x in printed + logged.splitlines() if x.strip()]
+    return lines[-1].strip() if lines else "llama.cpp could not parse it"
+
+
+class GrammarState:
+    """One position in a grammar: which tokens may come next (:meth:`allows`, :meth:`mask`), and :meth:`accept`."""
+
+    def __init__(self, ptr, n_vocab: int) -> None:
+        self._ptr = ptr
+        self.n_vocab = n_vocab
+        self._buf = np.zeros(n_vocab, dtype=TOKEN_DATA)
+
+    def _apply(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` the grammar allows now (llama.cpp sets a refused entry's logit to -inf)."""
+        buf = self._buf[:len(ids)]
+        buf["id"] = ids
+        buf["logit"] = 0.0
+        arr = llama_cpp.llama_token_data_array(data=buf.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
+                                               size=len(ids), selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(arr))
+        return np.isfinite(buf["logit"])
+
+    def allows(self, token: int) -> bool:
+        return bool(self._apply(np.array([token], dtype=np.int32))[0])
+
+    def mask(self) -> np.ndarray:
+        """A boolean vector over the vocabulary: the tokens allowed next."""
+        return self._apply(np.arange(self.n_vocab, dtype=np.int32))
+
+    def constrain(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with every disallowed token at -inf (a copy)."""
+        allowed = self.mask()
+        if not allowed.any():
+            raise GrammarError("the grammar allows no token here (it cannot be completed)")
+        return np.where(allowed, logits, -np.inf)
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._ptr, int(token))
+
+    def clone(self) -> "GrammarState":
+        return GrammarState(llama_cpp.llama_sampler_clone(self._ptr), self.n_vocab)
+
+    def close(self) -> None:
+        if self._ptr:
+            llama_cpp.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def choose(sampling: SamplingParams, grammar: GrammarState | None, logits: np.ndarray, history: np.ndarray,
+           rng: np.random.Generator) -> int:
+    """The next token under ``grammar`` (None: unconstrained): the warpers applied to the logits with every
+    disallowed token masked, as llama.cpp samples under a grammar. Greedy takes the unconstrained argmax when the
+    grammar allows it (masking only removes tokens, so it is the constrained argmax too) and masks only if not."""
+    if grammar is None:
+        return sampling.choose(logits, history, rng)
+    if sampling.greedy:
+        token = sampling.choose(logits, history, rng)
+        if grammar.allows(token):
+            return token
+    return sampling.choose(grammar.constrain(logits), history, rng)
+
+
+def response_grammar(grammar: str | None = None, json_schema: dict | None = None,
+                     response_format: dict | None = None) -> Grammar | None:
+    """The one constraint a request names: GBNF text, a JSON schema, or an OpenAI ``response_format``
+    (``{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}``); None: free text."""
+    given = [g for g in (grammar, json_schema, response_format) if g is not None]
+    if response_format is not None and response_format.get("type", "text") == "text":
+        given.remove(response_format)
+        response_format = None
+    if len(given) > 1:
+        raise GrammarError("give one of grammar, json_schema and response_format")
+    if grammar is not None:
+        if not grammar.strip():
+            raise GrammarError("the grammar is empty")
+        return Grammar(grammar)
+    if json_schema is not None:
+        return Grammar.from_json_schema(json_schema)
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind == "json_object":
+            schema = response_format.get("schema")  # llama-cpp-python's extension
+            return Grammar.from_json_schema(schema) if schema else Grammar.json_object()
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise GrammarError("response_format json_schema needs {\"json_schema\": {\"schema\": {...}}}")
+            return Grammar.from_json_schema(spec["schema"])
+        raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
+    return None
