@@ -20,11 +20,65 @@ def records(name: str) -> list[dict]:
     return [json.loads(line) for line in (SETS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
+SIZES = {"code_edit": 20, "code_edit_short": 24, "edit_chat": 16, "extract": 32, "qa_passage": 20}
+
+
 def test_sets_load_with_bench_loader():
     sets = {s.name: s.prompts for s in load_prompt_sets([str(SETS_DIR)], None)}
-    assert set(sets) == {"code_edit", "qa_passage"}
-    assert len(sets["code_edit"]) == 20 and len(sets["qa_passage"]) == 20
-    assert [len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], 2)] == [2, 2]
+    assert {name: len(p) for name, p in sets.items()} == SIZES
+    assert [len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], 2)] == [2] * len(SIZES)
+
+
+def test_every_set_holds_back_every_fourth_record_of_each_category():
+    for name in SIZES:
+        recs = records(name)
+        for category in {r["category"] for r in recs}:
+            splits = [r["split"] for r in recs if r["category"] == category]
+            assert splits == ["heldout" if i % 4 == 3 else "tune" for i in range(len(splits))], (name, category)
+        assert any(r["split"] == "heldout" for r in recs)
+
+
+def test_code_edit_short_answers_are_short_exact_edits(smollm2_path):
+    """The promise: the whole answer (the edited function, fenced) is under 120 tokens. The builder bounds it at
+    240 characters; here the default model's tokenizer counts it."""
+    from eagle2_local.llama import LlamaModel
+
+    model = LlamaModel(smollm2_path)
+    recs = records("code_edit_short")
+    assert {r["category"].split("/")[1] for r in recs} == {"fix_bug", "rename", "rename_arg", "rename_function"}
+    for rec in recs:
+        (given,) = FENCE.findall(rec["turns"][0])
+        answer = rec["reference"][0]
+        (expected,) = FENCE.findall(answer)
+        assert len(answer) <= 240 and len(model.tokenize(answer, add_special=False, parse_special=False)) < 120
+        assert expected != given and len(expected.splitlines()) == len(given.splitlines())
+        fn = next(n for n in ast.parse(expected).body if isinstance(n, ast.FunctionDef))
+        assert ast.get_docstring(fn) is None  # docstrings are dropped so answers stay short
+
+
+def test_edit_chats_paste_a_file_then_ask_for_edits():
+    recs = records("edit_chat")
+    assert len(recs) >= 8 and {len(r["turns"]) for r in recs} == {3, 4}
+    for rec in recs:
+        first, *rest = rec["turns"]
+        (file,) = FENCE.findall(first)
+        names = [n.name for n in ast.parse(file).body if isinstance(n, ast.FunctionDef)]
+        assert len(names) == 3 and first.startswith("Here is my file:")
+        for turn, name in zip(rec["turns"], names):  # turn k edits function k
+            assert f"Return the whole updated function `{name}`" in turn
+        assert all("```python\n" not in t for t in rest)  # later turns refer to the pasted file
+        assert rec["category"] == f"edit_chat/{len(rec['turns'])}_turns"
+
+
+def test_extract_references_are_copied_from_the_passage():
+    recs = records("extract")
+    assert {r["category"].split("/")[1] for r in recs} == {"sentence", "numbers", "quotes", "names"}
+    for rec in recs:
+        _question, passage = rec["turns"][0].split("\n\nPassage:\n")
+        assert 120 <= len(passage.split()) <= 250
+        for line in rec["reference"][0].splitlines():
+            part = line.split(": ", 1)[1] if rec["category"] == "extract/numbers" else line
+            assert part in passage, (rec["question_id"], line)
 
 
 def test_code_edit_prompts_hold_a_whole_function():
@@ -65,7 +119,8 @@ def test_build_script_regenerates_the_committed_files(tmp_path):
     proc = subprocess.run([sys.executable, str(SETS_DIR / "build_prompts.py"), "--source", str(PROMPTS_DIR),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    for name in ("code_edit", "qa_passage"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{name}.jsonl" for name in SIZES)
+    for name in SIZES:
         assert (tmp_path / f"{name}.jsonl").read_bytes() == (SETS_DIR / f"{name}.jsonl").read_bytes()
     bad = subprocess.run([sys.executable, str(SETS_DIR / "build_prompts.py"), "--source", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=60)

@@ -1,9 +1,11 @@
-"""Build the copy-heavy prompt sets (code_edit.jsonl, qa_passage.jsonl) from the EAGLE prompt sets in eagle/.
+"""Build the copy-heavy prompt sets (code_edit, code_edit_short, edit_chat, qa_passage, extract) from eagle/.
 
 Lookup drafts pay when the answer repeats its input, so these sets ask for exactly that: edits that return a
-whole function, and answers that quote a passage. Everything is derived deterministically from humaneval.jsonl
-(function prompt + reference solution) and sum.jsonl (news articles), so rerunning this script rewrites the
-same files byte for byte.
+whole function (short ones too, where a draft must pay from its first rounds), multi-turn chats about a pasted
+file, and answers that quote or extract from a passage. Everything is derived deterministically from
+humaneval.jsonl (function prompt + reference solution) and sum.jsonl (news articles), so rerunning this script
+rewrites the same files byte for byte. Every record carries a ``split``: "heldout" for every 4th record of each
+category, "tune" for the rest, so that settings tuned on a set can be checked on prompts tuning never saw.
 
 Usage: python benchmarks/prompts/build_prompts.py [--source DIR] [--out DIR] [--n 20]
 """
@@ -32,6 +34,14 @@ FRIENDLY_NAMES = {"i": "index", "j": "inner", "k": "third", "x": "item", "e": "e
                   "l": "values", "n": "count", "c": "char", "ans": "answer", "res": "result", "lst": "items",
                   "check": "last_word", "s_list": "chars", "char": "letter"}
 TYPING_TO_BUILTIN = {"List": "list", "Dict": "dict", "Tuple": "tuple", "Set": "set"}
+
+
+# Sizes of the newer sets. code_edit_short: four kinds, 6 each (only 8 short functions take a bug the docstring
+# examples catch, and other kinds use some first); extract: four kinds, 8 each; edit_chat: 8 three-turn and 8
+# four-turn chats.
+N_SHORT = 24
+N_CHATS = 16
+N_EXTRACT = 32
 
 
 class BuildError(Exception):
@@ -102,7 +112,10 @@ def passes_doctests(code: str) -> bool | None:
     except Exception:
         return None
     fn = namespace.get(the_function(code).name)
-    tests = doctest.DocTestFinder(recurse=False).find(fn, globs=namespace)
+    try:
+        tests = doctest.DocTestFinder(recurse=False).find(fn, globs=namespace)
+    except ValueError:  # examples doctest cannot parse (e.g. a "\n" inside one) test nothing
+        return None
     if not tests or not tests[0].examples:
         return None
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -189,6 +202,21 @@ def edit_validation(code: str) -> dict | None:
 EDITS = [edit_type_hints, edit_rename, edit_comments, edit_fix_bug, edit_validation]
 
 
+HELDOUT_EVERY = 4  # every 4th record of each category is held out
+
+
+def with_splits(records: list[dict]) -> list[dict]:
+    """Mark every ``HELDOUT_EVERY``-th record of each category "heldout", the rest "tune".
+
+    Counted per category, not over the file: kinds take turns, so a file-wide "every 4th" would hold out one
+    kind only when a set has four kinds. Returns the records (changed in place)."""
+    seen: Counter[str] = Counter()
+    for rec in records:
+        seen[rec["category"]] += 1
+        rec["split"] = "heldout" if seen[rec["category"]] % HELDOUT_EVERY == 0 else "tune"
+    return records
+
+
 def take_in_turn(sources: list[tuple[int, object]], makers: list, n: int, set_name: str, render) -> list[dict]:
     """Makers take turns; each uses the next unused source (file order) it applies to. render(item) -> turn, reference."""
     used: set[int] = set()
@@ -208,7 +236,7 @@ def take_in_turn(sources: list[tuple[int, object]], makers: list, n: int, set_na
             break
         else:
             raise BuildError(f"ran out of source records for {set_name} kind {make.__name__}")
-    return out
+    return with_splits(out)
 
 
 def build_code_edit(humaneval: list[dict], n: int) -> list[dict]:
@@ -219,6 +247,170 @@ def build_code_edit(humaneval: list[dict], n: int) -> list[dict]:
         return f"{edit['text']}\n\n```python\n{edit['code']}```", (f"```python\n{ref}```" if ref else None)
 
     return take_in_turn(funcs, EDITS, n, "code_edit", render)
+
+
+# ---- code_edit_short ---------------------------------------------------------------------------------------
+
+# The whole answer (the edited function in a ```python block) must stay under 120 tokens. The builder needs no
+# model, so it bounds characters: on every humaneval function SmolLM2's tokenizer (the default model) spends at
+# most 0.49 tokens per character of such a block, so 240 characters stay under ~118 tokens; Qwen2.5's tokenizer
+# merges indentation and is no less thrifty. tests/test_prompt_sets.py checks the real count with SmolLM2.
+SHORT_ANSWER_CHARS = 240
+MAX_SPEC_CHARS = 300
+
+
+def doc_lead(fn: ast.FunctionDef) -> str | None:
+    """The docstring's first paragraph on one line (examples dropped), or None when missing or over
+    ``MAX_SPEC_CHARS``: what the function is for, said in the request so the answer need not repeat it."""
+    doc = ast.get_docstring(fn) or ""
+    lead = re.split(r"\n\s*\n|>>>|\bExamples?\b|\bFor example\b|\bExample:", doc)[0]
+    lead = " ".join(lead.split())
+    return lead if lead and len(lead) <= MAX_SPEC_CHARS else None
+
+
+def shorten(code: str) -> str:
+    """``code`` without its docstring (imports and the body byte for byte): humaneval docstrings are mostly
+    test cases, and re-emitting them would make every answer long."""
+    fn = the_function(code)
+    first = fn.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        return code
+    lines = code.splitlines(keepends=True)
+    rest = lines[first.end_lineno:]
+    while rest and not rest[0].strip():  # the blank line that followed the docstring
+        rest = rest[1:]
+    return "".join(lines[:first.lineno - 1] + rest)
+
+
+def fits_short(edit: dict | None) -> dict | None:
+    """Keep an edit only if its expected answer, fenced, is within ``SHORT_ANSWER_CHARS``."""
+    if edit is None or len(f"```python\n{edit['reference']}```") > SHORT_ANSWER_CHARS:
+        return None
+    return edit
+
+
+def rename_everywhere(code: str, old: str, new: str) -> str:
+    return replace_tokens(code, lambda t: new if t.type == tokenize.NAME and t.string == old else None)[0]
+
+
+def short_rename(full: str) -> dict | None:
+    return fits_short(edit_rename(shorten(full)))
+
+
+def short_rename_arg(full: str) -> dict | None:
+    """Rename the first argument whose new name is free."""
+    code = shorten(full)
+    fn = the_function(code)
+    used = {tok.string for tok in tokenize.generate_tokens(io.StringIO(code).readline)}
+    for arg in fn.args.args:
+        old = arg.arg
+        new = FRIENDLY_NAMES.get(old, f"{old}_value")
+        if new in used:
+            continue
+        return fits_short({"kind": "rename_arg", "text": f"Rename the argument `{old}` to `{new}` everywhere in "
+                           f"this function and change nothing else. {RETURN_WHOLE}", "code": code,
+                           "reference": rename_everywhere(code, old, new)})
+    return None
+
+
+def short_rename_function(full: str) -> dict | None:
+    """snake_case name to camelCase (recursive calls too); only names with an underscore."""
+    code = shorten(full)
+    fn = the_function(code)
+    parts = fn.name.split("_")
+    new = parts[0] + "".join(p[:1].upper() + p[1:] for p in parts[1:])
+    if "_" not in fn.name.strip("_") or new == fn.name:
+        return None
+    return fits_short({"kind": "rename_function", "text": f"Rename the function `{fn.name}` to `{new}` and change "
+                       f"nothing else. {RETURN_WHOLE}", "code": code, "reference": rename_everywhere(code, fn.name, new)})
+
+
+def short_fix_bug(full: str) -> dict | None:
+    """The bug is injected and checked on the full function (its docstring examples must catch it); the request
+    states the docstring's first paragraph, and both versions lose the docstring."""
+    edit = edit_fix_bug(full)
+    spec = doc_lead(the_function(full))
+    if edit is None or spec is None:
+        return None
+    return fits_short({"kind": "fix_bug", "text": f"This function should do the following: {spec} One comparison "
+                       f"in it is wrong. Fix it and change nothing else. {RETURN_WHOLE}",
+                       "code": shorten(edit["code"]), "reference": shorten(edit["reference"])})
+
+
+SHORT_EDITS = [short_fix_bug, short_rename, short_rename_arg, short_rename_function]  # the scarcest first
+
+
+def build_code_edit_short(humaneval: list[dict], n: int) -> list[dict]:
+    funcs = [(rec["question_id"], code) for rec in humaneval if (code := full_function(rec))]
+
+    def render(edit: dict, _code: str) -> tuple[str, str]:
+        return f"{edit['text']}\n\n```python\n{edit['code']}```", f"```python\n{edit['reference']}```"
+
+    return take_in_turn(funcs, SHORT_EDITS, n, "code_edit_short", render)
+
+
+# ---- edit_chat ---------------------------------------------------------------------------------------------
+
+CHAT_FUNCTIONS = 3
+CHAT_EDITS = [edit_type_hints, edit_rename, edit_comments, edit_validation]
+WHOLE_FILE = "Now return the whole file with all the changes so far, in one ```python code block."
+
+
+def split_imports(code: str) -> tuple[list[str], str]:
+    """A function module's top-level import lines, and the rest (the function), so files can hoist imports."""
+    tree = ast.parse(code)
+    lines = code.splitlines(keepends=True)
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    drop = {i for n in imports for i in range(n.lineno - 1, n.end_lineno)}
+    rest = "".join(line for i, line in enumerate(lines) if i not in drop).strip("\n") + "\n"
+    return ["".join(lines[n.lineno - 1:n.end_lineno]).rstrip("\n") for n in imports], rest
+
+
+def make_file(codes: list[str]) -> str:
+    """Functions joined into one module: their imports first (deduplicated, in order), two blank lines apart."""
+    imports: list[str] = []
+    bodies = []
+    for code in codes:
+        imps, body = split_imports(code)
+        imports += [i for i in imps if i not in imports]
+        bodies.append(body)
+    head = "\n".join(imports) + "\n\n\n" if imports else ""
+    return head + "\n\n".join(bodies)
+
+
+def chat_edit(i: int, k: int, code: str) -> dict:
+    """Turn ``k`` of chat ``i`` edits ``code`` with the next edit kind (in turn) that applies to it."""
+    for step in range(len(CHAT_EDITS)):
+        edit = CHAT_EDITS[(i + k + step) % len(CHAT_EDITS)](code)
+        if edit is not None:
+            return edit
+    raise BuildError("no chat edit applies")  # edit_type_hints always applies
+
+
+def build_edit_chat(humaneval: list[dict], n: int) -> list[dict]:
+    """Chat ``i`` pastes a file of the next ``CHAT_FUNCTIONS`` functions (file order) and asks for one edit of
+    each in turn; every even-numbered chat ends with a fourth turn asking for the whole file back."""
+    funcs = [(rec["question_id"], code) for rec in humaneval if (code := full_function(rec))]
+    if len(funcs) < n * CHAT_FUNCTIONS:
+        raise BuildError(f"edit_chat needs {n * CHAT_FUNCTIONS} functions, the source has {len(funcs)}")
+    out = []
+    for i in range(n):
+        group = funcs[i * CHAT_FUNCTIONS:(i + 1) * CHAT_FUNCTIONS]
+        turns = []
+        for k, (_qid, code) in enumerate(group):
+            name = the_function(code).name
+            edit = chat_edit(i, k, code)
+            ask = (edit["text"].replace(RETURN_WHOLE, "").strip()
+                   .replace("this function's body", f"the body of `{name}`").replace("this function", f"`{name}`")
+                   + f" Return the whole updated function `{name}` in a ```python code block.")
+            turns.append(f"Here is my file:\n\n```python\n{make_file([c for _q, c in group])}```\n\n{ask}"
+                         if k == 0 else ask)
+        if i % 2 == 0:
+            turns.append(WHOLE_FILE)
+        out.append({"question_id": i, "category": f"edit_chat/{len(turns)}_turns", "turns": turns,
+                    "source_question_ids": [qid for qid, _c in group]})
+    return with_splits(out)
 
 
 # ---- qa_passage --------------------------------------------------------------------------------------------
@@ -310,25 +502,106 @@ def build_qa_passage(articles: list[dict], n: int) -> list[dict]:
                         lambda q, passage: (f"{q['text']}\n\nPassage:\n{' '.join(passage)}", q.get("reference")))
 
 
+# ---- extract -----------------------------------------------------------------------------------------------
+
+# Double-quoted, or single-quoted as the Daily Mail's articles quote (apostrophes inside words allowed).
+QUOTED = re.compile(r"[\"\u201c]([^\"\u201c\u201d]{12,}?)[\"\u201d]|(?<!\w)'((?:[^']|(?<=\w)'(?=\w)){12,}?)'(?!\w)")
+NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:[ -][A-Z][a-z]+)*\b")
+
+
+def names_in_order(passage: list[str]) -> list[str]:
+    """Runs of capitalised words (not sentence-initial stopwords), first appearance order: a guide for reading
+    answers, since a regular expression cannot tell a name from a capitalised common word."""
+    seen: list[str] = []
+    for s in passage:
+        for m in NAME_RUN.finditer(s):
+            words = [w for w in re.split(r"[ -]", m.group(0))]
+            while words and (words[0] in STOP or (m.start() == 0 and len(words) == 1)):
+                words = words[1:]
+            name = " ".join(words)
+            if len(name) > 2 and name not in seen and name not in STOP:
+                seen.append(name)
+    return seen
+
+
+def ex_sentence(passage: list[str]) -> dict | None:
+    """The first capitalised word (not a stopword) that occurs in exactly one sentence, so the answer is one."""
+    for s in passage:
+        for word in re.findall(r"[A-Za-z][A-Za-z'-]+", s)[1:]:
+            if word[0].isupper() and word not in STOP and len(word) > 3:
+                hits = [t for t in passage if re.search(rf"\b{re.escape(word)}\b", t)]
+                if len(hits) == 1:
+                    return {"kind": "sentence", "text": f"Quote the sentence of the passage below that mentions "
+                            f"{word}, exactly as written.", "reference": hits[0]}
+    return None
+
+
+def ex_numbers(passage: list[str]) -> dict | None:
+    rows = [f"{m.group(0).rstrip('.,')}: {s}" for s in passage for m in NUMBER.finditer(s)]
+    if len(rows) < 3:
+        return None
+    return {"kind": "numbers", "text": "List every number written in digits in the passage below, in the order "
+            "they appear, each followed by a colon and the sentence it comes from, copied exactly.",
+            "reference": "\n".join(rows)}
+
+
+def ex_quotes(passage: list[str]) -> dict | None:
+    quotes = [m.group(1) or m.group(2) for s in passage for m in QUOTED.finditer(s)]
+    if len(quotes) < 2:
+        return None
+    return {"kind": "quotes", "text": "Copy every remark in quotation marks from the passage below, in order, one "
+            "per line, word for word.", "reference": "\n".join(quotes)}
+
+
+def ex_names(passage: list[str]) -> dict | None:
+    names = names_in_order(passage)
+    if len(names) < 3:
+        return None
+    return {"kind": "names", "text": "Copy the names of the people, places and organisations in the passage "
+            "below in the order they first appear, one per line, spelled exactly as in the passage.",
+            "reference": "\n".join(names)}
+
+
+EXTRACTIONS = [ex_sentence, ex_numbers, ex_quotes, ex_names]
+
+
+def build_extract(articles: list[dict], n: int) -> list[dict]:
+    """Shorter passages than qa_passage (120-250 words): extraction answers are mostly copied, so the passage,
+    not the answer, is what makes a prompt long."""
+    passages = []
+    for rec in articles:
+        text = rec["turns"][0]
+        text = text[len("Summarize:"):].strip() if text.startswith("Summarize:") else text.strip()
+        if (cut := cut_passage(text, low=120, high=250)) is not None:
+            passages.append((rec["question_id"], cut))
+    return take_in_turn(passages, EXTRACTIONS, n, "extract",
+                        lambda q, passage: (f"{q['text']}\n\nPassage:\n{' '.join(passage)}", q.get("reference")))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE,
                     help="folder with humaneval.jsonl and sum.jsonl (default: eagle/ in this folder)")
     ap.add_argument("--out", type=Path, default=HERE, help="where to write the sets (default: this folder)")
-    ap.add_argument("--n", type=int, default=20, help="prompts per set")
+    ap.add_argument("--n", type=int, default=20, help="prompts in code_edit and qa_passage")
     args = ap.parse_args(argv)
     try:
         if args.n < 1:
             raise BuildError("--n must be at least 1")
-        code = build_code_edit(read_jsonl(args.source / "humaneval.jsonl"), args.n)
-        qa = build_qa_passage(read_jsonl(args.source / "sum.jsonl"), args.n)
+        humaneval = read_jsonl(args.source / "humaneval.jsonl")
+        articles = read_jsonl(args.source / "sum.jsonl")
+        sets = {"code_edit": build_code_edit(humaneval, args.n),
+                "code_edit_short": build_code_edit_short(humaneval, N_SHORT),
+                "edit_chat": build_edit_chat(humaneval, N_CHATS),
+                "qa_passage": build_qa_passage(articles, args.n),
+                "extract": build_extract(articles, N_EXTRACT)}
         args.out.mkdir(parents=True, exist_ok=True)
-        write_jsonl(args.out / "code_edit.jsonl", code)
-        write_jsonl(args.out / "qa_passage.jsonl", qa)
+        for name, records in sets.items():
+            write_jsonl(args.out / f"{name}.jsonl", records)
     except (BuildError, OSError, json.JSONDecodeError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {len(code)} code_edit and {len(qa)} qa_passage prompts to {args.out}")
+    print(f"wrote {', '.join(f'{len(r)} {name}' for name, r in sets.items())} prompts to {args.out}")
     return 0
 
 
