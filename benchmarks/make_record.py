@@ -17,18 +17,26 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def _records(st: dict) -> str:
+    """Which records ran, for reports that say (bench --split, --first-turn); nothing for older reports, which
+    ran every record's first turn."""
+    out = f", split {st['split']}" if st.get("split", "all") != "all" else ""
+    return out + {"first": ", first turns only", "all": ", every turn of multi-turn records"}.get(st.get("turns"), "")
+
+
 def bench_section(path: Path, rep: dict) -> list[str]:
     st, m = rep["settings"], rep["machine"]
     lines = [f"### {path.stem}", "",
              f"- date: {rep['date']}; machine: {m['cpu']}, {m['cores']} cores; llama-cpp-python {m['llama_cpp_python']}",
              f"- model: `{Path(st['model']).name}` (sha256 {st['model_sha256'][:12]}…); draft: `{st['engine']}`",
              f"- threads {st['threads']}, max_tokens {st['max_tokens']}, temperature {st['temperature']}, "
-             f"tree {st['tree']}, repeat {st['repeat']}",
+             f"tree {st['tree']}, repeat {st['repeat']}{_records(st)}",
              f"- command: `{st['command']}`"] + ([f"- note: {rep['note']}"] if rep.get("note") else []) + ["",
              "| set | prompts | plain tok/s | eagle tok/s | speedup (median) | tau | identical | near-ties | tree |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, s in rep["sets"].items():
-        lines.append(f"| {name} | {s['n_prompts']} | {s['tokens_per_s_plain']:.1f} | {s['tokens_per_s_eagle']:.1f} | "
+        turns = f" ({s['n_turns']} turns)" if s.get("n_turns", 0) > s["n_prompts"] else ""
+        lines.append(f"| {name} | {s['n_prompts']}{turns} | {s['tokens_per_s_plain']:.1f} | {s['tokens_per_s_eagle']:.1f} | "
                      f"{s['speedup']:.2f}x | {s['tau']:.2f} | {s['identical_outputs']} | "
                      f"{s['near_tie_divergences']} | {s['mean_tree_size']:.1f} |")
     tools = {k: s["llama_cpp"] for k, s in rep["sets"].items() if "llama_cpp" in s}

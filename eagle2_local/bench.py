@@ -4,13 +4,16 @@ Both modes run on one :class:`~eagle2_local.api.Eagle2` (same llama.cpp build, m
 threads; plain decoding is its ``speculative=False`` path), reset before every run, so neither profits from the
 other's KV cache. Speed is tokens per second of decoding (the
 prompt's prefill is the same for both and excluded); the speedup of a set is the median of per-prompt ratios.
-At temperature 0 the outputs are compared token for token; a divergence is reported as a near-tie when the
+A record with several user turns runs as a chat, each turn after the mode's own
+earlier answers; its speed, τ and comparison cover every turn. At temperature 0 the outputs are compared token
+for token; a divergence is reported as a near-tie when the
 target's top-2 logits at that position differ by less than ``tie_tolerance`` (multi-threaded CPU runs are not
 batch-invariant, see NOTES.md), and as a mismatch otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import json
@@ -37,14 +40,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+SPLITS = ("tune", "heldout")
+
+
 @dataclass
 class PromptSet:
+    """A prompt set's records: ``prompts`` holds each record's first user turn (what single-turn callers use),
+    ``chats`` every turn of each record (empty: one turn each, the ``prompts``)."""
+
     name: str
     prompts: list[str]
+    chats: list[list[str]] = field(default_factory=list)
+
+    def turns(self, index: int) -> list[str]:
+        """The user turns of record ``index``, in order."""
+        return self.chats[index] if self.chats else [self.prompts[index]]
 
 
-def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
-    """Each spec is a JSONL file or a folder of them; records carry ``turns`` (first turn used) or ``prompt``."""
+def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> list[PromptSet]:
+    """Each spec is a JSONL file or a folder of them; records carry ``turns`` (a list of user messages) or
+    ``prompt``.
+
+    ``split`` ("tune", "heldout" or "all") keeps the records whose ``split`` field says so, before the first
+    ``n`` are taken; a record without one counts as "tune": held-out records must be marked as such, so that an
+    unmarked set can never pass for one tuning has not seen. A set left empty by the split is dropped."""
+    if split not in ("all", *SPLITS):
+        raise Eagle2Error(f"split must be all, tune or heldout, got {split!r}")
     sets: list[PromptSet] = []
     for spec in specs:
         path = Path(spec).expanduser()
@@ -52,7 +73,7 @@ def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
         if not files or not all(f.is_file() for f in files):
             raise Eagle2Error(f"no prompt set at {spec} (give a .jsonl file or a folder of them)")
         for f in files:
-            prompts = []
+            chats: list[list[str]] = []
             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
                 if not line.strip():
                     continue
@@ -63,11 +84,22 @@ def load_prompt_sets(specs: list[str], n: int | None) -> list[PromptSet]:
                 if not isinstance(rec, dict):
                     raise Eagle2Error(f"{f}:{i + 1}: a record must be a JSON object, got {line.strip()[:40]}")
                 turns = rec.get("turns")
-                text = turns[0] if isinstance(turns, list) and turns else rec.get("prompt")
-                if not isinstance(text, str):
-                    raise Eagle2Error(f"{f}:{i + 1}: record has neither 'turns' nor 'prompt'")
-                prompts.append(text)
-            sets.append(PromptSet(f.stem, prompts[:n] if n else prompts))
+                if not (isinstance(turns, list) and turns):
+                    if not isinstance(rec.get("prompt"), str):
+                        raise Eagle2Error(f"{f}:{i + 1}: record has neither 'turns' nor 'prompt'")
+                    turns = [rec["prompt"]]
+                if not all(isinstance(t, str) for t in turns):
+                    raise Eagle2Error(f"{f}:{i + 1}: 'turns' must be a list of strings")
+                rec_split = rec.get("split", "tune")
+                if rec_split not in SPLITS:
+                    raise Eagle2Error(f"{f}:{i + 1}: split must be tune or heldout, got {rec_split!r}")
+                if split in ("all", rec_split):
+                    chats.append(turns)
+            chats = chats[:n] if n else chats
+            if chats or split == "all":
+                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats))
+    if not sets:
+        raise Eagle2Error(f"no {split} records in {', '.join(specs)}")
     return sets
 
 
@@ -98,9 +130,11 @@ class PromptResult:
     plain: dict
     eagle: dict
     identical: bool
-    divergence_at: int | None = None
+    divergence_at: int | None = None  # token index in the answer of turn ``divergence_turn``
     divergence_gap: float | None = None
     llama_cpp: dict | None = None
+    turns: int = 1
+    divergence_turn: int | None = None
 
     @property
     def speedup(self) -> float:
@@ -129,39 +163,60 @@ class Bench:
     def model(self) -> LlamaModel:
         return self.llm.model
 
-    def prompt(self, text: str) -> tuple[str, list[int]]:
-        """What the model is given, as text and tokens: the chat template applied to one user turn when the
-        model has one, else the raw text (tokenized like every prompt: ``chat.prompt_tokens``)."""
+    def render(self, messages: list[dict]) -> str:
+        """The text the model is given for a conversation ending in a user turn: the chat template when the model
+        has one, else the messages' contents joined by blank lines (for one turn: the raw text)."""
         if self.chat and self.model.info.chat_template:
-            text = render_for_model(self.model, [{"role": "user", "content": text}])
-        return text, prompt_tokens(self.model, text)
+            return render_for_model(self.model, messages)
+        return "\n\n".join(m["content"] for m in messages)
 
-    def _one(self, mode: str, prompt: list[int]) -> tuple[list[int], GenerationStats]:
+    def _chat(self, mode: str, turns: list[str]) -> "ChatRun":
+        """One record in one mode. Each user turn follows this mode's own earlier answers (at T=0 both modes'
+        answers are the same, and a divergence is reported, not hidden by sharing one). The KV cache is dropped
+        before the first turn only: later turns reuse the conversation so far, as a chat client's would."""
         self.llm.reset()
-        tokens: list[int] = []
-        for ch in self.llm.stream(prompt, self.max_tokens, self.sampling, seed=self.seed,
-                                  speculative=mode == "eagle"):
-            tokens += ch.tokens
-        return tokens, self.llm.last_stats
+        run = ChatRun()
+        messages: list[dict] = []
+        for turn in turns:
+            messages.append({"role": "user", "content": turn})
+            rendered = self.render(messages)
+            prompt = prompt_tokens(self.model, rendered)  # the one way prompt text becomes tokens
+            tokens: list[int] = []
+            text: list[str] = []
+            for ch in self.llm.stream(prompt, self.max_tokens, self.sampling, seed=self.seed,
+                                      speculative=mode == "eagle"):
+                tokens += ch.tokens
+                text.append(ch.text)
+            run.rendered.append(rendered)
+            run.prompts.append(prompt)
+            run.answers.append(tokens)
+            run.parts.append(self.llm.last_stats)
+            messages.append({"role": "assistant", "content": "".join(text)})
+        return run
 
-    def run_prompt(self, set_name: str, index: int, text: str) -> PromptResult:
-        rendered, prompt = self.prompt(text)
-        runs: dict[str, list[tuple[list[int], GenerationStats]]] = {"plain": [], "eagle": []}
+    def run_prompt(self, set_name: str, index: int, text: str | list[str]) -> PromptResult:
+        """Run one record (one user turn, or a chat's turns in order) in both modes, ``repeat`` times each.
+
+        A chat's tokens/s and τ cover all its turns (their sums: tokens over decode time, accepted over passes),
+        and its outputs count as identical only if every turn's answer is."""
+        turns = [text] if isinstance(text, str) else list(text)
+        runs: dict[str, list[ChatRun]] = {"plain": [], "eagle": []}
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
         for _ in range(self.repeat):
             for mode in order:
-                runs[mode].append(self._one(mode, prompt))
-        plain_tokens = runs["plain"][0][0]
-        eagle_tokens = runs["eagle"][0][0]
+                runs[mode].append(self._chat(mode, turns))
+        plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
-                           identical=plain_tokens == eagle_tokens)
+                           identical=plain.answers == eagle.answers, turns=len(turns))
         if not res.identical and self.sampling.greedy:
-            at = next((i for i, (a, b) in enumerate(zip(plain_tokens, eagle_tokens)) if a != b),
-                      min(len(plain_tokens), len(eagle_tokens)))
+            t = next(i for i, (a, b) in enumerate(zip(plain.answers, eagle.answers)) if a != b)
+            pa, ea = plain.answers[t], eagle.answers[t]
+            at = next((i for i, (a, b) in enumerate(zip(pa, ea)) if a != b), min(len(pa), len(ea)))
+            res.divergence_turn = t
             res.divergence_at = at
-            res.divergence_gap = self._top2_gap(prompt + plain_tokens[:at])
-        if self.tools is not None:
-            res.llama_cpp = self.tools.run(rendered, self.max_tokens)
+            res.divergence_gap = self._top2_gap(plain.prompts[t] + pa[:at])
+        if self.tools is not None:  # on plain's conversation: the same prompts, turn by turn
+            res.llama_cpp = self.tools.run(plain.rendered, self.max_tokens)
         self.results.append(res)
         return res
 
@@ -181,6 +236,7 @@ class Bench:
                     and r.divergence_gap < self.tie_tolerance]
             out[name] = {
                 "n_prompts": len(rs),
+                "n_turns": sum(r.turns for r in rs),
                 "speedup": round(statistics.median(r.speedup for r in rs), 4),
                 "tokens_per_s_plain": round(statistics.median(r.plain["tokens_per_s"] for r in rs), 3),
                 "tokens_per_s_eagle": round(statistics.median(r.eagle["tokens_per_s"] for r in rs), 3),
@@ -215,7 +271,8 @@ class Bench:
                 "machine": machine_info(), "settings": settings, "sets": self.summary(),
                 "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
                              "identical": r.identical, "divergence_at": r.divergence_at,
-                             "divergence_gap": r.divergence_gap, "plain": r.plain, "eagle": r.eagle,
+                             "divergence_gap": r.divergence_gap, "turns": r.turns,
+                             "divergence_turn": r.divergence_turn, "plain": r.plain, "eagle": r.eagle,
                              "llama_cpp": r.llama_cpp}
                             for r in self.results]}
 
@@ -238,10 +295,47 @@ def _host(stats) -> dict:
             "llama_s": round(sum(s.get("llama_s", 0.0) for s in stats), 4), **host_summary(stats)}
 
 
-def _median_stats(runs: list[tuple[list[int], GenerationStats]]) -> dict:
+@dataclass
+class ChatRun:
+    """One record run in one mode: per turn, the rendered prompt, its tokens, the answer and its stats."""
+
+    rendered: list[str] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)
+    answers: list[list[int]] = field(default_factory=list)
+    parts: list[GenerationStats] = field(default_factory=list)
+
+    @property
+    def stats(self) -> GenerationStats:
+        return merge_stats(self.parts)
+
+
+def merge_stats(parts: list[GenerationStats]) -> GenerationStats:
+    """A chat's turns as one generation, so its tokens/s and τ cover every turn: counts and times add up,
+    acceptance per depth adds depth by depth, tree sizes are concatenated, per-source counts add, and the engine
+    and the auto budget's state are the last turn's (the state after the chat)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = GenerationStats()
+    for f in dataclasses.fields(GenerationStats):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name == "accepted_per_depth":
+            merged = _sum_lists(values)
+        elif f.name in ("engine", "budget") or not all(isinstance(v, (int, float, list, dict)) for v in values):
+            merged = values[-1]
+        elif isinstance(values[0], list):
+            merged = [x for v in values for x in v]
+        elif isinstance(values[0], dict):
+            merged = reduce(add_counts, values, {})
+        else:
+            merged = sum(values)
+        setattr(out, f.name, merged)
+    return out
+
+
+def _median_stats(runs: list[ChatRun]) -> dict:
     """The stats dict of the run with the median decode time (repeats only change timings)."""
-    ordered = sorted(runs, key=lambda r: r[1].decode_s)
-    return ordered[len(ordered) // 2][1].as_dict()
+    ordered = sorted((r.stats for r in runs), key=lambda st: st.decode_s)
+    return ordered[len(ordered) // 2].as_dict()
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
@@ -260,11 +354,20 @@ class LlamaCppTools:
     n_ctx: int
     n_draft: int = 4
 
-    def run(self, rendered: str, max_tokens: int) -> dict:
+    def run(self, rendered: str | list[str], max_tokens: int) -> dict:
+        """Time llama-completion and llama-speculative-simple on a prompt, or on each turn's prompt of a chat
+        (tokens and seconds summed over the turns)."""
         from .llamacpp_tools import run_completion, run_speculative
-        plain = run_completion(self.bin_dir, self.model, rendered, max_tokens, self.threads, self.n_ctx)
-        spec = run_speculative(self.bin_dir, self.model, self.draft, rendered, max_tokens, self.threads, self.n_ctx,
-                               self.n_draft)
-        return {"completion_tokens_per_s": round(plain.tokens_per_s, 3),
-                "draft_simple_tokens_per_s": round(spec.tokens_per_s, 3),
-                "drafted": spec.drafted or 0, "accepted": spec.accepted or 0}
+        prompts = [rendered] if isinstance(rendered, str) else rendered
+        plain = [run_completion(self.bin_dir, self.model, p, max_tokens, self.threads, self.n_ctx) for p in prompts]
+        spec = [run_speculative(self.bin_dir, self.model, self.draft, p, max_tokens, self.threads, self.n_ctx,
+                                self.n_draft) for p in prompts]
+        return {"completion_tokens_per_s": round(_rate(plain), 3),
+                "draft_simple_tokens_per_s": round(_rate(spec), 3),
+                "drafted": sum(r.drafted or 0 for r in spec), "accepted": sum(r.accepted or 0 for r in spec)}
+
+
+def _rate(runs) -> float:
+    """Tokens per second over several llama.cpp tool runs (ToolRun)."""
+    seconds = sum(r.seconds for r in runs)
+    return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0

@@ -115,7 +115,8 @@ def bench_prompt_line(done: int, total: int, set_name: str, index: int, result, 
     """Progress of ``bench`` after one prompt; the mark says = identical, ~ near-tie divergence, ! mismatch."""
     r = result
     mark = "=" if r.identical else ("~" if (r.divergence_gap or 0) < tie_tolerance else "!")
-    return (f"[{done}/{total}] {set_name}#{index}: plain {r.plain['tokens_per_s']:.1f} tok/s, "
+    turns = f" ({r.turns} turns)" if getattr(r, "turns", 1) > 1 else ""
+    return (f"[{done}/{total}] {set_name}#{index}{turns}: plain {r.plain['tokens_per_s']:.1f} tok/s, "
             f"eagle {r.eagle['tokens_per_s']:.1f} tok/s (x{r.speedup:.2f}, tau {r.eagle['tau']:.2f}) {mark}")
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import PROMPTS_DIR
 
 
@@ -62,3 +63,69 @@ def test_bench_bad_prompt_file(tmp_path, synth_q8):
     proc = subprocess.run([sys.executable, "-m", "cli", "bench", "--model", str(synth_q8), "--draft-model",
                            str(synth_q8), "--prompts", str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "bad.jsonl:2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _chat_set(tmp_path):
+    """Two records: a three-turn chat (tune) and a one-turn record (heldout)."""
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"turns": ["Here is my file: def f(x): return x", "Rename x to y.",
+                                          "Now return the whole file."], "split": "tune"}) + "\n"
+                    + json.dumps({"turns": ["Quote the first sentence."], "split": "heldout"}) + "\n")
+    return path
+
+
+def _bench(path, synth_q8, out, *args):
+    return subprocess.run([sys.executable, "-m", "cli", "bench", "--model", str(synth_q8), "--draft-model",
+                           str(synth_q8), "--prompts", str(path), "--max-tokens", "8", "--total-tokens", "12",
+                           "--depth", "4", "--tree-top-k", "3", "--threads", "1", "--json", str(out), *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_bench_runs_a_chat_turn_by_turn_and_counts_every_turn(tmp_path, synth_q8):
+    out = tmp_path / "bench.json"
+    proc = _bench(_chat_set(tmp_path), synth_q8, out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    chat, single = report["prompts"]
+    assert (chat["turns"], single["turns"]) == (3, 1) and report["sets"]["chats"]["n_turns"] == 4
+    assert report["settings"]["split"] == "all" and report["settings"]["turns"] == "all"
+    for mode in ("plain", "eagle"):
+        # every turn's answer counts (8 tokens a turn: the synthetic model never ends early), and turns 2-3
+        # reuse the conversation so far from the KV cache
+        assert chat[mode]["n_tokens"] == 24 and single[mode]["n_tokens"] == 8
+        assert chat[mode]["prompt_tokens_reused"] > 0 and single[mode]["prompt_tokens_reused"] == 0
+    assert chat["eagle"]["target_passes"] < 24 and chat["identical"] and chat["divergence_turn"] is None
+    assert report["sets"]["chats"]["identical_outputs"] == 2
+
+    first = tmp_path / "first.json"
+    proc = _bench(_chat_set(tmp_path), synth_q8, first, "--first-turn")
+    assert proc.returncode == 0, proc.stderr
+    assert [p["eagle"]["n_tokens"] for p in json.loads(first.read_text())["prompts"]] == [8, 8]
+
+
+def test_bench_split_selects_the_records_of_that_split(tmp_path, synth_q8):
+    out = tmp_path / "bench.json"
+    proc = _bench(_chat_set(tmp_path), synth_q8, out, "--split", "heldout")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [p["turns"] for p in report["prompts"]] == [1] and report["settings"]["split"] == "heldout"
+
+
+def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
+    from eagle2_local.bench import load_prompt_sets
+    from eagle2_local.errors import Eagle2Error
+
+    (tmp_path / "marked.jsonl").write_text(_chat_set(tmp_path).read_text())
+    (tmp_path / "plain.jsonl").write_text('{"prompt": "a"}\n{"turns": ["b", "c"]}\n')
+    (tmp_path / "chats.jsonl").unlink()
+    every = {s.name: [s.turns(i) for i in range(len(s.prompts))] for s in load_prompt_sets([str(tmp_path)], None)}
+    assert every["plain"] == [["a"], ["b", "c"]] and len(every["marked"]) == 2
+    tune = {s.name: s.prompts for s in load_prompt_sets([str(tmp_path)], None, "tune")}
+    assert tune == {"marked": ["Here is my file: def f(x): return x"], "plain": ["a", "b"]}
+    held = load_prompt_sets([str(tmp_path)], None, "heldout")
+    assert [(s.name, s.prompts) for s in held] == [("marked", ["Quote the first sentence."])]
+    with pytest.raises(Eagle2Error, match="no heldout records"):
+        load_prompt_sets([str(tmp_path / "plain.jsonl")], None, "heldout")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "split": "test"}\n')
+    with pytest.raises(Eagle2Error, match="bad.jsonl:1: split must be tune or heldout"):
+        load_prompt_sets([str(tmp_path / "bad.jsonl")], None)

@@ -19,8 +19,12 @@ from .common import (at_least_one, draft_model_option, fail, friendly_errors, he
 @runtime_options
 @prompt_sets_option(help="A .jsonl prompt set or a folder of them (e.g. the six EAGLE sets); repeatable.")
 @click.option("--n", "n_prompts", type=int, default=None, help="Use the first N prompts of each set.")
+@click.option("--split", type=click.Choice(["all", "tune", "heldout"]), default="all", show_default=True,
+              help="Only records whose 'split' field says so (records without one count as tune).")
+@click.option("--first-turn", is_flag=True,
+              help="Send only each record's first user turn (as bench did before chats ran turn by turn).")
 @click.option("--max-tokens", "-n", type=int, default=128, show_default=True, callback=not_negative,
-              help="Tokens generated per prompt.")
+              help="Tokens generated per prompt (per turn in a chat).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy (outputs compared).")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--top-k", type=int, default=0, show_default=True)
@@ -37,9 +41,12 @@ from .common import (at_least_one, draft_model_option, fail, friendly_errors, he
               help="Draft length for llama.cpp's draft-simple (with --llama-cpp-bin).")
 @click.option("--note", default=None, help="A remark stored in the JSON report (e.g. what else loaded the machine).")
 @friendly_errors
-def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
+def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
           json_out, llama_cpp_bin, spec_draft_n_max, note, **rt):
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
+
+    Records with several turns run as chats: each turn follows the mode's own earlier answers, and the
+    record's tokens/s, tau and identical-output check cover every turn.
 
     Both use the same llama.cpp context (build, model, threads, settings). Reports per set: tokens/s of each,
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
@@ -49,7 +56,7 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     from ..models import file_sha256
     from ..sampling import SamplingParams
 
-    sets = load_prompt_sets(list(prompt_specs), n_prompts)
+    sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     llm = load(**rt, seed=seed)
     if not llm.speculative:
         fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "
@@ -66,7 +73,7 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
     done = 0
     for ps in sets:
         for i, text in enumerate(ps.prompts):
-            r = b.run_prompt(ps.name, i, text)
+            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i))
             done += 1
             click.echo(bench_prompt_line(done, total, ps.name, i, r, tie_tolerance), err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),
@@ -74,6 +81,7 @@ def bench(prompt_specs, n_prompts, max_tokens, temperature, top_p, top_k, seed, 
                 "draft_sha256": _draft_sha256(llm),
                 "n_ctx": rt["n_ctx"], "threads": llm.settings.threads(), "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": top_p, "top_k": top_k, "repeat": repeat,
+                "split": split, "turns": "first" if first_turn else "all",
                 "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": llm.tree_params.depth,
                          "top_k": rt["tree_top_k"], "budget": llm.budget_mode, "engine": llm.engine_name},
                 "tie_tolerance": tie_tolerance, "chat_template": not no_chat,
