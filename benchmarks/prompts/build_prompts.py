@@ -253,8 +253,8 @@ def build_code_edit(humaneval: list[dict], n: int) -> list[dict]:
 
 # The whole answer (the edited function in a ```python block) must stay under 120 tokens. The builder needs no
 # model, so it bounds characters: on every humaneval function SmolLM2's tokenizer (the default model) spends at
-# most 0.49 tokens per character of such a block, so 240 characters stay under ~118 tokens; Qwen2.5's tokenizer
-# merges indentation and is no less thrifty. tests/test_prompt_sets.py checks the real count with SmolLM2.
+# most 0.49 tokens per character of such a block, so 240 characters stay under ~118 tokens (other tokenizers,
+# e.g. Qwen2.5's, were not measured here). tests/test_prompt_sets.py checks the real count with SmolLM2.
 SHORT_ANSWER_CHARS = 240
 MAX_SPEC_CHARS = 300
 
@@ -506,20 +506,23 @@ def build_qa_passage(articles: list[dict], n: int) -> list[dict]:
 
 # Double-quoted, or single-quoted as the Daily Mail's articles quote (apostrophes inside words allowed).
 QUOTED = re.compile(r"[\"\u201c]([^\"\u201c\u201d]{12,}?)[\"\u201d]|(?<!\w)'((?:[^']|(?<=\w)'(?=\w)){12,}?)'(?!\w)")
-NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:[ -][A-Z][a-z]+)*\b")
+NAME_RUN = re.compile(r"\b[A-Z][a-z]+(?:-[A-Z][a-z]+)*(?: [A-Z][a-z]+(?:-[A-Z][a-z]+)*)*\b")
+CALENDAR = {"Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "January", "February",
+            "March", "April", "June", "July", "August", "September", "October", "November", "December"}
 
 
 def names_in_order(passage: list[str]) -> list[str]:
-    """Runs of capitalised words (not sentence-initial stopwords), first appearance order: a guide for reading
-    answers, since a regular expression cannot tell a name from a capitalised common word."""
+    """Runs of capitalised words (leading stopwords, weekdays and months dropped, and a lone sentence-initial
+    word), in order of first appearance: a guide for reading answers, since a regular expression cannot tell a
+    name from a capitalised common word."""
     seen: list[str] = []
     for s in passage:
         for m in NAME_RUN.finditer(s):
-            words = [w for w in re.split(r"[ -]", m.group(0))]
-            while words and (words[0] in STOP or (m.start() == 0 and len(words) == 1)):
+            words = m.group(0).split(" ")
+            while words and (words[0] in STOP or words[0] in CALENDAR or (m.start() == 0 and len(words) == 1)):
                 words = words[1:]
             name = " ".join(words)
-            if len(name) > 2 and name not in seen and name not in STOP:
+            if len(name) > 2 and name not in seen:
                 seen.append(name)
     return seen
 
