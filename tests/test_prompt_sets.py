@@ -27,6 +27,12 @@ def test_sets_load_with_bench_loader():
     sets = {s.name: s.prompts for s in load_prompt_sets([str(SETS_DIR)], None)}
     assert {name: len(p) for name, p in sets.items()} == SIZES
     assert [len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], 2)] == [2] * len(SIZES)
+    chats = next(s for s in load_prompt_sets([str(SETS_DIR)], None) if s.name == "edit_chat")
+    assert [len(chats.turns(i)) for i in range(len(chats.prompts))] == [4, 3] * 8
+    held = {s.name: len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], None, "heldout")}
+    tune = {s.name: len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], None, "tune")}
+    assert held == {"code_edit": 5, "code_edit_short": 4, "edit_chat": 4, "extract": 8, "qa_passage": 4}
+    assert {name: held[name] + tune[name] for name in SIZES} == SIZES
 
 
 def test_every_set_holds_back_every_fourth_record_of_each_category():
