@@ -36,6 +36,7 @@ from .sampling import SamplingParams
 
 if TYPE_CHECKING:
     from .api import Eagle2
+    from .llamacpp_tools import ToolRun
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ class LlamaCppTools:
                 "drafted": sum(r.drafted or 0 for r in spec), "accepted": sum(r.accepted or 0 for r in spec)}
 
 
-def _rate(runs) -> float:
+def _rate(runs: list["ToolRun"]) -> float:
     """Tokens per second over several llama.cpp tool runs (ToolRun)."""
     seconds = sum(r.seconds for r in runs)
     return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0

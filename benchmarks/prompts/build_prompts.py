@@ -291,6 +291,7 @@ def fits_short(edit: dict | None) -> dict | None:
 
 
 def rename_everywhere(code: str, old: str, new: str) -> str:
+    """Every NAME token ``old`` renamed (strings and comments untouched): the exact answer to a rename request."""
     return replace_tokens(code, lambda t: new if t.type == tokenize.NAME and t.string == old else None)[0]
 
 
@@ -342,6 +343,7 @@ SHORT_EDITS = [short_fix_bug, short_rename, short_rename_arg, short_rename_funct
 
 
 def build_code_edit_short(humaneval: list[dict], n: int) -> list[dict]:
+    """Short edits in turn, each on the next function it fits; every record has its exact expected answer."""
     funcs = [(rec["question_id"], code) for rec in humaneval if (code := full_function(rec))]
 
     def render(edit: dict, _code: str) -> tuple[str, str]:
