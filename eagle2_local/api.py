@@ -351,7 +351,7 @@ def _draft_of(model_path, head_path, draft_model_path, draft: DraftSpec | str | 
 def _constraint(grammar: str | Grammar | None, response_format: dict | None) -> Grammar | None:
     """The grammar a completion call names (GBNF text, a Grammar, or an OpenAI response_format)."""
     if isinstance(grammar, Grammar):
-        if response_format is not None:
+        if response_format is not None and response_format.get("type", "text") != "text":
             raise Eagle2Error("give one of grammar and response_format")
         return grammar
     return response_grammar(grammar=grammar, response_format=response_format)

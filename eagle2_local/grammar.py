@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -72,13 +73,17 @@ class Grammar:
         return GrammarState(ptr, model.n_vocab)
 
 
+_STDERR_LOCK = threading.Lock()  # fd 2 is process-wide: two threads redirecting it at once would lose it
+
+
 @contextlib.contextmanager
 def _c_stderr() -> Iterator[list[str]]:
     """Capture what C code writes to file descriptor 2 meanwhile: llama.cpp's grammar parser prints its errors
-    there (not through the log callback), several lines that would break a one-line error."""
+    there (not through the log callback), several lines that would break a one-line error. One thread at a
+    time (the server compiles grammars on its event loop and its worker)."""
     lines: list[str] = []
     sys.stderr.flush()
-    with tempfile.TemporaryFile() as tmp:
+    with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
         try:

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # Tokens per batch of a reproducible prompt evaluation (batches start at multiples of it). Below 64, where this
 # CPU build's flash attention switches to its tiled kernel, so one-thread results equal single-token decoding.
 PROMPT_CHUNK = 32
+INVARIANT_BATCH = 64  # batches of fewer tokens than this compute a token alike on an invariant build (NOTES.md)
 # Weight types whose one-thread CPU kernels gave bit-identical logits for every batch of 1..63 tokens (measured:
 # SmolLM2 Q4_1, synthetic Q8_0; NOTES.md). F32 differs at any batch size; K-quants were not measured.
 INVARIANT_FTYPES = frozenset({llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0})
@@ -106,10 +107,12 @@ class Target:
         return (settings.threads() == 1 and not llama_cpp.llama_supports_gpu_offload() and not self.model.rpc_servers
                 and int(llama_cpp.llama_model_ftype(self.model.ptr)) in INVARIANT_FTYPES)
 
-    def _mark_written(self, start: int, n: int, full_chunk: bool) -> None:
-        """Cells ``start .. start+n-1`` now hold committed text; they extend the exact prefix when they follow it
-        and were computed in a batch whose shape depends only on the text (or the build is batch-invariant)."""
-        if self.n_exact == start and (full_chunk or self.batch_invariant):
+    def _mark_written(self, start: int, n: int, full_chunk: bool, batch_tokens: int) -> None:
+        """Cells ``start .. start+n-1`` now hold committed text, computed in a batch of ``batch_tokens``; they
+        extend the exact prefix when they follow it and that batch's shape depends only on the text (a full
+        aligned chunk) or the build computes every batch under INVARIANT_BATCH tokens alike."""
+        invariant = self.batch_invariant and batch_tokens < INVARIANT_BATCH
+        if self.n_exact == start and (full_chunk or invariant):
             self.n_exact = start + n
 
     def _ensure_room(self, n_new_cells: int) -> None:
@@ -143,7 +146,7 @@ class Target:
             if self.ctx.embeddings:
                 outputs[:] = 1  # llama.cpp outputs every token when embeddings are on
             self.ctx.decode(chunk, pos, outputs, seq=0)
-            self._mark_written(self.n_past, n, aligned and n == PROMPT_CHUNK and self.n_past % PROMPT_CHUNK == 0)
+            self._mark_written(self.n_past, n, aligned and n == PROMPT_CHUNK and self.n_past % PROMPT_CHUNK == 0, n)
             self.n_past += n
             n_out = int(outputs.sum())
             if with_features and self.has_features:
@@ -206,6 +209,7 @@ class Target:
             raise TreeError("an accepted path starts at the root (node 0)")
         k1 = len(path)
         base = self.n_past
+        n_nodes, _ = self._pending
         leaf_seq = int(self._tree_leaf_of[path[-1]]) + 1
         if np.array_equal(path, np.arange(k1)):
             # the accepted nodes are the tree's first cells: already contiguous after the committed text
@@ -221,7 +225,7 @@ class Target:
             self.ctx.seq_cp(self.scratch, 0)
             self.ctx.seq_rm(self.scratch)
             self.n_restored += 1
-        self._mark_written(base, k1, False)
+        self._mark_written(base, k1, False, n_nodes)
         self.n_past = base + k1
 
     def _drop_tree_cells(self) -> None:

@@ -55,6 +55,7 @@ def test_the_hazard_is_real_and_aligned_reuse_is_exact(smollm2_path, long_prompt
     for threads in (1, 2):
         target = Target(model, ContextSettings(n_ctx=1024, n_batch=512, n_seq_max=4, n_threads=threads))
         big = target.prefill(prompt).logits[0].copy()
+        assert target.n_exact == 0  # a 64+ token batch is nobody's fresh evaluation, even on an invariant build
         target.rollback(n - 1)
         last_alone = target.prefill(prompt[-1:]).logits[0].copy()
         assert np.abs(big - last_alone).max() > 1e-3, "a 64+ token batch and a single token computed alike"
@@ -66,6 +67,22 @@ def test_the_hazard_is_real_and_aligned_reuse_is_exact(smollm2_path, long_prompt
             again = target.prefill(prompt[keep:], aligned=True).logits[0]
             assert np.array_equal(again, fresh), (threads, keep)
         target.close()
+    model.close()
+
+
+def test_only_batches_under_64_tokens_extend_the_exact_prefix(smollm2_path):
+    """On the batch-invariant build (1 thread, Q4_1) a committed tree of 10 nodes extends the exact prefix, one
+    of 68 (another kernel) does not, and neither does a prompt evaluated in one 512-token batch."""
+    model = LlamaModel(smollm2_path)
+    target = Target(model, ContextSettings(n_ctx=1024, n_batch=512, n_seq_max=4, n_threads=1))
+    assert target.batch_invariant
+    target.prefill(list(range(100, 132)), aligned=True)
+    for n_nodes, exact_after in ((10, 42), (68, 42)):
+        base = target.n_past
+        target.verify((np.arange(200, 200 + n_nodes), np.arange(-1, n_nodes - 1)))
+        target.commit(np.arange(n_nodes))
+        assert (target.n_past, target.n_exact) == (base + n_nodes, exact_after)
+    target.close()
     model.close()
 
 
