@@ -175,7 +175,8 @@ class Eagle2:
         (same leading parameters; ``typical_p`` must stay 1.0).
 
         ``reset=True`` reuses the KV cache for the longest common prefix, as ``Llama.generate`` does (only where
-        that leaves the answer unchanged, unless ``cache_prompt``); ``reset=False`` continues the previous call: ``tokens`` follow its prompt and every token it yielded.
+        that leaves the answer unchanged, unless ``cache_prompt``); ``reset=False`` continues the previous call:
+        ``tokens`` follow its prompt and every token it yielded.
         Unlike ``Llama.generate``, the stream ends by itself: at an end-of-generation token (not yielded), a
         ``stop`` string, ``max_tokens`` or a full context. ``stats()`` then describes the generation.
         """
@@ -239,8 +240,9 @@ class Eagle2:
         ``grammar`` (GBNF) or ``response_format`` (``{"type": "json_object"}``, ``{"type": "json_schema",
         "json_schema": {"schema": {...}}}``) constrain the answer, as in llama-cpp-python."""
         tokens = prompt if isinstance(prompt, list) else prompt_tokens(self.model, prompt)
+        constraint = response_grammar(grammar=grammar, response_format=response_format)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
-                           speculative, cache_prompt, _constraint(grammar, response_format))
+                           speculative, cache_prompt, constraint)
         return self._respond(chunks, stream, chat=False)
 
     def create_chat_completion(self, messages: list[dict], max_tokens: int | None = None,
@@ -253,8 +255,9 @@ class Eagle2:
         """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes.
         ``grammar`` / ``response_format`` constrain the answer (see :meth:`create_completion`)."""
         tokens = self.chat_tokens(messages)
+        constraint = response_grammar(grammar=grammar, response_format=response_format)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
-                           speculative, cache_prompt, _constraint(grammar, response_format))
+                           speculative, cache_prompt, constraint)
         return self._respond(chunks, stream, chat=True)
 
     def render_chat(self, messages: list[dict]) -> str:
@@ -346,15 +349,6 @@ def _draft_of(model_path, head_path, draft_model_path, draft: DraftSpec | str | 
         head = default_head_path()  # the default model comes with its trained head
         spec = draft_spec(head=head) if head is not None else None
     return spec
-
-
-def _constraint(grammar: str | Grammar | None, response_format: dict | None) -> Grammar | None:
-    """The grammar a completion call names (GBNF text, a Grammar, or an OpenAI response_format)."""
-    if isinstance(grammar, Grammar):
-        if response_format is not None and response_format.get("type", "text") != "text":
-            raise Eagle2Error("give one of grammar and response_format")
-        return grammar
-    return response_grammar(grammar=grammar, response_format=response_format)
 
 
 def _collect(chunks) -> tuple[str, str | None]:

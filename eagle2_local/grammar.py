@@ -170,16 +170,17 @@ def choose(sampling: SamplingParams, grammar: GrammarState | None, logits: np.nd
     return sampling.choose(grammar.constrain(logits), history, rng)
 
 
-def response_grammar(grammar: str | None = None, json_schema: dict | None = None,
+def response_grammar(grammar: str | Grammar | None = None, json_schema: dict | None = None,
                      response_format: dict | None = None) -> Grammar | None:
-    """The one constraint a request names: GBNF text, a JSON schema, or an OpenAI ``response_format``
-    (``{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}``); None: free text."""
-    given = [g for g in (grammar, json_schema, response_format) if g is not None]
+    """The one constraint a request names: GBNF text (or a ready :class:`Grammar`), a JSON schema, or an OpenAI
+    ``response_format`` (``{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}``);
+    None: free text."""
     if response_format is not None and response_format.get("type", "text") == "text":
-        given.remove(response_format)
-        response_format = None
-    if len(given) > 1:
+        response_format = None  # free text, OpenAI's default
+    if sum(g is not None for g in (grammar, json_schema, response_format)) > 1:
         raise GrammarError("give one of grammar, json_schema and response_format")
+    if isinstance(grammar, Grammar):
+        return grammar
     if grammar is not None:
         if not grammar.strip():
             raise GrammarError("the grammar is empty")
