@@ -97,6 +97,12 @@ def _charge(t0: float) -> None:
     _busy.s = getattr(_busy, "s", 0.0) + (time.perf_counter() - t0)
 
 
+def host_inside_llama(seconds: float) -> None:
+    """Count ``seconds`` spent in our own Python *inside* a llama.cpp call (callbacks such as the in-graph
+    top-k's graph building) as host time: they run on the host before the graph does, on a GPU too."""
+    _busy.s = getattr(_busy, "s", 0.0) - seconds
+
+
 # ---------------------------------------------------------------- model
 class LlamaModel:
     """A loaded GGUF model plus its vocabulary helpers (tokenize, detokenize, special tokens)."""

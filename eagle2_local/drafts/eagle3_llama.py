@@ -32,6 +32,8 @@ from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
 from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
 from ..models import GGUFInfo
+from ..backend_topk import BackendTopK
+from ..tree import Proposals
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,10 @@ REQUIRED_KEYS = (keys.EAGLE3_TARGET_LAYERS, keys.EAGLE3_TARGET_HIDDEN_SIZE, keys
 
 
 FEATURE_SOURCES = ("layer_inputs", "final_norm")
+
+# Each drafted row's top-k and log-normalizer inside llama.cpp's graph (backend_topk.py) rather than in numpy
+# over the whole row; False keeps the dense rows (benchmarks/host_time.py --dense compares the two).
+IN_GRAPH_TOP_K = True
 
 
 def feature_source(info: GGUFInfo) -> str:
@@ -111,9 +117,10 @@ class Eagle3Engine:
     free_part = None
 
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
-                 n_threads: int | None = None) -> None:
+                 n_threads: int | None = None, in_graph_top_k: bool | None = None) -> None:
         check_eagle3_fits(head.info, target_ctx.model)
-        n_seq = 1 + max_width * max(1, max_depth - 1)
+        in_graph_top_k = IN_GRAPH_TOP_K if in_graph_top_k is None else in_graph_top_k
+        n_seq = TreeSequences.needed(max_width, max_depth, recycle=in_graph_top_k)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
                             f"llama.cpp allows {MAX_SEQ}")
@@ -131,7 +138,10 @@ class Eagle3Engine:
         self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
         self._root_g = np.zeros(self.n_embd, dtype=np.float32)
         self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
-        self.seqs = TreeSequences(self.ctx)
+        # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
+        self.seqs = TreeSequences(self.ctx, pool=max_width if in_graph_top_k else None)
+        self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
+            if in_graph_top_k else None
 
     # ------------------------------------------------------------ state
     def reset(self) -> None:
@@ -163,13 +173,25 @@ class Eagle3Engine:
         # the *first* rows' logits and pre-norm states. So the root entry goes alone in the last batch.
         last = len(g) - 1
         step = self.ctx.n_batch
+        self._activate(())
         for start in range(0, last, step):
             self._process_entries(tokens, g, range(start, min(start + step, last)), output=False)
+        self._activate((0,))
         self._process_entries(tokens, g, [last], output=True)
         self.n_seen = n_text
-        logits = self.ctx.logits(1)[0]
         self._root_g = self._prenorm(1)[0].copy()
-        return logits
+        return self._rows(1, copy=True)
+
+    def _activate(self, seqs) -> None:
+        if self.top_k is not None:
+            self.top_k.activate(seqs)
+
+    def _rows(self, n: int, copy: bool):
+        """The last decode's n output rows: in-graph candidates, or dense logits (a view unless ``copy``)."""
+        if self.top_k is not None:
+            return Proposals(*self.top_k.read(n))
+        logits = self.ctx.logits(n, copy=copy)
+        return logits[0] if copy and n == 1 else logits
 
     def _process_entries(self, tokens: np.ndarray, g: np.ndarray, rows, output: bool) -> None:
         self.batch.clear()
@@ -209,11 +231,12 @@ class Eagle3Engine:
         for tok, parent, seq in zip(np.asarray(tokens).tolist(), parent_ids.tolist(), seqs.tolist()):
             g = self._root_g if parent < 0 else self._g_of[parent]
             self.batch.add(int(tok), g, pos, seq, output=True)
+        self._activate(seqs.tolist())
         self.ctx.process(self.batch)
         prenorm = self._prenorm(k)
         for i, cand in enumerate(cand_ids.tolist()):
             self._g_of[cand] = prenorm[i].copy()
-        return self.ctx.logits(k, copy=False)  # consumed by the tree builder before the next decode
+        return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Drop the tree; accepted tokens come back through ``catch_up`` with their real features."""

@@ -1,0 +1,138 @@
+"""A draft row's top-k and log-normalizer computed inside llama.cpp's graph (backend sampling).
+
+A draft tree needs, for every drafted row, its k best tokens and their log-probabilities: k values out of a
+whole vocabulary (49k for SmolLM2, 151k for Qwen). Computed on the host that is a pass over every logit of
+every row (~0.5 ms a tree level in numpy); inside the graph it is part of the draft's decode (free on a GPU),
+and llama.cpp copies back only k token ids, k logits and k probabilities per row instead of the whole row.
+
+How: llama.cpp applies a *backend sampler chain* per sequence to the logits of that sequence's output rows
+while it builds the graph (``llama_sampler_i.backend_apply``). Our sampler adds four ggml operations per row:
+``top_k`` (unordered indices), the row's ``soft_max``, and two ``get_rows`` gathering the k logits and the k
+probabilities. The log-normalizer then follows from the best entry alone, exactly as the host computes it:
+``lse = logit_best - log(p_best)`` (``p_best >= 1/V`` never underflows), and each log-probability is
+``logit - lse`` in float64, as :func:`tree.top_k_log_probs` does. Only the float32 soft-max's own rounding
+differs from the host's float64 sum (~1e-7 in a score).
+
+A sampler is per sequence and llama.cpp calls every registered sampler's ``backend_apply`` at each graph build
+(inactive ones on a dummy row). The callbacks are Python, so they return at once for a sequence that has no
+output in the batch about to run (:meth:`BackendTopK.activate`): the cost is a few microseconds per sequence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import llama_cpp
+
+from .errors import ModelError
+from .llama import host_inside_llama
+
+log = logging.getLogger(__name__)
+
+_P = ctypes.c_void_p
+
+
+@functools.lru_cache(maxsize=None)
+def _ggml() -> ctypes.CDLL:
+    """libggml-base from llama-cpp-python's own library folder (already loaded by libllama)."""
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        path = lib_dir / name
+        if path.exists():
+            lib = ctypes.CDLL(str(path))
+            break
+    else:
+        raise ModelError(f"libggml-base not found in {lib_dir}; in-graph top-k needs llama-cpp-python's shared libs")
+    for fn, argtypes in (("ggml_top_k", [_P, _P, ctypes.c_int]), ("ggml_soft_max", [_P, _P]),
+                         ("ggml_get_rows", [_P, _P, _P]), ("ggml_reshape_2d", [_P, _P, ctypes.c_int64, ctypes.c_int64])):
+        f = getattr(lib, fn)
+        f.argtypes = argtypes
+        f.restype = _P
+    return lib
+
+
+class BackendTopK:
+    """In-graph top-k + log-normalizer for the output rows of chosen sequences of one llama.cpp context."""
+
+    def __init__(self, ctx, n_vocab: int, k: int, seq_ids: range) -> None:
+        self.ctx = ctx
+        self.n_vocab = n_vocab
+        self.k = k
+        self.active: frozenset[int] = frozenset()
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._row_index = np.arange(256)[:, None]
+        lib = _ggml()
+        self._top_k, self._soft_max = lib.ggml_top_k, lib.ggml_soft_max
+        self._get_rows, self._reshape_2d = lib.ggml_get_rows, lib.ggml_reshape_2d
+        self._keep: list = []  # callbacks and iface structs must outlive the context
+        self.chains = []
+        for seq in seq_ids:
+            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            llama_cpp.llama_sampler_chain_add(chain, self._sampler(seq))
+            if not llama_cpp.llama_set_sampler(ctx, seq, chain):
+                raise ModelError(f"llama.cpp cannot run the in-graph top-k for sequence {seq} on this backend")
+            self.chains.append(chain)
+
+    def _sampler(self, seq: int):
+        def backend_init(_smpl, _buft, _n_out):
+            return True
+
+        def backend_apply(_smpl, gctx, _gf, data_p):
+            t0 = time.perf_counter()
+            if seq in self.active:
+                self._build(gctx, data_p.contents)
+            host_inside_llama(time.perf_counter() - t0)
+        def apply(_smpl, _cur_p):  # the CPU path: never used (the context reads our backend outputs)
+            return
+
+        iface = llama_cpp.llama_sampler_i()
+        iface.apply = llama_cpp.llama_sampler_i_apply(apply)
+        iface.backend_init = llama_cpp.llama_sampler_i_backend_init(backend_init)
+        iface.backend_apply = llama_cpp.llama_sampler_i_backend_apply(backend_apply)
+        self._keep.append((iface, backend_init, backend_apply, apply))
+        return llama_cpp.llama_sampler_init(ctypes.byref(iface), None)
+
+    def _build(self, gctx, data) -> None:
+        """Four ggml operations on one output row: its top-k ids, its k logits, its k soft-max probabilities."""
+        logits = data.logits
+        rows = self._reshape_2d(gctx, logits, 1, self.n_vocab)
+        top = self._top_k(gctx, logits, self.k)
+        probs = self._reshape_2d(gctx, self._soft_max(gctx, logits), 1, self.n_vocab)
+        data.candidates = top
+        data.logits = self._get_rows(gctx, rows, top)
+        data.probs = self._get_rows(gctx, probs, top)
+
+    def activate(self, seqs) -> None:
+        """The sequences whose output rows the next decode samples (all others skip their callbacks)."""
+        self.active = frozenset(int(s) for s in seqs)
+
+    def read(self, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and float64 log-probabilities of the last decode's n output rows, best first (ties: lower id).
+
+        llama.cpp keeps each row's k values at the start of a vocabulary-wide slot (row-major, one slot per
+        output row, in batch order for a batch of one micro-batch); the views of those buffers are cached."""
+        k = self.k
+        cand = self._view(llama_cpp.llama_get_sampled_candidates_ith, n_rows)
+        lg = self._view(llama_cpp.llama_get_sampled_logits_ith, n_rows)
+        pr = self._view(llama_cpp.llama_get_sampled_probs_ith, n_rows)
+        order = np.lexsort((cand, -lg), axis=-1)
+        rows = self._row_index[:n_rows]
+        cand = cand[rows, order].astype(np.int64)
+        lg = lg[rows, order].astype(np.float64)
+        lse = lg[:, 0] - np.log(pr[rows[:, 0], order[:, 0]].astype(np.float64))
+        return cand, lg - lse[:, None]
+
+    def _view(self, getter, n_rows: int) -> np.ndarray:
+        """The first k columns of the first ``n_rows`` slots of one of llama.cpp's sampled-output buffers."""
+        ptr = getter(self.ctx, 0)
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        key = (addr, n_rows)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))[:, :self.k]
+        return view
