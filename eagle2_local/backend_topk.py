@@ -37,6 +37,23 @@ log = logging.getLogger(__name__)
 _P = ctypes.c_void_p
 
 
+class _TensorHead(ctypes.Structure):
+    """The leading fields of ``struct ggml_tensor`` (ggml.h) up to the view source and offset."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", _P), ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4),
+                ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
+                ("src", _P * 10), ("view_src", _P), ("view_offs", ctypes.c_size_t)]
+
+
+_I64 = ctypes.c_int64
+_SIGNATURES = {
+    "ggml_top_k": [_P, _P, ctypes.c_int], "ggml_soft_max": [_P, _P], "ggml_get_rows": [_P, _P, _P],
+    "ggml_reshape_2d": [_P, _P, _I64, _I64], "ggml_reshape_3d": [_P, _P, _I64, _I64, _I64],
+    "ggml_view_1d": [_P, _P, _I64, ctypes.c_size_t], "ggml_view_2d": [_P, _P, _I64, _I64, ctypes.c_size_t,
+                                                                     ctypes.c_size_t],
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _ggml() -> ctypes.CDLL:
     """libggml-base from llama-cpp-python's own library folder (already loaded by libllama)."""
@@ -48,8 +65,7 @@ def _ggml() -> ctypes.CDLL:
             break
     else:
         raise ModelError(f"libggml-base not found in {lib_dir}; in-graph top-k needs llama-cpp-python's shared libs")
-    for fn, argtypes in (("ggml_top_k", [_P, _P, ctypes.c_int]), ("ggml_soft_max", [_P, _P]),
-                         ("ggml_get_rows", [_P, _P, _P]), ("ggml_reshape_2d", [_P, _P, ctypes.c_int64, ctypes.c_int64])):
+    for fn, argtypes in _SIGNATURES.items():
         f = getattr(lib, fn)
         f.argtypes = argtypes
         f.restype = _P
@@ -57,36 +73,50 @@ def _ggml() -> ctypes.CDLL:
 
 
 class BackendTopK:
-    """In-graph top-k + log-normalizer for the output rows of chosen sequences of one llama.cpp context."""
+    """In-graph top-k + log-normalizer for the output rows of chosen sequences of one llama.cpp context.
+
+    llama.cpp hands each sequence's sampler one row (a view of the batch's logit matrix); the operations are
+    built once per graph for all output rows of the batch (``_batched``), and each row's sampler returns views of
+    its row: three small ctypes calls per row instead of seven."""
 
     def __init__(self, ctx, n_vocab: int, k: int, seq_ids: range) -> None:
         self.ctx = ctx
         self.n_vocab = n_vocab
         self.k = k
         self.active: frozenset[int] = frozenset()
+        self.n_rows = 0  # output rows of the batch about to run
+        self._batched: tuple[int, int, int] | None = None  # this graph's (top ids, top logits, top probs)
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self._row_index = np.arange(256)[:, None]
-        lib = _ggml()
-        self._top_k, self._soft_max = lib.ggml_top_k, lib.ggml_soft_max
-        self._get_rows, self._reshape_2d = lib.ggml_get_rows, lib.ggml_reshape_2d
+        self._g = _ggml()
         self._keep: list = []  # callbacks and iface structs must outlive the context
         self.chains = []
-        for seq in seq_ids:
+        self._probing = True  # llama.cpp sizes its graph by building each chain once on a probe row
+        for i, seq in enumerate(seq_ids):
             chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            llama_cpp.llama_sampler_chain_add(chain, self._sampler(seq))
+            llama_cpp.llama_sampler_chain_add(chain, self._sampler(seq, resets=i == 0))
             if not llama_cpp.llama_set_sampler(ctx, seq, chain):
                 raise ModelError(f"llama.cpp cannot run the in-graph top-k for sequence {seq} on this backend")
             self.chains.append(chain)
+        self._probing = False
 
-    def _sampler(self, seq: int):
+    def _sampler(self, seq: int, resets: bool):
+        """One sequence's sampler. llama.cpp resets every sampler before building a graph's sampling part, so
+        one of them (``resets``) is enough to mark a new graph."""
         def backend_init(_smpl, _buft, _n_out):
             return True
 
+        def backend_reset(_smpl):
+            self._batched = None
+
         def backend_apply(_smpl, gctx, _gf, data_p):
             t0 = time.perf_counter()
-            if seq in self.active:
+            if self._probing:
+                self._build_row(gctx, data_p.contents)
+            elif seq in self.active:
                 self._build(gctx, data_p.contents)
             host_inside_llama(time.perf_counter() - t0)
+
         def apply(_smpl, _cur_p):  # the CPU path: never used (the context reads our backend outputs)
             return
 
@@ -94,22 +124,51 @@ class BackendTopK:
         iface.apply = llama_cpp.llama_sampler_i_apply(apply)
         iface.backend_init = llama_cpp.llama_sampler_i_backend_init(backend_init)
         iface.backend_apply = llama_cpp.llama_sampler_i_backend_apply(backend_apply)
-        self._keep.append((iface, backend_init, backend_apply, apply))
+        if resets:
+            iface.backend_reset = llama_cpp.llama_sampler_i_backend_reset(backend_reset)
+        self._keep.append((iface, backend_init, backend_apply, backend_reset, apply))
         return llama_cpp.llama_sampler_init(ctypes.byref(iface), None)
 
-    def _build(self, gctx, data) -> None:
-        """Four ggml operations on one output row: its top-k ids, its k logits, its k soft-max probabilities."""
-        logits = data.logits
-        rows = self._reshape_2d(gctx, logits, 1, self.n_vocab)
-        top = self._top_k(gctx, logits, self.k)
-        probs = self._reshape_2d(gctx, self._soft_max(gctx, logits), 1, self.n_vocab)
+    def _build_row(self, gctx, data) -> None:
+        """One row's operations: its top-k ids, their k logits and k soft-max probabilities (the probe row, or
+        a row that is not a view of a logit matrix)."""
+        g, logits = self._g, data.logits
+        n = int(np.prod(_TensorHead.from_address(logits).ne))  # the probe row is not vocabulary-wide
+        top = g.ggml_top_k(gctx, logits, self.k)
         data.candidates = top
-        data.logits = self._get_rows(gctx, rows, top)
-        data.probs = self._get_rows(gctx, probs, top)
+        data.logits = g.ggml_get_rows(gctx, g.ggml_reshape_2d(gctx, logits, 1, n), top)
+        data.probs = g.ggml_get_rows(gctx, g.ggml_reshape_2d(gctx, g.ggml_soft_max(gctx, logits), 1, n), top)
 
-    def activate(self, seqs) -> None:
-        """The sequences whose output rows the next decode samples (all others skip their callbacks)."""
+    def _build(self, gctx, data) -> None:
+        """Views of this row in the batch-wide top-k (built on the graph's first active row)."""
+        head = _TensorHead.from_address(data.logits)
+        if not head.view_src or self.n_rows < 1:
+            self._build_row(gctx, data)
+            return
+        src = _TensorHead.from_address(head.view_src)
+        row = head.view_offs // src.nb[1]
+        if self._batched is None:
+            self._batched = self._build_batch(gctx, head.view_src, int(src.nb[1]))
+        g, k, off = self._g, self.k, row * self.k * 4
+        top, lg, pr = self._batched
+        data.candidates = g.ggml_view_1d(gctx, top, k, off)
+        data.logits = g.ggml_view_1d(gctx, lg, k, off)
+        data.probs = g.ggml_view_1d(gctx, pr, k, off)
+
+    def _build_batch(self, gctx, matrix: int, row_bytes: int) -> tuple[int, int, int]:
+        """top_k, soft_max and two get_rows over the batch's ``n_rows`` output rows of the logit matrix."""
+        g, v, n = self._g, self.n_vocab, self.n_rows
+        rows = g.ggml_view_2d(gctx, matrix, v, n, row_bytes, 0)  # without llama.cpp's padding row
+        top = g.ggml_top_k(gctx, rows, self.k)  # (n, k) int32
+        lg = g.ggml_get_rows(gctx, g.ggml_reshape_3d(gctx, rows, 1, v, n), top)  # (n, k, 1)
+        pr = g.ggml_get_rows(gctx, g.ggml_reshape_3d(gctx, g.ggml_soft_max(gctx, rows), 1, v, n), top)
+        return top, lg, pr
+
+    def activate(self, seqs, n_rows: int) -> None:
+        """The sequences whose output rows the next decode samples (all others skip their callbacks) and how
+        many output rows it has."""
         self.active = frozenset(int(s) for s in seqs)
+        self.n_rows = n_rows
 
     def read(self, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and float64 log-probabilities of the last decode's n output rows, best first (ties: lower id).

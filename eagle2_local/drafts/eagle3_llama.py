@@ -173,18 +173,18 @@ class Eagle3Engine:
         # the *first* rows' logits and pre-norm states. So the root entry goes alone in the last batch.
         last = len(g) - 1
         step = self.ctx.n_batch
-        self._activate(())
+        self._activate((), 0)
         for start in range(0, last, step):
             self._process_entries(tokens, g, range(start, min(start + step, last)), output=False)
-        self._activate((0,))
+        self._activate((0,), 1)
         self._process_entries(tokens, g, [last], output=True)
         self.n_seen = n_text
         self._root_g = self._prenorm(1)[0].copy()
         return self._rows(1, copy=True)
 
-    def _activate(self, seqs) -> None:
+    def _activate(self, seqs, n_rows: int) -> None:
         if self.top_k is not None:
-            self.top_k.activate(seqs)
+            self.top_k.activate(seqs, n_rows)
 
     def _rows(self, n: int, copy: bool):
         """The last decode's n output rows: in-graph candidates, or dense logits (a view unless ``copy``)."""
@@ -231,7 +231,7 @@ class Eagle3Engine:
         for tok, parent, seq in zip(np.asarray(tokens).tolist(), parent_ids.tolist(), seqs.tolist()):
             g = self._root_g if parent < 0 else self._g_of[parent]
             self.batch.add(int(tok), g, pos, seq, output=True)
-        self._activate(seqs.tolist())
+        self._activate(seqs.tolist(), k)
         self.ctx.process(self.batch)
         prenorm = self._prenorm(k)
         for i, cand in enumerate(cand_ids.tolist()):
