@@ -30,7 +30,7 @@ import numpy as np
 import llama_cpp
 
 from .errors import ModelError
-from .llama import host_inside_llama
+from .llama import charge_llama, host_inside_llama
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,9 @@ class BackendTopK:
 
     def _view(self, getter, n_rows: int) -> np.ndarray:
         """The first k columns of the first ``n_rows`` slots of one of llama.cpp's sampled-output buffers."""
-        ptr = getter(self.ctx, 0)
+        t0 = time.perf_counter()
+        ptr = getter(self.ctx, 0)  # waits for an asynchronous backend (GPU) to finish the decode
+        charge_llama(t0)
         addr = ctypes.cast(ptr, ctypes.c_void_p).value
         key = (addr, n_rows)
         view = self._views.get(key)

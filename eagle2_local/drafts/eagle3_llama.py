@@ -222,20 +222,17 @@ class Eagle3Engine:
             raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
-        seqs = self.seqs.assign(cand_ids, parent_ids)
-        pos = self.n_seen - 1 + level
+        seqs = self.seqs.assign(cand_ids, parent_ids).tolist()
+        g = np.stack([self._root_g if parent < 0 else self._g_of[parent] for parent in parent_ids.tolist()])
         self.batch.clear()
-        for tok, parent, seq in zip(np.asarray(tokens).tolist(), parent_ids.tolist(), seqs.tolist()):
-            g = self._root_g if parent < 0 else self._g_of[parent]
-            self.batch.add(int(tok), g, pos, seq, output=True)
-        self._activate(seqs.tolist(), k)
+        self.batch.add_level(np.asarray(tokens).tolist(), g, self.n_seen - 1 + level, seqs)
+        self._activate(seqs, k)
         self.ctx.process(self.batch)
-        prenorm = self._prenorm(k)
-        for i, cand in enumerate(cand_ids.tolist()):
-            self._g_of[cand] = prenorm[i].copy()
+        prenorm = self._prenorm(k).copy()  # one copy per level; each candidate keeps a view of its row
+        self._g_of.update(zip(cand_ids.tolist(), prenorm))
         return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
