@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from eagle2_local import Eagle2  # noqa: E402
 from eagle2_local.generator import GenerationStats  # noqa: E402
-from eagle2_local.drafts import eagle3_llama  # noqa: E402
+from eagle2_local import backend_topk  # noqa: E402
 
 PROMPT = "Explain how a hash table works, with a short example in Python."
 
@@ -45,8 +45,11 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N functions with most own time")
     ap.add_argument("--cpu-clock", action="store_true", help="time with the thread's CPU clock (shared machines)")
     ap.add_argument("--dense", action="store_true", help="dense logit rows in numpy instead of the in-graph top-k")
+    ap.add_argument("--model", help="target GGUF (default: the default model)")
+    ap.add_argument("--head", help="EAGLE-3 head GGUF (default: the default model's shipped head)")
+    ap.add_argument("--draft-model", help="a draft model GGUF instead of a head")
     args = ap.parse_args()
-    eagle3_llama.IN_GRAPH_TOP_K = not args.dense
+    backend_topk.IN_GRAPH_TOP_K = not args.dense
     per_round: list[float] = []  # host ms of every tree round: the median shrugs off preempted rounds
     add_round = GenerationStats.add_round
 
@@ -56,7 +59,8 @@ def main() -> None:
         add_round(stats, r)
 
     GenerationStats.add_round = recording
-    with Eagle2(n_threads=args.threads, total_tokens=args.total_tokens) as llm:
+    with Eagle2(args.model, head_path=args.head, draft_model_path=args.draft_model, n_threads=args.threads,
+                total_tokens=args.total_tokens) as llm:
         messages = [{"role": "user", "content": PROMPT}]
         llm.create_chat_completion(messages, max_tokens=8, temperature=0.0)  # warm up (first-call costs)
         per_round.clear()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -35,6 +36,10 @@ from .llama import charge_llama, host_inside_llama
 log = logging.getLogger(__name__)
 
 _P = ctypes.c_void_p
+
+# Whether llama.cpp draft engines (EAGLE-3 heads, draft models) take each row's top-k and log-normalizer from
+# the graph (True) or whole logit rows into numpy (False: benchmarks/host_time.py --dense, for an A/B).
+IN_GRAPH_TOP_K = True
 
 
 class _TensorHead(ctypes.Structure):
@@ -57,7 +62,8 @@ _SIGNATURES = {
 @functools.lru_cache(maxsize=None)
 def _ggml() -> ctypes.CDLL:
     """libggml-base from llama-cpp-python's own library folder (already loaded by libllama)."""
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    # llama-cpp-python's own override (a separately built llama.cpp), else its package folder
+    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama_cpp.__file__).parent / "lib")
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
         path = lib_dir / name
         if path.exists():
@@ -174,7 +180,8 @@ class BackendTopK:
         """Tokens and float64 log-probabilities of the last decode's n output rows, best first (ties: lower id).
 
         llama.cpp keeps each row's k values at the start of a vocabulary-wide slot (row-major, one slot per
-        output row, in batch order for a batch of one micro-batch); the views of those buffers are cached."""
+        output row, in batch order for a batch of one micro-batch); the views of those buffers are cached. (A
+        positive index would be a *batch* position: a prompt chunk's only output is its last token.)"""
         k = self.k
         cand = self._view(llama_cpp.llama_get_sampled_candidates_ith, n_rows)
         lg = self._view(llama_cpp.llama_get_sampled_logits_ith, n_rows)
@@ -189,7 +196,7 @@ class BackendTopK:
     def _view(self, getter, n_rows: int) -> np.ndarray:
         """The first k columns of the first ``n_rows`` slots of one of llama.cpp's sampled-output buffers."""
         t0 = time.perf_counter()
-        ptr = getter(self.ctx, 0)  # waits for an asynchronous backend (GPU) to finish the decode
+        ptr = getter(self.ctx, -n_rows)  # the first of the last n outputs; waits for a GPU to finish the decode
         charge_llama(t0)
         addr = ctypes.cast(ptr, ctypes.c_void_p).value
         key = (addr, n_rows)

@@ -10,7 +10,7 @@ import pytest
 
 from convert.eagle3 import convert_eagle3, permute_rope_rows
 from eagle2_local.api import Eagle2
-from eagle2_local.drafts import eagle3_llama
+from eagle2_local import backend_topk
 from eagle2_local.drafts.base import TreeSequences
 from eagle2_local.drafts.eagle3_llama import Eagle3Engine
 from eagle2_local.errors import IncompatibleDraftError, ModelError
@@ -208,7 +208,7 @@ def test_converter_refuses_bad_folders(tmp_path, target4):
 def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head, monkeypatch):
     """qwen2's llama.cpp graph exposes no layer inputs: such heads are refused with a pointer to the fallback,
     and a head trained on the final_norm convention runs (numerics checked, output lossless)."""
-    monkeypatch.setattr(eagle3_llama, "IN_GRAPH_TOP_K", False)  # dense rows, to compare with the reference
+    monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)  # dense rows, to compare with the reference
     qwen = write_model(synth_dir / "synth-qwen2.gguf", seed=1, n_layer=4, arch="qwen2", qtype="q8_0")
     with pytest.raises(IncompatibleDraftError, match="final_norm"):
         Eagle2(qwen, head_path=convert_eagle3(head[3], tmp_path / "li.gguf", qwen, outtype="f32"),

@@ -32,6 +32,7 @@ from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
 from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
 from ..models import GGUFInfo
+from .. import backend_topk
 from ..backend_topk import BackendTopK
 from ..tree import Proposals
 
@@ -44,10 +45,6 @@ REQUIRED_KEYS = (keys.EAGLE3_TARGET_LAYERS, keys.EAGLE3_TARGET_HIDDEN_SIZE, keys
 
 
 FEATURE_SOURCES = ("layer_inputs", "final_norm")
-
-# Each drafted row's top-k and log-normalizer inside llama.cpp's graph (backend_topk.py) rather than in numpy
-# over the whole row; False keeps the dense rows (benchmarks/host_time.py --dense compares the two).
-IN_GRAPH_TOP_K = True
 
 
 def feature_source(info: GGUFInfo) -> str:
@@ -119,7 +116,7 @@ class Eagle3Engine:
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
                  n_threads: int | None = None, in_graph_top_k: bool | None = None) -> None:
         check_eagle3_fits(head.info, target_ctx.model)
-        in_graph_top_k = IN_GRAPH_TOP_K if in_graph_top_k is None else in_graph_top_k
+        in_graph_top_k = backend_topk.IN_GRAPH_TOP_K if in_graph_top_k is None else in_graph_top_k
         n_seq = TreeSequences.needed(max_width, max_depth, recycle=in_graph_top_k)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
