@@ -2,8 +2,8 @@
 
     python benchmarks/host_time.py --threads 1 --total-tokens 60 --max-tokens 128 [--profile 25] [--cpu-clock] [--dense]
 
-The measurement: the default model with its shipped EAGLE-3 head (and lookup branches), fixed trees of
-``--total-tokens`` nodes, greedy. Prints the generation's host figures (``stats()``: per round, draft and verify
+The measurement: the default model with its shipped EAGLE-3 head (and lookup branches; ``--model``, ``--head``,
+``--draft-model`` for others), fixed trees of ``--total-tokens`` nodes, greedy. Prints the generation's host figures (``stats()``: per round, draft and verify
 side, per drafted node) and, with ``--profile N``, the N functions with the most own time. The answer's tokens
 are printed as a checksum so a change to the round can be shown to leave them as they were.
 
@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--model", help="target GGUF (default: the default model)")
     ap.add_argument("--head", help="EAGLE-3 head GGUF (default: the default model's shipped head)")
     ap.add_argument("--draft-model", help="a draft model GGUF instead of a head")
+    ap.add_argument("--n-gpu-layers", type=int, default=None, help="layers offloaded to a GPU build's device")
     args = ap.parse_args()
     backend_topk.IN_GRAPH_TOP_K = not args.dense
     per_round: list[float] = []  # host ms of every tree round: the median shrugs off preempted rounds
@@ -60,7 +61,7 @@ def main() -> None:
 
     GenerationStats.add_round = recording
     with Eagle2(args.model, head_path=args.head, draft_model_path=args.draft_model, n_threads=args.threads,
-                total_tokens=args.total_tokens) as llm:
+                n_gpu_layers=args.n_gpu_layers, total_tokens=args.total_tokens) as llm:
         messages = [{"role": "user", "content": PROMPT}]
         llm.create_chat_completion(messages, max_tokens=8, temperature=0.0)  # warm up (first-call costs)
         per_round.clear()
