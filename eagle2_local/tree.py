@@ -79,6 +79,16 @@ class Proposals:
             raise TreeError("proposal log-probabilities must be <= 0")
 
     @classmethod
+    def trusted(cls, tokens: np.ndarray, log_probs: np.ndarray, sources: np.ndarray | None = None) -> "Proposals":
+        """Proposals from a producer whose arrays are already right: int64 and float64 (n, m) arrays of equal
+        shape, log-probabilities <= 0, int8 sources (the in-graph top-k, the lookup, the merge). Skips the checks
+        and conversions, which run on every tree level and cost more than the merge itself on a cold cache."""
+        out = object.__new__(cls)
+        out.tokens, out.log_probs = tokens, log_probs
+        out.sources = np.full(tokens.shape, MODEL, dtype=np.int8) if sources is None else sources
+        return out
+
+    @classmethod
     def from_logits(cls, logits: np.ndarray, k: int) -> "Proposals":
         """The k most probable tokens of dense logit rows (what the tree takes from dense rows itself)."""
         return cls(*top_k_log_probs(np.atleast_2d(logits), k))

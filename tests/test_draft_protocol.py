@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eagle2_local import backend_topk
 from eagle2_local.drafts import DraftEngine, DraftModelEngine, DraftSpec, Proposals, draft_spec
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.generator import Generator
@@ -21,6 +22,13 @@ from eagle2_local.tree import TreeParams
 from helpers import ONE_THREAD, make, random_prompts, run
 
 PARAMS = TreeParams(24, 6, 4)
+
+
+@pytest.fixture(autouse=True)
+def dense_rows(monkeypatch):
+    """These tests compare drafters that return dense rows with ones that return proposals: the draft-model
+    engines here keep dense rows (the in-graph top-k has its own tests in test_backend_topk.py)."""
+    monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)
 
 
 class ProposingEngine:

@@ -98,7 +98,7 @@ class DraftModelEngine:
     def _rows(self, n: int):
         """The last decode's n output rows: in-graph candidates, or dense logits (a view)."""
         if self.top_k is not None:
-            return Proposals(*self.top_k.read(n))
+            return Proposals.trusted(*self.top_k.read(n))
         logits = self.ctx.logits(n, copy=n == 1)
         return logits[0] if n == 1 else logits
 

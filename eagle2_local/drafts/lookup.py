@@ -180,7 +180,7 @@ class LookupDraft:
                 probs[row, :len(toks)] = p
         with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
             log_probs = np.log(probs)
-        return Proposals(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
+        return Proposals.trusted(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""

@@ -40,9 +40,9 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
     width = max(1, int(keep.sum(axis=1).max(initial=0)))
     order = order[:, :width]
     kept = np.take_along_axis(keep, order, axis=1)
-    return Proposals(np.where(kept, np.take_along_axis(tokens, order, axis=1), 0),
-                     np.where(kept, np.take_along_axis(best, order, axis=1), -np.inf),
-                     np.where(kept, np.take_along_axis(sources, order, axis=1), 0).astype(np.int8))
+    return Proposals.trusted(np.where(kept, np.take_along_axis(tokens, order, axis=1), 0),
+                             np.where(kept, np.take_along_axis(best, order, axis=1), -np.inf),
+                             np.where(kept, np.take_along_axis(sources, order, axis=1), 0).astype(np.int8))
 
 
 class MergedDraft:
