@@ -92,7 +92,7 @@ class BackendTopK:
         self.active: frozenset[int] = frozenset()
         self.n_rows = 0  # output rows of the batch about to run
         self._batched: tuple[int, int, int] | None = None  # this graph's (top ids, top logits, top probs)
-        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._row_index = np.arange(256)[:, None]
         self._g = _ggml()
         self._keep: list = []  # callbacks and iface structs must outlive the context
@@ -180,12 +180,9 @@ class BackendTopK:
         """Tokens and float64 log-probabilities of the last decode's n output rows, best first (ties: lower id).
 
         llama.cpp keeps each row's k values at the start of a vocabulary-wide slot (row-major, one slot per
-        output row, in batch order for a batch of one micro-batch); the views of those buffers are cached. (A
-        positive index would be a *batch* position: a prompt chunk's only output is its last token.)"""
-        k = self.k
-        cand = self._view(llama_cpp.llama_get_sampled_candidates_ith, n_rows)
-        lg = self._view(llama_cpp.llama_get_sampled_logits_ith, n_rows)
-        pr = self._view(llama_cpp.llama_get_sampled_probs_ith, n_rows)
+        output row, in batch order for a batch of one micro-batch). Its three buffers are allocated once per
+        context, so their views are cached by the candidates' address (one llama.cpp call per read)."""
+        cand, lg, pr = self._views_of(n_rows)
         order = np.lexsort((cand, -lg), axis=-1)
         rows = self._row_index[:n_rows]
         cand = cand[rows, order].astype(np.int64)
@@ -193,14 +190,18 @@ class BackendTopK:
         lse = lg[:, 0] - np.log(pr[rows[:, 0], order[:, 0]].astype(np.float64))
         return cand, lg - lse[:, None]
 
-    def _view(self, getter, n_rows: int) -> np.ndarray:
-        """The first k columns of the first ``n_rows`` slots of one of llama.cpp's sampled-output buffers."""
+    def _views_of(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first k columns of the first ``n_rows`` slots of llama.cpp's sampled candidates, logits and
+        probabilities. Indices count from the end (the last n outputs): a positive index would be a *batch*
+        position, and a prompt chunk's only output is its last token."""
         t0 = time.perf_counter()
-        ptr = getter(self.ctx, -n_rows)  # the first of the last n outputs; waits for a GPU to finish the decode
+        ptr = llama_cpp.llama_get_sampled_candidates_ith(self.ctx, -n_rows)  # waits for a GPU to finish
         charge_llama(t0)
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
-        key = (addr, n_rows)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))[:, :self.k]
-        return view
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_rows)
+        views = self._views.get(key)
+        if views is None:
+            shape = (n_rows, self.n_vocab)
+            views = self._views[key] = tuple(np.ctypeslib.as_array(p, shape=shape)[:, :self.k] for p in (
+                ptr, llama_cpp.llama_get_sampled_logits_ith(self.ctx, -n_rows),
+                llama_cpp.llama_get_sampled_probs_ith(self.ctx, -n_rows)))
+        return views

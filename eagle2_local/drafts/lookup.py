@@ -114,18 +114,21 @@ class NgramIndex:
             counts[tok] = counts.get(tok, 0) + 1
         return sorted(counts.items(), key=lambda item: -item[1])  # stable: recency breaks ties
 
-    def continuations(self, context: list[int], max_branches: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next tokens the text suggests after ``context`` and their probabilities (best first)."""
+    def continuations(self, context: list[int], max_branches: int) -> tuple[list[int], list[float]]:
+        """The next tokens the text suggests after ``context`` and their probabilities (best first), as Python
+        lists: this runs for every node of every tree level, where a few small numpy arrays per node cost more
+        than the lookup itself."""
         match = self.longest_match(context)
         if match is None:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
+            return [], []
         n, positions = match
         ranked = self._ranked(positions)[:max_branches]
-        top = ranked[0][1]
-        probs = self.confidence.rate(n) * np.array([c for _, c in ranked], dtype=np.float64) / top
-        if probs.sum() > 1.0:
-            probs /= probs.sum()
-        return np.array([t for t, _ in ranked], dtype=np.int64), probs
+        top, rate = ranked[0][1], self.confidence.rate(n)
+        probs = [rate * c / top for _, c in ranked]
+        total = sum(probs)
+        if total > 1.0:
+            probs = [p / total for p in probs]
+        return [t for t, _ in ranked], probs
 
 
 class LookupDraft:
@@ -175,7 +178,7 @@ class LookupDraft:
         probs = np.zeros((len(contexts), width))  # 0 pads: its log, -inf, is a proposal's padding
         for row, context in enumerate(contexts):
             toks, p = self.index.continuations(context, width)
-            if len(toks):
+            if toks:
                 tokens[row, :len(toks)] = toks
                 probs[row, :len(toks)] = p
         with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
