@@ -133,6 +133,15 @@ class Eagle3Engine:
         self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
         self.seqs = TreeSequences(self.ctx)
 
+    @property
+    def n_read(self) -> int:
+        """Entry P holds token P+1, so the entries hold the text up to the root (none: nothing read)."""
+        return self.n_seen + 1 if self.n_seen else 0
+
+    @property
+    def n_features(self) -> int:
+        return self.n_seen
+
     # ------------------------------------------------------------ state
     def reset(self) -> None:
         self.rollback(0)
