@@ -1,0 +1,332 @@
+"""Tool calls (OpenAI ``tools`` / ``tool_choice``): what the chat template is given, how the answer is constrained,
+and how calls are read back out of it, for both the Python API and the server.
+
+A model calls a tool by writing text in the format its chat template taught it. Two formats are known, and which
+one a template uses is found by rendering a probe call through it (the template is the only description of the
+model's format there is): Hermes / Qwen2.5 (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) and
+Llama 3.x (a bare ``{"name": ..., "parameters": {...}}``). A template that does not render the tools it is given
+cannot be used with tools: refused, as llama-server refuses it.
+
+``tool_choice``: ``"required"`` and a named function constrain the answer with a grammar (the call's JSON made by
+the same JSON-schema converter as ``response_format``, wrapped in the format's tags), so the answer is always a
+call whose arguments follow the function's ``parameters``. ``"auto"`` leaves the answer free and parses calls
+out of it afterwards (text before a call stays content). ``"none"`` still renders the tools into the prompt, as
+llama-server does, but nothing is parsed: the answer is plain content.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .chat import render_chat
+from .errors import Eagle2Error
+from .grammar import Grammar, GrammarError
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+CALL_RULE, CALLS_RULE = "tool-call", "tool-calls"  # GBNF rules added around the converter's ``root``
+PROBE_NAME = "eagle2_probe_function"
+PROBE_TOOL = {"type": "function", "function": {"name": PROBE_NAME, "description": "probe",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"probe_arg": {"type": "integer"}}}}}
+NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: a function without ``parameters`` takes none
+
+
+class ToolError(Eagle2Error):
+    """Tools or a tool choice that cannot be used; ``param`` names the request field at fault."""
+
+    def __init__(self, message: str, param: str = "tools") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+# ---------------------------------------------------------------- calls and formats
+@dataclass(frozen=True)
+class ToolCall:
+    """One call as OpenAI returns it: ``arguments`` is JSON text (the parsed object, re-serialised)."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _call(obj, args_keys: tuple[str, ...]) -> ToolCall | None:
+    """``{"name": str, <args key>: object}`` as a call (None: not one)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), None)
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a template's model writes a call: ``{"name": ..., <args_key>: {...}}``, between ``open`` and
+    ``close`` when the format has tags; ``parallel``: several calls in one answer."""
+
+    name: str
+    args_key: str
+    open: str = ""
+    close: str = ""
+    parallel: bool = False
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """The content and the calls of an answer; without a call the content is ``text`` unchanged."""
+        return _parse_tagged(self, text) if self.open else _parse_bare(self, text)
+
+    def content_end(self, text: str) -> int:
+        """How much of a partial answer is surely content, whatever follows (streaming sends that much): text
+        before anything that is or may become a call, without trailing whitespace (dropped before a call)."""
+        if self.open:
+            at = text.find(self.open)
+            end = at if at >= 0 else len(text) - _partial_suffix(text, self.open)
+            return len(text[:end].rstrip())
+        head = text.lstrip()
+        return 0 if not head or head.startswith("{") or _maybe_tag(head) else len(text)
+
+
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may write it before a call
+
+
+def _maybe_tag(head: str) -> bool:
+    return head.startswith(PYTHON_TAG) or PYTHON_TAG.startswith(head)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of ``text`` that begins ``marker`` (a tag still being written)."""
+    return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
+
+
+def _parse_tagged(fmt: CallFormat, text: str) -> tuple[str | None, list[ToolCall]]:
+    """Calls between ``open`` and ``close`` tags (a last one left open at the end counts); a block whose body is
+    not a call stays content."""
+    pattern = re.compile(re.escape(fmt.open) + r"(.*?)(?:" + re.escape(fmt.close) + r"|\Z)", re.DOTALL)
+    calls, pieces, start = [], [], 0
+    for m in pattern.finditer(text):
+        try:
+            call = _call(json.loads(m.group(1)), (fmt.args_key,))
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            continue
+        pieces.append(text[start:m.start()])
+        calls.append(call)
+        start = m.end()
+    if not calls:
+        return text, []
+    pieces.append(text[start:])
+    kept = [pieces[0].rstrip()] + [p.strip() for p in pieces[1:]]
+    return "\n".join(p for p in kept if p) or None, calls
+
+
+def _parse_bare(fmt: CallFormat, text: str) -> tuple[str | None, list[ToolCall]]:
+    """One JSON call at the start of the answer (after an optional python tag); what follows is content."""
+    head = text.lstrip()
+    head = head[len(PYTHON_TAG):].lstrip() if head.startswith(PYTHON_TAG) else head
+    try:
+        obj, end = json.JSONDecoder().raw_decode(head)
+    except json.JSONDecodeError:
+        return text, []
+    call = _call(obj, (fmt.args_key, "arguments"))
+    if call is None:
+        return text, []
+    return head[end:].strip() or None, [call]
+
+
+HERMES = CallFormat("hermes", "arguments", "<tool_call>\n", "\n</tool_call>", parallel=True)
+LLAMA3 = CallFormat("llama3", "parameters")
+FORMATS = (HERMES, LLAMA3)
+
+
+@lru_cache(maxsize=8)
+def call_format(template: str | None) -> CallFormat:
+    """The format ``template`` writes calls in, found by rendering a probe tool and a probe call through it."""
+    how = "give one that does (chat_template= in the API, --chat-template-file on the command line)"
+    if not template:
+        raise ToolError(f"the model has no chat template, so it cannot be offered tools; {how}")
+    asked = [{"role": "user", "content": "hi"}]
+    if PROBE_NAME not in render_chat(template, asked, tools=[PROBE_TOOL]):
+        raise ToolError(f"the model's chat template does not render tools; {how}")
+    called = asked + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_probe", "type": "function", "function": {"name": PROBE_NAME, "arguments": '{"probe_arg": 1}'}}]}]
+    written = render_chat(template, called, tools=[PROBE_TOOL], add_generation_prompt=False)
+    if any(c.name == PROBE_NAME for c in HERMES.parse(written)[1]):
+        return HERMES
+    if re.search(r'\{\s*"name"\s*:\s*"' + PROBE_NAME + r'"\s*,\s*"parameters"\s*:', written):
+        return LLAMA3
+    raise ToolError("the model's chat template writes tool calls in a format eagle2-local does not read (it reads "
+                    f"Hermes / Qwen2.5 <tool_call> blocks and Llama 3.x JSON); {how}")
+
+
+# ---------------------------------------------------------------- the request
+def check_tools(tools: list) -> list[dict]:
+    """OpenAI ``tools`` entries, each ``{"type": "function", "function": {"name", "description"?,
+    "parameters"?}}``, with ``parameters`` an object schema (filled in when left out)."""
+    if not isinstance(tools, list):
+        raise ToolError("tools must be a list of {\"type\": \"function\", \"function\": {...}} entries")
+    checked, names = [], set()
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ToolError(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {name!r}")
+        if name in names:
+            raise ToolError(f"tools[{i}]: a second function named {name!r}")
+        if not isinstance(fn.get("description", ""), str):
+            raise ToolError(f"tools[{i}].function.description must be a string")
+        params = fn.get("parameters", NO_PARAMETERS)
+        if not isinstance(params, dict) or params.get("type") != "object":
+            raise ToolError(f"tools[{i}].function.parameters must be a JSON schema of type \"object\" (the "
+                            "arguments are one JSON object)")
+        names.add(name)
+        checked.append({"type": "function", "function": {**fn, "parameters": params}})
+    return checked
+
+
+def chosen(tool_choice, names: list[str]) -> str:
+    """``tool_choice`` as one word: "none", "auto", "required", or the name of the function to call."""
+    if tool_choice is None:
+        return "auto" if names else "none"
+    if tool_choice in ("none", "auto", "required"):
+        if tool_choice == "required" and not names:
+            raise ToolError("tool_choice \"required\" needs tools", "tool_choice")
+        return tool_choice
+    fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    if not isinstance(fn, dict) or tool_choice.get("type", "function") != "function":
+        raise ToolError("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                        "\"function\": {\"name\": ...}}", "tool_choice")
+    if fn.get("name") not in names:
+        raise ToolError(f"tool_choice names {fn.get('name')!r}, which is not among the tools "
+                        f"({', '.join(names) or 'none given'})", "tool_choice")
+    return fn["name"]
+
+
+def call_grammar(fmt: CallFormat, tools: list[dict], parallel: bool) -> Grammar:
+    """The answer as calls of ``tools`` (one, or several when ``parallel`` and the format allows): their JSON
+    from llama-cpp-python's schema converter (``name`` a constant, the arguments the function's ``parameters``),
+    inside the format's tags."""
+    shapes = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                fmt.args_key: t["function"]["parameters"]},
+               "required": ["name", fmt.args_key], "additionalProperties": False} for t in tools]
+    try:
+        body = Grammar.from_json_schema(shapes[0] if len(shapes) == 1 else {"anyOf": shapes})
+    except GrammarError as exc:
+        raise ToolError(f"a function's parameters: {exc}") from None
+    if not fmt.open:
+        return body
+    taken = set(re.findall(r"^([\w-]+) ::=", body.gbnf, re.MULTILINE))
+    if {CALL_RULE, CALLS_RULE} & taken:  # the converter names rules after properties; never these so far
+        raise ToolError(f"a function's parameters make a grammar rule named {CALL_RULE!r}; rename that property")
+    rules = [f"{CALL_RULE} ::= {json.dumps(fmt.open)} {body.root} {json.dumps(fmt.close)}",
+             f"{CALLS_RULE} ::= {CALL_RULE}" + (f' ("\\n" {CALL_RULE})*' if parallel and fmt.parallel else "")]
+    return Grammar(body.gbnf + "\n" + "\n".join(rules), root=CALLS_RULE)
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tools mean for one answer: ``tools`` to render into the prompt, the ``grammar`` the
+    answer must follow (None: free), and the ``format`` calls are parsed in (None: nothing is parsed)."""
+
+    tools: list[dict]
+    grammar: Grammar | None
+    format: CallFormat | None
+
+    def constrain(self, other: Grammar | None) -> Grammar | None:
+        """The answer's one constraint: tool calls and a ``grammar`` / ``response_format`` do not mix."""
+        if other is not None and self.format is not None:
+            raise ToolError("give either tools (with a tool_choice other than \"none\") or a grammar / "
+                            "response_format, not both", "tool_choice")
+        return self.grammar or other
+
+
+def plan_tools(template: str | None, tools: list | None, tool_choice=None,
+               parallel_tool_calls: bool | None = None) -> ToolPlan | None:
+    """Check a request's ``tools`` and ``tool_choice`` against the chat ``template`` (every refusal here, before
+    anything is generated); None when there are no tools."""
+    checked = check_tools(tools) if tools else []
+    choice = chosen(tool_choice, [t["function"]["name"] for t in checked])
+    if not checked:
+        return None
+    for i, t in enumerate(checked):  # a schema the converter refuses is refused whatever the choice
+        try:
+            Grammar.from_json_schema(t["function"]["parameters"])
+        except GrammarError as exc:
+            raise ToolError(f"tools[{i}].function.parameters: {exc}") from None
+    if choice == "none":
+        return ToolPlan(checked, None, None)
+    fmt = call_format(template)
+    if choice == "auto":
+        return ToolPlan(checked, None, fmt)
+    named = checked if choice == "required" else [t for t in checked if t["function"]["name"] == choice]
+    return ToolPlan(checked, call_grammar(fmt, named, parallel=bool(parallel_tool_calls)), fmt)
+
+
+# ---------------------------------------------------------------- the answer
+def assistant_message(text: str, reason: str | None, fmt: CallFormat | None) -> tuple[dict, str | None]:
+    """The ``message`` of a whole chat answer whose calls are written in ``fmt`` (None: no calls are read), and
+    its finish reason ("tool_calls" when it calls)."""
+    content, calls = fmt.parse(text) if fmt is not None else (text, [])
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [c.as_dict() for c in calls]
+        reason = "tool_calls"
+    return message, reason
+
+
+class AnswerStream:
+    """A streamed chat answer as OpenAI's ``delta`` objects: content as soon as it surely is content, calls once
+    the answer is complete (each call's id and name first, then its arguments), so that the deltas add up to
+    :func:`assistant_message` of the whole text."""
+
+    def __init__(self, plan: ToolPlan | None) -> None:
+        self.format = plan.format if plan is not None else None
+        self.text = ""
+        self.sent = 0  # characters of content already sent
+
+    def feed(self, piece: str) -> list[dict]:
+        self.text += piece
+        if self.format is None:
+            self.sent = len(self.text)
+            return [{"content": piece}] if piece else []
+        end = self.format.content_end(self.text)
+        return self._content(self.text[:end])
+
+    def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
+        """The deltas still owed once generation ended, and the answer's finish reason."""
+        message, reason = assistant_message(self.text, reason, self.format)
+        content = message["content"] or ""
+        if content.startswith(self.text[:self.sent]):
+            deltas = self._content(content)
+        else:  # cannot happen by content_end's rule; sent text cannot be taken back
+            log.warning("streamed content is not a prefix of the parsed answer's content; its rest is not sent")
+            deltas = []
+        for i, call in enumerate(message.get("tool_calls", [])):
+            fn = call["function"]
+            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                           "function": {"name": fn["name"], "arguments": ""}}]})
+            deltas.append({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
+        return deltas, reason
+
+    def _content(self, content: str) -> list[dict]:
+        """A delta with the part of ``content`` not sent yet (``content`` extends what was sent)."""
+        if len(content) <= self.sent:
+            return []
+        piece, self.sent = content[self.sent:], len(content)
+        return [{"content": piece}]
