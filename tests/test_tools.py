@@ -213,9 +213,9 @@ def test_auto_reads_a_call_the_model_writes_and_none_reads_nothing(llm):
     assert calls_of(out["choices"][0]["message"]) == [("get_weather", {"city": "Paris"})]
     assert out["choices"][0]["finish_reason"] == "tool_calls"
     none = llm.create_chat_completion(few_shot("Paris"), tools=tools, tool_choice="none", temperature=0,
-                                      max_tokens=40)
+                                      max_tokens=4)
     assert "tool_calls" not in none["choices"][0]["message"]
-    assert none["choices"][0]["message"]["content"].startswith("<tool_call>")  # the same text, not read
+    assert none["choices"][0]["message"]["content"].startswith("<tool_call")  # the same text, not read
 
 
 def test_tool_results_render_and_the_answer_goes_on(llm, template):

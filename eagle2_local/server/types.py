@@ -4,7 +4,7 @@ than ignores) and the response objects of both endpoints. A field a request leav
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -79,7 +79,7 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
 
-    TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")  # what an assistant's call and a tool's result carry
+    TOOL_FIELDS: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_id", "name")  # what an assistant's call and a tool's result carry
 
     def as_dict(self) -> dict:
         """``{"role", "content": str}`` plus the tool fields given; text parts are joined, other parts (images,
