@@ -76,8 +76,9 @@ def _call(obj, args_keys: tuple[str, ...]) -> ToolCall | None:
 
 @dataclass(frozen=True)
 class CallFormat:
-    """How a template's model writes a call: ``{"name": ..., <args_key>: {...}}``, between ``open`` and
-    ``close`` when the format has tags; ``parallel``: several calls in one answer."""
+    """How a template's model writes a call: ``{"name": ..., <args_key>: {...}}``, between the tags ``open`` and
+    ``close`` when the format has them (read with any whitespace inside, written with a newline, as the
+    templates write them); ``parallel``: several calls in one answer."""
 
     name: str
     args_key: str
@@ -148,7 +149,7 @@ def _parse_bare(fmt: CallFormat, text: str) -> tuple[str | None, list[ToolCall]]
     return head[end:].strip() or None, [call]
 
 
-HERMES = CallFormat("hermes", "arguments", "<tool_call>\n", "\n</tool_call>", parallel=True)
+HERMES = CallFormat("hermes", "arguments", "<tool_call>", "</tool_call>", parallel=True)
 LLAMA3 = CallFormat("llama3", "parameters")
 FORMATS = (HERMES, LLAMA3)
 
@@ -234,7 +235,8 @@ def call_grammar(fmt: CallFormat, tools: list[dict], parallel: bool) -> Grammar:
     taken = set(re.findall(r"^([\w-]+) ::=", body.gbnf, re.MULTILINE))
     if {CALL_RULE, CALLS_RULE} & taken:  # the converter names rules after properties; never these so far
         raise ToolError(f"a function's parameters make a grammar rule named {CALL_RULE!r}; rename that property")
-    rules = [f"{CALL_RULE} ::= {json.dumps(fmt.open)} {body.root} {json.dumps(fmt.close)}",
+    opening, closing = json.dumps(fmt.open + "\n"), json.dumps("\n" + fmt.close)  # GBNF literals as JSON writes them
+    rules = [f"{CALL_RULE} ::= {opening} {body.root} {closing}",
              f"{CALLS_RULE} ::= {CALL_RULE}" + (f' ("\\n" {CALL_RULE})*' if parallel and fmt.parallel else "")]
     return Grammar(body.gbnf + "\n" + "\n".join(rules), root=CALLS_RULE)
 
