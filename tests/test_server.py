@@ -794,9 +794,10 @@ def test_tool_choice_auto_reads_the_models_own_call_and_results_render(tools_ser
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
     msgs = []
     for city in ("Rome", "Oslo"):
+        earlier = {"id": f"call_{city}", "type": "function",
+                   "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
         msgs += [{"role": "user", "content": f"Weather in {city}?"},
-                 {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{city}", "type": "function", "function": {
-                     "name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+                 {"role": "assistant", "content": None, "tool_calls": [earlier]},
                  {"role": "tool", "tool_call_id": f"call_{city}", "content": "{\"temp\": 20}"},
                  {"role": "assistant", "content": "20 degrees."}]
     msgs.append({"role": "user", "content": "Weather in Paris?"})

@@ -79,7 +79,8 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
 
-    TOOL_FIELDS: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_id", "name")  # what an assistant's call and a tool's result carry
+    # what an assistant's calls and a tool's result carry besides role and content
+    TOOL_FIELDS: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_id", "name")
 
     def as_dict(self) -> dict:
         """``{"role", "content": str}`` plus the tool fields given; text parts are joined, other parts (images,
