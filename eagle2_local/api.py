@@ -319,7 +319,7 @@ class Eagle2:
             return self._stream_completion(chunks, cid, created)
         text, reason = _collect(chunks)
         if chat:
-            message, reason = assistant_message(text, reason, tools.format if tools is not None else None)
+            message, reason = assistant_message(text, reason, tools)
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}

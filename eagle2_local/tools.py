@@ -12,6 +12,10 @@ the same JSON-schema converter as ``response_format``, wrapped in the format's t
 call whose arguments follow the function's ``parameters``. ``"auto"`` leaves the answer free and parses calls
 out of it afterwards (text before a call stays content). ``"none"`` still renders the tools into the prompt, as
 llama-server does, but nothing is parsed: the answer is plain content.
+
+Streamed, a call under a grammar goes out as it is generated (its name, then its arguments piece by piece),
+because there whatever follows the name is surely the call; under "auto" only once it is closed, because free
+text may still turn out not to be a call and what was sent cannot be taken back.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import Iterator
 
 from .chat import render_chat
 from .errors import Eagle2Error
@@ -49,29 +54,23 @@ class ToolError(Eagle2Error):
 # ---------------------------------------------------------------- calls and formats
 @dataclass(frozen=True)
 class ToolCall:
-    """One call as OpenAI returns it: ``arguments`` is JSON text (the parsed object, re-serialised)."""
+    """One call as read from an answer: ``arguments`` is the arguments' JSON text as the model wrote it (all of it
+    once ``closed``; a call cut short by ``max_tokens`` keeps what was written, as OpenAI returns it)."""
 
     name: str
     arguments: str
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    closed: bool = True
 
-    def as_dict(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+    def as_dict(self, call_id: str) -> dict:
+        return {"id": call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _call(obj, args_keys: tuple[str, ...]) -> ToolCall | None:
-    """``{"name": str, <args key>: object}`` as a call (None: not one)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = next((obj[k] for k in args_keys if k in obj), None)
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+_JSON = json.JSONDecoder()
+_CLOSING = re.compile(r"\s*\}\s*")  # what follows a call's arguments: the end of its object
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,33 @@ class CallFormat:
     close: str = ""
     parallel: bool = False
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The content and the calls of an answer; without a call the content is ``text`` unchanged."""
-        return _parse_tagged(self, text) if self.open else _parse_bare(self, text)
+    @cached_property
+    def header(self) -> re.Pattern:
+        """A call's start up to its arguments, as the templates and the grammar write it (name first)."""
+        return re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"' + self.args_key + r'"\s*:\s*')
+
+    def read(self, text: str, final: bool, constrained: bool) -> tuple[list[tuple[int, int]], list[ToolCall]]:
+        """The calls in ``text`` so far (``final``: the whole answer) and where each is written. A call counts
+        once it is closed; under a grammar (``constrained``), where whatever follows a call's name is its
+        arguments, as soon as its name is written, so that its arguments can be streamed as they come."""
+        spans, calls = [], []
+        for start, end, body, ended in (self._tagged if self.open else self._bare)(text, final):
+            call = self._call(body, ended)
+            if call is not None and (call.closed or constrained):
+                spans.append((start, end))
+                calls.append(call)
+        return spans, calls
+
+    def parse(self, text: str, constrained: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """The content and the calls of a whole answer: the text outside the calls, without the whitespace that
+        touches them (None if nothing is left); without a call the content is ``text`` unchanged."""
+        spans, calls = self.read(text, final=True, constrained=constrained)
+        if not calls:
+            return text, []
+        cuts = [0] + [i for span in spans for i in span] + [len(text)]
+        pieces = [text[a:b] for a, b in zip(cuts[::2], cuts[1::2])]
+        kept = [pieces[0].rstrip()] + [p.strip() for p in pieces[1:]]
+        return "\n".join(p for p in kept if p) or None, calls
 
     def content_end(self, text: str) -> int:
         """How much of a partial answer is surely content, whatever follows (streaming sends that much): text
@@ -99,6 +122,64 @@ class CallFormat:
             return len(text[:end].rstrip())
         head = text.lstrip()
         return 0 if not head or head.startswith("{") or _maybe_tag(head) else len(text)
+
+    def _tagged(self, text: str, final: bool) -> Iterator[tuple[int, int, str, bool]]:
+        """Each block between the tags: its span, its text, and whether it has ended (its closing tag written,
+        or the answer over)."""
+        at = text.find(self.open)
+        while at >= 0:
+            body = at + len(self.open)
+            shut = text.find(self.close, body)
+            if shut < 0:
+                yield at, len(text), text[body:], final
+                return
+            yield at, shut + len(self.close), text[body:shut], True
+            at = text.find(self.open, shut + len(self.close))
+
+    def _bare(self, text: str, final: bool) -> Iterator[tuple[int, int, str, bool]]:
+        """The one JSON object at the start of the answer (after an optional python tag), as far as written."""
+        head = len(text) - len(text.lstrip())
+        if text.startswith(PYTHON_TAG, head):
+            head = len(text) - len(text[head + len(PYTHON_TAG):].lstrip())
+        if not text.startswith("{", head):
+            return
+        try:
+            end = _JSON.raw_decode(text, head)[1]
+        except json.JSONDecodeError:
+            yield 0, len(text), text[head:], final
+            return
+        yield 0, end, text[head:end], True
+
+    def _call(self, body: str, ended: bool) -> ToolCall | None:
+        """The call a block holds, as far as it is written (None: not a call, or not one yet)."""
+        m = self.header.match(body)
+        if m is None:  # another key order or layout: read only once whole
+            return _whole_call(body, (self.args_key, "arguments")) if ended else None
+        name = json.loads(m.group(1))
+        try:
+            args, end = _JSON.raw_decode(body, m.end())
+        except json.JSONDecodeError:  # not closed yet: everything after the name is arguments
+            return ToolCall(name, body[m.end():], closed=False)
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(name, body[m.end():end], closed=ended and _CLOSING.fullmatch(body, end) is not None)
+
+
+def _whole_call(body: str, args_keys: tuple[str, ...]) -> ToolCall | None:
+    """A whole ``{"name": str, <args key>: object}`` (arguments re-serialised) as a call; None: not one."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), None)
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
 
 
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may write it before a call
@@ -111,42 +192,6 @@ def _maybe_tag(head: str) -> bool:
 def _partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of ``text`` that begins ``marker`` (a tag still being written)."""
     return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if marker.startswith(text[-n:])), 0)
-
-
-def _parse_tagged(fmt: CallFormat, text: str) -> tuple[str | None, list[ToolCall]]:
-    """Calls between ``open`` and ``close`` tags (a last one left open at the end counts); a block whose body is
-    not a call stays content."""
-    pattern = re.compile(re.escape(fmt.open) + r"(.*?)(?:" + re.escape(fmt.close) + r"|\Z)", re.DOTALL)
-    calls, pieces, start = [], [], 0
-    for m in pattern.finditer(text):
-        try:
-            call = _call(json.loads(m.group(1)), (fmt.args_key,))
-        except json.JSONDecodeError:
-            call = None
-        if call is None:
-            continue
-        pieces.append(text[start:m.start()])
-        calls.append(call)
-        start = m.end()
-    if not calls:
-        return text, []
-    pieces.append(text[start:])
-    kept = [pieces[0].rstrip()] + [p.strip() for p in pieces[1:]]
-    return "\n".join(p for p in kept if p) or None, calls
-
-
-def _parse_bare(fmt: CallFormat, text: str) -> tuple[str | None, list[ToolCall]]:
-    """One JSON call at the start of the answer (after an optional python tag); what follows is content."""
-    head = text.lstrip()
-    head = head[len(PYTHON_TAG):].lstrip() if head.startswith(PYTHON_TAG) else head
-    try:
-        obj, end = json.JSONDecoder().raw_decode(head)
-    except json.JSONDecodeError:
-        return text, []
-    call = _call(obj, (fmt.args_key, "arguments"))
-    if call is None:
-        return text, []
-    return head[end:].strip() or None, [call]
 
 
 HERMES = CallFormat("hermes", "arguments", "<tool_call>", "</tool_call>", parallel=True)
@@ -281,54 +326,71 @@ def plan_tools(template: str | None, tools: list | None, tool_choice=None,
 
 
 # ---------------------------------------------------------------- the answer
-def assistant_message(text: str, reason: str | None, fmt: CallFormat | None) -> tuple[dict, str | None]:
-    """The ``message`` of a whole chat answer whose calls are written in ``fmt`` (None: no calls are read), and
-    its finish reason ("tool_calls" when it calls)."""
-    content, calls = fmt.parse(text) if fmt is not None else (text, [])
+def finish_reason(calls: list[ToolCall], reason: str | None) -> str | None:
+    """"tool_calls" for an answer that calls and ended by itself; a cut-short one keeps "length", as OpenAI's."""
+    return "tool_calls" if calls and reason != "length" else reason
+
+
+def assistant_message(text: str, reason: str | None, plan: ToolPlan | None) -> tuple[dict, str | None]:
+    """The ``message`` of a whole chat answer, its calls read as ``plan`` says (None: none are read), and its
+    finish reason."""
+    fmt = plan.format if plan is not None else None
+    content, calls = fmt.parse(text, plan.grammar is not None) if fmt is not None else (text, [])
     message = {"role": "assistant", "content": content}
     if calls:
-        message["tool_calls"] = [c.as_dict() for c in calls]
-        reason = "tool_calls"
-    return message, reason
+        message["tool_calls"] = [c.as_dict(new_call_id()) for c in calls]
+    return message, finish_reason(calls, reason)
 
 
 class AnswerStream:
-    """A streamed chat answer as OpenAI's ``delta`` objects: content as soon as it surely is content, calls once
-    the answer is complete (each call's id and name first, then its arguments), so that the deltas add up to
-    :func:`assistant_message` of the whole text."""
+    """A streamed chat answer as OpenAI's ``delta`` objects, adding up to :func:`assistant_message` of the whole
+    text: content as soon as it surely is content; a call's id and name once its name is written, then its
+    arguments as they are written when a grammar holds the answer to calls (otherwise all of them once the call
+    is closed: free text may still turn out not to be a call)."""
 
     def __init__(self, plan: ToolPlan | None) -> None:
         self.format = plan.format if plan is not None else None
+        self.constrained = plan is not None and plan.grammar is not None
         self.text = ""
         self.sent = 0  # characters of content already sent
+        self.ids: list[str] = []  # of the calls announced
+        self.args_sent: list[int] = []  # characters of each announced call's arguments already sent
 
     def feed(self, piece: str) -> list[dict]:
         self.text += piece
         if self.format is None:
             self.sent = len(self.text)
             return [{"content": piece}] if piece else []
-        end = self.format.content_end(self.text)
-        return self._content(self.text[:end])
+        deltas = self._content(self.text[:self.format.content_end(self.text)])
+        return deltas + self._calls(self.format.read(self.text, final=False, constrained=self.constrained)[1])
 
     def finish(self, reason: str | None) -> tuple[list[dict], str | None]:
         """The deltas still owed once generation ended, and the answer's finish reason."""
-        message, reason = assistant_message(self.text, reason, self.format)
-        content = message["content"] or ""
-        if content.startswith(self.text[:self.sent]):
-            deltas = self._content(content)
-        else:  # cannot happen by content_end's rule; sent text cannot be taken back
-            log.warning("streamed content is not a prefix of the parsed answer's content; its rest is not sent")
-            deltas = []
-        for i, call in enumerate(message.get("tool_calls", [])):
-            fn = call["function"]
-            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                           "function": {"name": fn["name"], "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
-        return deltas, reason
+        if self.format is None:
+            return [], reason
+        content, calls = self.format.parse(self.text, self.constrained)
+        return self._content(content or "") + self._calls(calls), finish_reason(calls, reason)
 
     def _content(self, content: str) -> list[dict]:
-        """A delta with the part of ``content`` not sent yet (``content`` extends what was sent)."""
+        """A delta with the part of ``content`` not sent yet."""
+        if not content.startswith(self.text[:self.sent]):  # cannot happen by content_end's rule
+            log.warning("streamed content is not a prefix of the answer's content; its rest is not sent")
+            return []
         if len(content) <= self.sent:
             return []
         piece, self.sent = content[self.sent:], len(content)
         return [{"content": piece}]
+
+    def _calls(self, calls: list[ToolCall]) -> list[dict]:
+        """Deltas for what ``calls`` add to what was sent: new calls' ids and names, then new argument text."""
+        deltas = []
+        for i, call in enumerate(calls):
+            if i == len(self.ids):
+                self.ids.append(new_call_id())
+                self.args_sent.append(0)
+                deltas.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function",
+                                               "function": {"name": call.name, "arguments": ""}}]})
+            if len(call.arguments) > self.args_sent[i]:
+                piece, self.args_sent[i] = call.arguments[self.args_sent[i]:], len(call.arguments)
+                deltas.append({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+        return deltas

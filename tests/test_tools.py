@@ -106,47 +106,57 @@ def test_calls_written_by_the_template_parse_back(template, which):
                            content="Let me look.")
         text = assistant_text(template, message, "<|im_start|>assistant\n", "<|im_end|>")
         fmt, content = HERMES, "Let me look."
-    parsed, reason = assistant_message(text, "stop", fmt)
-    assert calls_of(parsed) == calls_of(message) and reason == "tool_calls"
-    assert parsed["content"] == content
-    assert assistant_message("Just text, {no call}.", "stop", fmt) == (
-        {"role": "assistant", "content": "Just text, {no call}."}, "stop")
+    parsed, calls = fmt.parse(text)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == calls_of(message) and parsed == content
+    assert all(c.closed for c in calls)
+    assert fmt.parse("Just text, {no call}.") == ("Just text, {no call}.", [])
 
 
-STREAMED = [
-    "Plain answer with trailing space  ",
-    "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"C\"}}\n"
-    "</tool_call>",
-    "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"timezone\": \"UTC\"}}\n</tool_call>\n<tool_call>\n"
-    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"unit\": \"F\"}}",  # the last one unclosed
-    "Sure.<tool_call>{\"name\": \"get_time\", \"arguments\": {\"timezone\": \"UTC\"}}</tool_call>",  # no newlines
-    "A <tool_call> that is not JSON </tool_call> stays content",
-    "Ends on half a tag <tool_",
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>'
+STREAMED = [  # (tool_choice, answer, how it ended)
+    ("auto", "Plain answer with trailing space  ", "stop"),
+    ("auto", "Checking.\n" + CALL, "stop"),
+    ("auto", CALL + "\n" + CALL.replace("Oslo", "Rome").removesuffix("\n</tool_call>"), "stop"),  # last unclosed
+    ("auto", 'Sure.<tool_call>{"arguments": {"timezone": "UTC"}, "name": "get_time"}</tool_call>', "stop"),
+    ("auto", "A <tool_call> that is not JSON </tool_call> stays content", "stop"),
+    ("auto", "Ends on half a tag <tool_", "length"),
+    ("required", CALL, "stop"),
+    ("required", '<tool_call>\n{"name":"get_time","arguments":{"timezone":"UTC"}}\n</tool_call>', "stop"),
+    ("required", '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Eur', "length"),  # cut short
 ]
 
 
-@pytest.mark.parametrize("text", STREAMED)
-@pytest.mark.parametrize("step", [1, 5])
-def test_streamed_deltas_add_up_to_the_whole_message(text, step):
-    """Content is sent as soon as it cannot be part of a call, calls once complete (id and name first, then the
-    arguments): the deltas reassemble to exactly the whole answer's message."""
-    stream = AnswerStream(plan_tools(TOOLS_TEMPLATE.read_text(), [WEATHER, TIME]))
-    deltas = [d for i in range(0, len(text), step) for d in stream.feed(text[i:i + step])]
-    whole, whole_reason = assistant_message(text, "stop", HERMES)
-    if calls_of(whole):  # nothing of a call was sent as content while it was being written
-        assert not any("<" in d.get("content", "") for d in deltas)
-    owed, reason = stream.finish("stop")
-    deltas += owed
-    content = "".join(d.get("content", "") for d in deltas)
-    assert content == (whole["content"] or "") and reason == whole_reason
-    calls: dict[int, dict] = {}
+def reassemble(deltas: list[dict]) -> tuple[str, list[tuple[str, str]]]:
+    """The content and the (name, arguments) calls a client rebuilds from stream deltas."""
+    calls: dict[int, list[str]] = {}
     for d in deltas:
         for c in d.get("tool_calls", []):
             if "id" in c:
-                assert c["index"] not in calls and c["function"]["arguments"] == ""
-                calls[c["index"]] = {"name": c["function"]["name"], "arguments": ""}
-            calls[c["index"]]["arguments"] += c["function"]["arguments"]
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == calls_of(whole)
+                assert c["index"] == len(calls) and c["function"]["arguments"] == "" and c["id"].startswith("call_")
+                calls[c["index"]] = [c["function"]["name"], ""]
+            calls[c["index"]][1] += c["function"]["arguments"]
+    return "".join(d.get("content", "") for d in deltas), [tuple(c) for c in calls.values()]
+
+
+@pytest.mark.parametrize("choice, text, reason", STREAMED)
+@pytest.mark.parametrize("step", [1, 5])
+def test_streamed_deltas_add_up_to_the_whole_message(template, choice, text, reason, step):
+    """Content is sent as soon as it cannot be part of a call; a call's id and name once written, its arguments
+    as they come under a grammar (all at once when it closes otherwise): the deltas reassemble to exactly the
+    whole answer's message, a call cut short keeping its partial arguments and "length"."""
+    plan = plan_tools(template, [WEATHER, TIME], choice)
+    stream = AnswerStream(plan)
+    deltas = [d for i in range(0, len(text), step) for d in stream.feed(text[i:i + step])]
+    whole, whole_reason = assistant_message(text, reason, plan)
+    if whole.get("tool_calls"):  # nothing of a call was sent as content while it was being written
+        assert "<" not in reassemble(deltas)[0]
+    if choice == "required" and step == 1:  # the arguments came in pieces, before the answer ended
+        assert sum("arguments" in d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d) > 5
+    owed, got_reason = stream.finish(reason)
+    content, calls = reassemble(deltas + owed)
+    assert content == (whole["content"] or "") and got_reason == whole_reason
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in whole.get("tool_calls", [])]
+    assert whole_reason == ("tool_calls" if calls and reason == "stop" else reason)
 
 
 @pytest.mark.parametrize("tools, choice, needle, param", [

@@ -132,7 +132,7 @@ class ChatShape:
         return [self._choice(d) for d in owed] + [self._choice({}, reason)]
 
     def whole(self, text: str, reason: str) -> dict:
-        message, reason = assistant_message(text, reason, self.plan.format if self.plan is not None else None)
+        message, reason = assistant_message(text, reason, self.plan)
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
 
 
