@@ -196,7 +196,6 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 HERMES = CallFormat("hermes", "arguments", "<tool_call>", "</tool_call>", parallel=True)
 LLAMA3 = CallFormat("llama3", "parameters")
-FORMATS = (HERMES, LLAMA3)
 
 
 @lru_cache(maxsize=8)

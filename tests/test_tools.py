@@ -179,6 +179,32 @@ def test_bad_tools_are_one_line_errors(template, tools, choice, needle, param):
 
 
 # ------------------------------------------------------------------ answers from the model
+@pytest.mark.parametrize("fmt, text", [
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>\n'
+             '<tool_call>\n{"name":"get_time","arguments":{"timezone":"UTC"}}\n</tool_call>'),
+    (LLAMA3, '{"name": "get_time", "parameters": {"timezone": "UTC"}}'),
+])
+def test_call_grammars_take_the_calls_the_formats_read(llm, fmt, text):
+    """The grammar of each format, compiled by llama.cpp for the model's vocabulary, lets the model write a call
+    token by token, exactly as its parser reads it, and then end; a call of a function not offered is refused."""
+    from eagle2_local.tools import call_grammar, check_tools
+
+    grammar = call_grammar(fmt, check_tools([WEATHER, TIME]), parallel=True)
+    state = grammar.state(llm.model)
+    for token in llm.tokenize(text.encode(), add_bos=False, special=True):
+        assert state.allows(token), (text, llm.detokenize([token]))
+        state.accept(token)
+    assert state.allows(llm.model.eos)
+    assert [c.name for c in fmt.parse(text, constrained=True)[1]] == [n for n in ("get_weather", "get_time")
+                                                                       if n in text]
+    refused = grammar.state(llm.model)
+    wrong = text.replace("get_time", "get_stock")
+    tokens = llm.tokenize(wrong.encode(), add_bos=False, special=True)
+    assert not all(refused.allows(t) and refused.accept(t) is None for t in tokens)
+    state.close()
+    refused.close()
+
+
 @pytest.fixture(scope="module")
 def llm(smollm2_path, smollm2_head, template):
     with Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=1024, n_threads=1, total_tokens=12, depth=4,
