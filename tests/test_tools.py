@@ -183,7 +183,7 @@ def test_bad_tools_are_one_line_errors(template, tools, choice, needle, param):
     (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>\n'
              '<tool_call>\n{"name":"get_time","arguments":{"timezone":"UTC"}}\n</tool_call>'),
     (LLAMA3, '{"name": "get_time", "parameters": {"timezone": "UTC"}}'),
-])
+], ids=["hermes", "llama3"])
 def test_call_grammars_take_the_calls_the_formats_read(llm, fmt, text):
     """The grammar of each format, compiled by llama.cpp for the model's vocabulary, lets the model write a call
     token by token, exactly as its parser reads it, and then end; a call of a function not offered is refused."""
