@@ -25,7 +25,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from typing import Iterator
 
 from .chat import render_chat
@@ -71,13 +71,22 @@ def new_call_id() -> str:
 
 _JSON = json.JSONDecoder()
 _CLOSING = re.compile(r"\s*\}\s*")  # what follows a call's arguments: the end of its object
+# A call's start up to its arguments, name first, as the templates and the grammar write it (either arguments key)
+HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+CALL_START = '{"name":"'  # HEADER's start without whitespace
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may write it before a call
+# what may come before a call written without tags: Llama 3.1's python tag, a Markdown fence (Qwen2.5-Coder's way)
+LEAD = re.compile(r"\s*(?:<\|python_tag\|>\s*)?(?P<fence>```(?:json)?[ \t]*\n\s*)?")
+FENCE_END = re.compile(r"\s*```")
 
 
 @dataclass(frozen=True)
 class CallFormat:
     """How a template's model writes a call: ``{"name": ..., <args_key>: {...}}``, between the tags ``open`` and
     ``close`` when the format has them (read with any whitespace inside, written with a newline, as the
-    templates write them); ``parallel``: several calls in one answer."""
+    templates write them); ``parallel``: several calls in one answer. A call at the very start of an answer is
+    also read without tags, after a python tag or inside a ```json fence (as llama-server reads them): models
+    such as Qwen2.5-Coder drop the tags."""
 
     name: str
     args_key: str
@@ -85,18 +94,13 @@ class CallFormat:
     close: str = ""
     parallel: bool = False
 
-    @cached_property
-    def header(self) -> re.Pattern:
-        """A call's start up to its arguments, as the templates and the grammar write it (name first)."""
-        return re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"' + self.args_key + r'"\s*:\s*')
-
     def read(self, text: str, final: bool, constrained: bool) -> tuple[list[tuple[int, int]], list[ToolCall]]:
         """The calls in ``text`` so far (``final``: the whole answer) and where each is written. A call counts
         once it is closed; under a grammar (``constrained``), where whatever follows a call's name is its
         arguments, as soon as its name is written, so that its arguments can be streamed as they come."""
         spans, calls = [], []
-        for start, end, body, ended in (self._tagged if self.open else self._bare)(text, final):
-            call = self._call(body, ended)
+        for start, end, body, ended, tagged in self._blocks(text, final):
+            call = _read_call(body, ended, tagged)
             if call is not None and (call.closed or constrained):
                 spans.append((start, end))
                 calls.append(call)
@@ -116,64 +120,67 @@ class CallFormat:
     def content_end(self, text: str) -> int:
         """How much of a partial answer is surely content, whatever follows (streaming sends that much): text
         before anything that is or may become a call, without trailing whitespace (dropped before a call)."""
-        if self.open:
-            at = text.find(self.open)
-            end = at if at >= 0 else len(text) - _partial_suffix(text, self.open)
-            return len(text[:end].rstrip())
-        head = text.lstrip()
-        return 0 if not head or head.startswith("{") or _maybe_tag(head) else len(text)
-
-    def _tagged(self, text: str, final: bool) -> Iterator[tuple[int, int, str, bool]]:
-        """Each block between the tags: its span, its text, and whether it has ended (its closing tag written,
-        or the answer over)."""
+        if _may_start_with_call(text):
+            return 0
+        if not self.open:
+            return len(text)
         at = text.find(self.open)
+        end = at if at >= 0 else len(text) - _partial_suffix(text, self.open)
+        return len(text[:end].rstrip())
+
+    def _blocks(self, text: str, final: bool) -> Iterator[tuple[int, int, str, bool, bool]]:
+        """Each place a call may be written: its span, its text, whether it has ended (its closing tag or object
+        written, or the answer over), and whether tags delimit it. First an object at the answer's start, then
+        the tagged blocks after it."""
+        lead = LEAD.match(text)
+        at = 0
+        if text.startswith("{", lead.end()):
+            try:
+                end = _JSON.raw_decode(text, lead.end())[1]
+            except json.JSONDecodeError:
+                yield 0, len(text), text[lead.end():], final, False
+                return
+            fence = FENCE_END.match(text, end) if lead.group("fence") else None
+            at = fence.end() if fence else end
+            yield 0, at, text[lead.end():end], True, False
+        if not self.open:
+            return
+        at = text.find(self.open, at)
         while at >= 0:
             body = at + len(self.open)
             shut = text.find(self.close, body)
             if shut < 0:
-                yield at, len(text), text[body:], final
+                yield at, len(text), text[body:], final, True
                 return
-            yield at, shut + len(self.close), text[body:shut], True
+            yield at, shut + len(self.close), text[body:shut], True, True
             at = text.find(self.open, shut + len(self.close))
 
-    def _bare(self, text: str, final: bool) -> Iterator[tuple[int, int, str, bool]]:
-        """The one JSON object at the start of the answer (after an optional python tag), as far as written."""
-        head = len(text) - len(text.lstrip())
-        if text.startswith(PYTHON_TAG, head):
-            head = len(text) - len(text[head + len(PYTHON_TAG):].lstrip())
-        if not text.startswith("{", head):
-            return
-        try:
-            end = _JSON.raw_decode(text, head)[1]
-        except json.JSONDecodeError:
-            yield 0, len(text), text[head:], final
-            return
-        yield 0, end, text[head:end], True
 
-    def _call(self, body: str, ended: bool) -> ToolCall | None:
-        """The call a block holds, as far as it is written (None: not a call, or not one yet)."""
-        m = self.header.match(body)
-        if m is None:  # another key order or layout: read only once whole
-            return _whole_call(body, (self.args_key, "arguments")) if ended else None
-        name = json.loads(m.group(1))
-        try:
-            args, end = _JSON.raw_decode(body, m.end())
-        except json.JSONDecodeError:  # not closed yet: everything after the name is arguments
-            return ToolCall(name, body[m.end():], closed=False)
-        if not isinstance(args, dict):
-            return None
-        return ToolCall(name, body[m.end():end], closed=ended and _CLOSING.fullmatch(body, end) is not None)
+def _read_call(body: str, ended: bool, tagged: bool) -> ToolCall | None:
+    """The call a block holds, as far as it is written (None: not a call, or not one yet). Without tags only
+    the name-first form counts: streaming must know early that text is a call."""
+    m = HEADER.match(body)
+    if m is None:  # another key order or layout: read only once whole, and only between tags
+        return _whole_call(body) if ended and tagged else None
+    name = json.loads(m.group(1))
+    try:
+        args, end = _JSON.raw_decode(body, m.end())
+    except json.JSONDecodeError:  # not closed yet: everything after the name is arguments
+        return ToolCall(name, body[m.end():], closed=False)
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name, body[m.end():end], closed=ended and _CLOSING.fullmatch(body, end) is not None)
 
 
-def _whole_call(body: str, args_keys: tuple[str, ...]) -> ToolCall | None:
-    """A whole ``{"name": str, <args key>: object}`` (arguments re-serialised) as a call; None: not one."""
+def _whole_call(body: str) -> ToolCall | None:
+    """A whole ``{"name": str, "arguments" | "parameters": object}`` (arguments re-serialised); None: not one."""
     try:
         obj = json.loads(body)
     except json.JSONDecodeError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = next((obj[k] for k in args_keys if k in obj), None)
+    args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -182,11 +189,25 @@ def _whole_call(body: str, args_keys: tuple[str, ...]) -> ToolCall | None:
     return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
 
 
-PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may write it before a call
-
-
-def _maybe_tag(head: str) -> bool:
-    return head.startswith(PYTHON_TAG) or PYTHON_TAG.startswith(head)
+def _may_start_with_call(text: str) -> bool:
+    """Whether a partial answer is, or may still become, one that starts with a call written without tags
+    (what :data:`LEAD` and :data:`HEADER` read): streaming holds such text back until it is decided."""
+    head = text.lstrip()
+    if PYTHON_TAG.startswith(head):
+        return True
+    if head.startswith(PYTHON_TAG):
+        head = head[len(PYTHON_TAG):].lstrip()
+    if "```".startswith(head):
+        return True
+    if head.startswith("```"):
+        info, newline, rest = head[3:].partition("\n")
+        if not newline:
+            return "json".startswith(info.strip())
+        if info.strip() not in ("", "json"):
+            return False
+        head = rest.lstrip()
+    compact = "".join(head[:64].split())
+    return CALL_START.startswith(compact) or compact.startswith(CALL_START)
 
 
 def _partial_suffix(text: str, marker: str) -> int:

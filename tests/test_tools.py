@@ -120,6 +120,10 @@ STREAMED = [  # (tool_choice, answer, how it ended)
     ("auto", 'Sure.<tool_call>{"arguments": {"timezone": "UTC"}, "name": "get_time"}</tool_call>', "stop"),
     ("auto", "A <tool_call> that is not JSON </tool_call> stays content", "stop"),
     ("auto", "Ends on half a tag <tool_", "length"),
+    ("auto", '```json\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n```', "stop"),  # Qwen2.5-Coder's way
+    ("auto", '{\n  "name": "get_weather",\n  "arguments": {"city": "Rome", "unit": "C"}\n} Asked.', "stop"),
+    ("auto", '{"name": "Ann", "age": 31}', "stop"),  # JSON, not a call
+    ("auto", "```python\nprint('<tool_call>')\n```", "stop"),
     ("required", CALL, "stop"),
     ("required", '<tool_call>\n{"name":"get_time","arguments":{"timezone":"UTC"}}\n</tool_call>', "stop"),
     ("required", '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Eur', "length"),  # cut short
@@ -300,6 +304,26 @@ def test_a_template_without_tools_is_refused(smollm2_path):
     with Eagle2(smollm2_path, plain=True, n_ctx=256, n_threads=1) as plain:
         with pytest.raises(ToolError, match="does not render tools"):
             plain.create_chat_completion(ASK, tools=[WEATHER])
+
+
+@pytest.mark.slow
+def test_qwen_calls_tools_through_its_own_template():
+    """Qwen2.5-Coder-0.5B with its GGUF's template: under auto it answers the weather question by a call of its
+    own (written without the <tool_call> tags, in a ```json fence or bare: read all the same), a haiku by text;
+    under required its call validates."""
+    if not QWEN.exists():
+        pytest.skip("Qwen2.5-Coder GGUF not fetched (benchmarks/fetch_qwen.sh)")
+    with Eagle2(QWEN, plain=True, n_threads=1, n_ctx=1024) as qwen:
+        out = qwen.create_chat_completion(ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=60)
+        (name, args), = calls_of(out["choices"][0]["message"])
+        assert name == "get_weather" and args["city"] == "Paris" and out["choices"][0]["finish_reason"] == "tool_calls"
+        haiku = qwen.create_chat_completion([{"role": "user", "content": "Write a haiku about autumn."}],
+                                            tools=[WEATHER, TIME], temperature=0, max_tokens=40)
+        assert "tool_calls" not in haiku["choices"][0]["message"] and haiku["choices"][0]["message"]["content"]
+        forced = qwen.create_chat_completion(ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=0,
+                                             max_tokens=60)
+        (name, args), = calls_of(forced["choices"][0]["message"])
+        jsonschema.validate(args, WEATHER_ARGS if name == "get_weather" else TIME_ARGS)
 
 
 # ------------------------------------------------------------------ the command line
