@@ -148,12 +148,24 @@ class CallFormat:
         at = text.find(self.open, at)
         while at >= 0:
             body = at + len(self.open)
-            shut = text.find(self.close, body)
+            shut = self._shut(text, body)
             if shut < 0:
                 yield at, len(text), text[body:], final, True
                 return
             yield at, shut + len(self.close), text[body:shut], True, True
             at = text.find(self.open, shut + len(self.close))
+
+    def _shut(self, text: str, body: int) -> int:
+        """Where the closing tag of the block whose text starts at ``body`` is (-1: not written): after the call's
+        object when the block starts like a call (a closing tag inside one of its strings does not end it), else
+        the first one."""
+        if HEADER.match(text, body) is None:
+            return text.find(self.close, body)
+        try:
+            end = _JSON.raw_decode(text, text.index("{", body))[1]
+        except json.JSONDecodeError:  # not closed yet (or never: then the block runs to the answer's end)
+            return -1
+        return text.find(self.close, end)
 
 
 def _read_call(body: str, ended: bool, tagged: bool) -> ToolCall | None:

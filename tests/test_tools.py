@@ -10,12 +10,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from eagle2_local import Eagle2
 from eagle2_local.chat import render_chat
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.models import read_gguf_info
-from eagle2_local.tools import HERMES, LLAMA3, AnswerStream, ToolError, assistant_message, call_format, plan_tools
+from eagle2_local.tools import (HERMES, LLAMA3, AnswerStream, ToolCall, ToolError, assistant_message, call_format,
+                                plan_tools)
 from helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.smollm2
@@ -110,9 +112,11 @@ def test_calls_written_by_the_template_parse_back(template, which):
     assert [(c.name, json.loads(c.arguments)) for c in calls] == calls_of(message) and parsed == content
     assert all(c.closed for c in calls)
     assert fmt.parse("Just text, {no call}.") == ("Just text, {no call}.", [])
+    assert HERMES.parse(TAG_IN_ARGS) == ("ok", [ToolCall("get_time", '{"timezone": "</tool_call>"}')])
 
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>'
+TAG_IN_ARGS = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "</tool_call>"}}\n</tool_call> ok'
 STREAMED = [  # (tool_choice, answer, how it ended)
     ("auto", "Plain answer with trailing space  ", "stop"),
     ("auto", "Checking.\n" + CALL, "stop"),
@@ -127,6 +131,8 @@ STREAMED = [  # (tool_choice, answer, how it ended)
     ("required", CALL, "stop"),
     ("required", '<tool_call>\n{"name":"get_time","arguments":{"timezone":"UTC"}}\n</tool_call>', "stop"),
     ("required", '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Eur', "length"),  # cut short
+    ("auto", TAG_IN_ARGS, "stop"),
+    ("required", TAG_IN_ARGS, "stop"),
 ]
 
 
@@ -161,6 +167,31 @@ def test_streamed_deltas_add_up_to_the_whole_message(template, choice, text, rea
     assert content == (whole["content"] or "") and got_reason == whole_reason
     assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in whole.get("tool_calls", [])]
     assert whole_reason == ("tool_calls" if calls and reason == "stop" else reason)
+
+
+PIECES = ["<tool_call>", "</tool_call>", "\n", " ", "```", "json", "{", "}", '"name"', ":", ",", '"get_time"',
+          '"arguments"', '"parameters"', '"timezone"', '"UTC"', "<|python_tag|>", "Sure.", "<tool_", "x",
+          '{"name": "get_time", "arguments": {"timezone": "UTC"}}', '{"name": "get_time", "parameters": {"tim',
+          '{"arguments": {}, "name": "get_time"}', '<tool_call>\n{"name": "get_time", "arguments": {']
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(PIECES), max_size=30), cuts=st.lists(st.integers(1, 7), min_size=1),
+       choice=st.sampled_from(["auto", "required"]), fmt=st.sampled_from(["hermes", "llama3"]))
+def test_any_answer_streams_to_its_whole_message(pieces, cuts, choice, fmt):
+    """Whatever the text and however it is cut into chunks, the stream's deltas add up to the whole message."""
+    text = "".join(pieces)
+    plan = plan_tools(TOOLS_TEMPLATE.read_text() if fmt == "hermes" else LLAMA3_STYLE, [WEATHER, TIME], choice)
+    stream = AnswerStream(plan)
+    deltas, at, i = [], 0, 0
+    while at < len(text):
+        deltas += stream.feed(text[at:at + cuts[i % len(cuts)]])
+        at, i = at + cuts[i % len(cuts)], i + 1
+    owed, reason = stream.finish("stop")
+    whole, whole_reason = assistant_message(text, "stop", plan)
+    content, calls = reassemble(deltas + owed)
+    assert content == (whole["content"] or "") and reason == whole_reason
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in whole.get("tool_calls", [])]
 
 
 @pytest.mark.parametrize("tools, choice, needle, param", [
