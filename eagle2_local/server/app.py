@@ -20,8 +20,8 @@ from starlette.concurrency import run_in_threadpool
 from ..chat import prompt_tokens
 from ..errors import Eagle2Error
 from ..grammar import Grammar, GrammarError, response_grammar
-from ..tools import ToolError, ToolPlan
 from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
+from ..tools import ToolError, ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
 from .guard import Guard
 from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
