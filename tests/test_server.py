@@ -463,8 +463,11 @@ class StandIn:
     def n_ctx(self) -> int:
         return 64
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return [1, 2]
+
+    def tool_plan(self, tools, tool_choice=None, parallel_tool_calls=None) -> None:
+        return None
 
     def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None):
         from eagle2_local.generator import Chunk
