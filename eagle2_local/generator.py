@@ -265,7 +265,7 @@ class Generator:
         if self.engine is not None:
             self.engine.rollback(same_text)  # the draft keeps all of the same text; the target may redo some
             if self.engine.needs_features:
-                keep = self.backlog.reusable(keep, self.engine.n_seen)
+                keep = self.backlog.reusable(keep, self.engine.n_features)
                 if exact:  # the draft holds what precedes the (earlier) aligned start: one pass settles it
                     keep = self._exact_keep(keep)
         self.target.rollback(keep)
@@ -341,7 +341,7 @@ class Generator:
                 return
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
-            fresh = len(self.tokens) + 1 - self.backlog.read  # text the draft has not read yet, root included
+            fresh = len(self.tokens) + 1 - self.engine.n_read  # text the draft has not read yet, root included
             plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
             if plan.drafts:
                 result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng)
@@ -392,7 +392,7 @@ class Generator:
         if free_only:  # the model draft has read nothing new: these rows join its backlog
             self.backlog.extend(rows)
         else:  # the engine has now read the root; the features of root + accepted nodes are its next input
-            self.backlog.restart(rows, at=len(self.tokens), read=len(self.tokens) + 1)
+            self.backlog.restart(rows, at=len(self.tokens))
         times.done, times.llama_done = self.clock(), llama_seconds()
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))

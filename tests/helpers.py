@@ -65,11 +65,14 @@ def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_to
 
 def forced_budget(max_nodes: int, depth: int):
     """A budget on a fixed, moderately steep cost curve (no online timing updates, a guard that never trips), so
-    its choices depend on the draft's confidence and observed acceptance: trees of many sizes, plain steps."""
+    its choices depend on the draft's confidence and observed acceptance: trees of many sizes, plain steps. A
+    catch-up costs ~nothing per token (a draft model ingests a prompt in one batch), so a draft that has not read
+    a short prompt yet waits one plain step, not the tens a costly catch-up would."""
     from eagle2_local.tree_policy import CostModel, ProbeSchedule, RateGuard, TreeBudget
 
     sizes = [1, 2, 4, 8, 16, 32]
-    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, frozen=True)
+    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, draft_token_s=1e-5,
+                      frozen=True)
     return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, schedule=ProbeSchedule(probe_every=2),
                       guard=RateGuard(min_rounds=2**62))
 

@@ -129,3 +129,29 @@ def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "split": "test"}\n')
     with pytest.raises(Eagle2Error, match="bad.jsonl:1: split must be tune or heldout"):
         load_prompt_sets([str(tmp_path / "bad.jsonl")], None)
+
+
+def test_load_prompt_sets_reads_each_records_schema_or_grammar(tmp_path):
+    from eagle2_local.bench import load_prompt_sets
+    from eagle2_local.errors import Eagle2Error
+    from eagle2_local.grammar import Grammar
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    (tmp_path / "mixed.jsonl").write_text(json.dumps({"prompt": "a", "schema": schema}) + "\n"
+                                          + json.dumps({"prompt": "b"}) + "\n"
+                                          + json.dumps({"prompt": "c", "grammar": 'root ::= "yes" | "no"'}) + "\n")
+    (tmp_path / "free.jsonl").write_text('{"prompt": "d"}\n')
+    sets = {s.name: s for s in load_prompt_sets([str(tmp_path)], None)}
+    mixed = sets["mixed"]
+    assert mixed.grammar(0) == Grammar.from_json_schema(schema) and mixed.grammar(1) is None
+    assert mixed.grammar(2) == Grammar('root ::= "yes" | "no"') and sets["free"].grammar(0) is None
+    assert load_prompt_sets([str(tmp_path / "mixed.jsonl")], 1)[0].grammars == [Grammar.from_json_schema(schema)]
+    for i, (bad, why) in enumerate([({"schema": "x"}, "'schema' must be a JSON schema object"),
+                                    ({"grammar": " "}, "'grammar' must be non-empty GBNF text"),
+                                    ({"schema": schema, "grammar": "root ::= \"a\""}, "not both"),
+                                    ({"schema": {"type": "object", "properties": {"n": {"type": "nonsense"}}}},
+                                     "")]):
+        path = tmp_path / f"bad{i}.jsonl"
+        path.write_text('{"prompt": "ok"}\n' + json.dumps({"prompt": "a", **bad}) + "\n")
+        with pytest.raises(Eagle2Error, match=rf"bad{i}.jsonl:2: .*{why}"):
+            load_prompt_sets([str(path)], None)

@@ -86,7 +86,7 @@ def test_rollback_forgets_text_for_the_next_prompt():
     engine = LookupDraft()
     engine.catch_up(np.array([1, 2, 3, 1, 2, 3, 1]))
     engine.rollback(3)
-    assert engine.n_seen == 3
+    assert engine.n_read == 3
     out = engine.catch_up(np.array([1, 2, 3, 9, 1, 2]))
     assert out.tokens[0][np.isfinite(out.log_probs[0])].tolist() == [3]
 

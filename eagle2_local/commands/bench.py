@@ -46,7 +46,8 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
 
     Records with several turns run as chats: each turn follows the mode's own earlier answers, and the
-    record's tokens/s, tau and identical-output check cover every turn.
+    record's tokens/s, tau and identical-output check cover every turn. A record's "schema" (JSON schema) or
+    "grammar" (GBNF) constrains its answers in both modes.
 
     Both use the same llama.cpp context (build, model, threads, settings). Reports per set: tokens/s of each,
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
@@ -73,7 +74,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     done = 0
     for ps in sets:
         for i, text in enumerate(ps.prompts):
-            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i))
+            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i), ps.grammar(i))
             done += 1
             click.echo(bench_prompt_line(done, total, ps.name, i, r, tie_tolerance), err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),

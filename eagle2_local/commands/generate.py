@@ -9,7 +9,8 @@ import click
 
 from ..console import stats_line
 from ..grammar import Grammar, response_grammar
-from .common import fail, friendly_errors, load, runtime_options, sampling_options, sampling_params
+from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
+                     sampling_params)
 
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
@@ -39,11 +40,15 @@ def read_constraint(grammar_file: str | None, json_schema: str | None) -> Gramma
               help="Constrain the answer to a GBNF grammar (llama.cpp's format) read from this file.")
 @click.option("--json-schema", default=None, metavar="SCHEMA",
               help="Constrain the answer to JSON that follows this JSON schema (inline JSON, or @FILE).")
+@chat_template_option(help="With --chat: a Jinja chat template to use instead of the GGUF's (as llama-server's "
+                           "option).")
 @friendly_errors
 def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, temperature, top_k, top_p, min_p,
              repeat_penalty, seed, **rt):
     """Generate a continuation of PROMPT and print it (streamed) or as JSON."""
     constraint = read_constraint(grammar_file, json_schema)  # refused before the model loads
+    if rt["chat_template_file"] is not None and not as_chat:
+        fail("--chat-template-file applies to --chat prompts (give --chat)")
     # answers under a grammar are decoded plainly for now: no draft to load or calibrate
     llm = load(**{**rt, "plain": rt["plain"] or constraint is not None}, seed=seed)
     if constraint is not None:

@@ -46,7 +46,12 @@ class DraftEngine(Protocol):
 
     name: str
     needs_features: bool
-    n_seen: int  # committed positions the draft has ingested; feature-fed engines lack the target feature from here on
+    # Tokens of the committed text the draft has read: its next ``catch_up`` ingests ``tokens[n_read:]`` (the
+    # catch-up a tree round would cost, what the tree policy charges for). The one count of it: the generator
+    # keeps no copy.
+    n_read: int
+    # Feature-fed engines (``needs_features``) only: the first position whose target feature the draft lacks.
+    n_features: int
     weights_path: Path | None  # the file the draft's weights came from (keys cached costs, named in reports)
     # A part of this draft that costs ~nothing to run (a merged draft's lookup branches), which a round may run
     # alone when the rest could not pay; None for a draft that is one piece (most of them).

@@ -64,7 +64,7 @@ class DraftModelEngine:
             n_ctx=settings.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(settings.n_batch, max_width),
             n_seq_max=max(n_seq, 2),
             n_threads=settings.n_threads, embeddings=False))
-        self.n_seen = 0  # tokens in sequence 0
+        self.n_read = 0  # tokens in sequence 0
         self.seqs = TreeSequences(self.ctx)  # not reused by level: commit reads an accepted node's sequence
         in_graph = backend_topk.IN_GRAPH_TOP_K if in_graph_top_k is None else in_graph_top_k
         self.top_k = BackendTopK(self.ctx.ptr, model.n_vocab, max_width, range(self.ctx.n_seq_max)) \
@@ -75,12 +75,12 @@ class DraftModelEngine:
 
     def rollback(self, n_tokens: int) -> None:
         self._forget_tree()
-        n_tokens = min(n_tokens, self.n_seen)
+        n_tokens = min(n_tokens, self.n_read)
         self.ctx.seq_rm(0, n_tokens, -1)  # unconditional: also drops rows of an interrupted catch-up
-        self.n_seen = n_tokens
+        self.n_read = n_tokens
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> np.ndarray:
-        toks = np.asarray(tokens, dtype=np.int32)[self.n_seen:]
+        toks = np.asarray(tokens, dtype=np.int32)[self.n_read:]
         if len(toks) == 0:
             raise TreeError("catch_up needs at least the new root token")
         logits = None
@@ -88,11 +88,11 @@ class DraftModelEngine:
             chunk = toks[start:start + self.ctx.n_batch]
             out = np.zeros(len(chunk), dtype=np.int8)
             out[-1] = 1
-            pos = np.arange(self.n_seen, self.n_seen + len(chunk), dtype=np.int32)
+            pos = np.arange(self.n_read, self.n_read + len(chunk), dtype=np.int32)
             if self.top_k is not None:
                 self.top_k.activate((0,), 1)
             self.ctx.decode(chunk, pos, out, seq=0)
-            self.n_seen += len(chunk)
+            self.n_read += len(chunk)
         return self._rows(1)
 
     def _rows(self, n: int):
@@ -105,7 +105,7 @@ class DraftModelEngine:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         k = len(cand_ids)
         seqs = self.seqs.assign(cand_ids, parent_ids)
-        pos = np.full(k, self.n_seen - 1 + level, dtype=np.int32)
+        pos = np.full(k, self.n_read - 1 + level, dtype=np.int32)
         if self.top_k is not None:
             self.top_k.activate(seqs.tolist(), k)
         self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8),
@@ -116,8 +116,8 @@ class DraftModelEngine:
         decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self.seqs.seq_of]
         if decoded:
             seq = self.seqs.seq_of[decoded[-1]]
-            self.ctx.seq_cp(seq, 0, self.n_seen, self.n_seen + len(decoded))
-            self.n_seen += len(decoded)
+            self.ctx.seq_cp(seq, 0, self.n_read, self.n_read + len(decoded))
+            self.n_read += len(decoded)
         self._forget_tree()
 
     def _forget_tree(self) -> None:

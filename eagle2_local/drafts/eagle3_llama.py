@@ -140,6 +140,15 @@ class Eagle3Engine:
         self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
             if in_graph_top_k else None
 
+    @property
+    def n_read(self) -> int:
+        """Entry P holds token P+1, so the entries hold the text up to the root (none: nothing read)."""
+        return self.n_seen + 1 if self.n_seen else 0
+
+    @property
+    def n_features(self) -> int:
+        return self.n_seen
+
     # ------------------------------------------------------------ state
     def reset(self) -> None:
         self.rollback(0)

@@ -145,7 +145,7 @@ class LookupDraft:
         self._path: dict[int, list[int]] = {}  # candidate id -> tokens from the root's child down to it
 
     @property
-    def n_seen(self) -> int:
+    def n_read(self) -> int:
         return len(self.index)
 
     def reset(self) -> None:
