@@ -45,6 +45,7 @@ REQUIRED_KEYS = (keys.EAGLE3_TARGET_LAYERS, keys.EAGLE3_TARGET_HIDDEN_SIZE, keys
 
 
 FEATURE_SOURCES = ("layer_inputs", "final_norm")
+ENCODE_CHUNK = 32  # rows per encoder pass when the in-graph top-k sizes llama.cpp's output buffers
 
 
 def feature_source(info: GGUFInfo) -> str:
@@ -209,7 +210,10 @@ class Eagle3Engine:
     def _encode(self, feats: np.ndarray) -> np.ndarray:
         """The head's ``fc`` (encoder graph) over target features: one g row per position."""
         out = []
-        step = self.ctx.n_batch
+        # Every encoded row is an output, and llama.cpp sizes its output buffers by the largest output count;
+        # with the in-graph top-k those are four vocabulary-wide buffers per output (pinned memory on CUDA):
+        # 32-row chunks keep them at ~25 MB for a 49k vocabulary instead of ~400 MB at n_batch 512.
+        step = min(self.ctx.n_batch, ENCODE_CHUNK) if self.top_k is not None else self.ctx.n_batch
         # The encoder ignores positions, but llama.cpp wants every batch to start right after the last position
         # in the KV cache, which encoding does not advance: so each chunk starts at pos0 again.
         pos0 = max(self.ctx.seq_pos_max(0), -1) + 1
