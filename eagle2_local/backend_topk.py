@@ -38,8 +38,21 @@ log = logging.getLogger(__name__)
 _P = ctypes.c_void_p
 
 # Whether llama.cpp draft engines (EAGLE-3 heads, draft models) take each row's top-k and log-normalizer from
-# the graph (True) or whole logit rows into numpy (False: benchmarks/host_time.py --dense, for an A/B).
-IN_GRAPH_TOP_K = True
+# the graph (True) or whole logit rows into numpy (False); None: decided per draft by :func:`in_graph_for`.
+# benchmarks/host_time.py sets it for an A/B.
+IN_GRAPH_TOP_K: bool | None = None
+
+
+def in_graph_for(model) -> bool:
+    """In the graph where the draft's layers run off the host (a GPU, Metal or RPC servers): there the top-k
+    is nearly free and the host's numpy pass over whole rows is what limits a round. On a CPU-only run the
+    numpy pass is the cheaper of the two (measured: a level of 10 head rows 9.4 ms with it, 10.7 ms in the
+    graph), so rows come back whole there."""
+    if IN_GRAPH_TOP_K is not None:
+        return IN_GRAPH_TOP_K
+    if model.n_gpu_layers == 0:
+        return False
+    return bool(model.rpc_servers) or bool(llama_cpp.llama_supports_gpu_offload())
 
 
 class _TensorHead(ctypes.Structure):

@@ -8,7 +8,7 @@ import numpy as np
 from eagle2_local.drafts.draft_model import DraftModelEngine
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.tree import top_k_log_probs
-from helpers import assert_lossless, make, random_prompts
+from helpers import ONE_THREAD, assert_lossless, make, random_prompts
 
 SETTINGS = ContextSettings(n_ctx=512, n_batch=8, n_seq_max=8, n_threads=1)
 
@@ -37,8 +37,15 @@ def test_draft_model_rows_equal_numpy_top_k(synth_q8):
 def test_draft_model_in_graph_is_lossless(synth_q8, synth_q8_weak):
     """Greedy speculative decoding with a draft model drafting through the in-graph top-k equals plain
     decoding (one thread, a batch-invariant target), over several rounds and commits."""
+    from eagle2_local.generator import Generator
+    from eagle2_local.target import Target
+    from eagle2_local.tree import TreeParams
+
     model, weak = LlamaModel(synth_q8), LlamaModel(synth_q8_weak)
-    plain, spec = make(model, None), make(model, weak)
-    assert spec.engine.top_k is not None  # the default: drafting through the in-graph top-k
+    params = TreeParams(16, 5, 4)
+    plain = make(model, None)
+    assert DraftModelEngine(weak, ONE_THREAD, 4, 5).top_k is None  # a CPU-only draft: numpy rows by default
+    spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(weak, ONE_THREAD, params.top_k, params.depth,
+                                                                 in_graph_top_k=True), params)
     for i, prompt in enumerate(random_prompts(model, 2, seed=11)):
         assert_lossless(plain, spec, prompt, 40, i)

@@ -49,8 +49,8 @@ class DraftModelEngine:
                  owns_model: bool = False, in_graph_top_k: bool | None = None) -> None:
         """``settings``: the target's context settings (the draft context follows them); ``owns_model``: close
         the model with the engine (False when the target drafts for itself and the weights are shared);
-        ``in_graph_top_k``: each row's top-k and log-normalizer inside llama.cpp's graph (default
-        :data:`backend_topk.IN_GRAPH_TOP_K`) instead of dense rows in numpy."""
+        ``in_graph_top_k``: each row's top-k and log-normalizer inside llama.cpp's graph instead of dense rows
+        in numpy (default: :func:`backend_topk.in_graph_for` the draft's model)."""
         n_seq = 1 + max_width * max(1, max_depth - 1)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
@@ -66,7 +66,7 @@ class DraftModelEngine:
             n_threads=settings.n_threads, embeddings=False))
         self.n_read = 0  # tokens in sequence 0
         self.seqs = TreeSequences(self.ctx)  # not reused by level: commit reads an accepted node's sequence
-        in_graph = backend_topk.IN_GRAPH_TOP_K if in_graph_top_k is None else in_graph_top_k
+        in_graph = backend_topk.in_graph_for(model) if in_graph_top_k is None else in_graph_top_k
         self.top_k = BackendTopK(self.ctx.ptr, model.n_vocab, max_width, range(self.ctx.n_seq_max)) \
             if in_graph else None
 

@@ -117,7 +117,7 @@ class Eagle3Engine:
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
                  n_threads: int | None = None, in_graph_top_k: bool | None = None) -> None:
         check_eagle3_fits(head.info, target_ctx.model)
-        in_graph_top_k = backend_topk.IN_GRAPH_TOP_K if in_graph_top_k is None else in_graph_top_k
+        in_graph_top_k = backend_topk.in_graph_for(head) if in_graph_top_k is None else in_graph_top_k
         n_seq = TreeSequences.needed(max_width, max_depth, recycle=in_graph_top_k)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
