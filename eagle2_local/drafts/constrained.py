@@ -64,12 +64,12 @@ class ConstrainedDraft:
 
     def _constrain(self, out: DraftOutput | None, states: list[GrammarState], cands: list[int]) -> Proposals:
         """The rows' allowed candidates, with the forced drafter's proposals merged in (FORCED wins a tie)."""
-        rows = None
+        rows, refused = None, None
         if out is not None:
-            rows = allowed_proposals(out, states, self.top_k)
+            rows, refused = allowed_proposals(out, states, self.top_k)
         if self.forced is None:
             return rows if rows is not None else _empty(len(states))
-        forced = self.forced.propose(states, cands)
+        forced = self.forced.propose(states, cands, refused)
         if rows is None:
             return forced
         merged = merge_proposals(forced, rows)
@@ -83,19 +83,22 @@ class ConstrainedDraft:
         self._states.clear()
 
 
-def allowed_proposals(out: DraftOutput, states: list[GrammarState], top_k: int) -> Proposals:
+def allowed_proposals(out: DraftOutput, states: list[GrammarState], top_k: int) -> tuple[Proposals, np.ndarray]:
     """Each row's candidates (a dense row's best ``POOL_FACTOR * top_k``) with those its state forbids padded
-    out (-inf): one grammar call per row. Scores stay the draft's own probabilities."""
+    out (-inf): one grammar call per row. Scores stay the draft's own probabilities. Also per row: whether the
+    grammar refused any candidate, or the row had none (a constrained spot rather than free text)."""
     props = out if isinstance(out, Proposals) else Proposals(*top_k_log_probs(np.atleast_2d(out),
                                                                               POOL_FACTOR * top_k))
     log_probs = props.log_probs.copy()
+    refused = np.ones(len(states), dtype=bool)
     for row, state in enumerate(states):
         live = np.isfinite(log_probs[row])
         if live.any():
             ok = np.zeros(len(live), dtype=bool)
             ok[live] = state.allowed(props.tokens[row][live])
             log_probs[row][~ok] = -np.inf
-    return Proposals(props.tokens, log_probs, props.sources)
+            refused[row] = not ok[live].all()
+    return Proposals(props.tokens, log_probs, props.sources), refused
 
 
 def _empty(n_rows: int) -> Proposals:

@@ -8,10 +8,13 @@ level from the roots (single characters and the like, a few hundred tokens), che
 allowed tokens. Where more than :data:`MAX_FIRST` roots are allowed (inside a free string, a number) the grammar
 forces nothing and the search stops after that first call.
 
-A single allowed token is proposed with probability 1. Several (tokenizers merge punctuation: after a key the
-grammar allows ``:``, `` :``, ``:"``, ``:\\n`` ...) are proposed with the rates at which the target chose among
-the same allowed set earlier in this generation (a JSON answer meets the same sets at every key), the first
-time with nothing: a guess among them would cost verify nodes on a CPU where nodes are not free.
+A single allowed token is proposed with probability 1. Several (tokenizers merge text: inside a key the grammar
+allows ``n``, ``na``, ``nam``, ``name``; after it ``"``, ``":``, ``":"``) are proposed with the rates at which
+the target chose among the same allowed set earlier in this generation (a JSON answer meets the same sets at
+every key). A set not met before is proposed only when it is a chain (each token a prefix of the longest), as
+its longest token with :data:`CHAIN_PRIOR`: the canonical tokenization of forced text, which the target picks
+inside keys and keywords; a guess among branching sets (optional whitespace) would cost verify nodes on a CPU
+where nodes are not free (NOTES.md has the measurements).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..tree import FORCED, Proposals
 
 MAX_FIRST = 6  # more allowed roots than this: nothing is forced here
 MAX_CHECKED = 4096  # a search that would check more tokens than this gives up (not a forced spot)
+CHAIN_PRIOR = 0.6  # the probability given to the longest token of a chain of allowed tokens not met before
 
 
 class VocabForest:
@@ -42,6 +46,7 @@ class VocabForest:
         for tok, piece in enumerate(pieces):
             if piece:
                 parent[tok] = _prefix_parent(piece, tok, first)
+        self.parent = parent
         roots = np.flatnonzero(parent == -1)
         self.roots = np.unique(np.concatenate([roots, sorted(model.eog_tokens)])).astype(np.int64)
         inner = np.flatnonzero(parent >= 0)
@@ -55,21 +60,35 @@ class VocabForest:
             return tokens
         return np.concatenate([self.children[self.starts[t]:self.starts[t + 1]] for t in tokens.tolist()])
 
-    def allowed_set(self, state: GrammarState) -> np.ndarray | None:
+    def is_chain(self, allowed: np.ndarray, deepest: int) -> bool:
+        """Whether every token of ``allowed`` is a prefix of ``deepest`` (or is it): walking up the forest from
+        it meets them all (a duplicate's parent is its twin, a prefix all the same)."""
+        members = set(allowed.tolist())
+        up = deepest
+        while up >= 0 and up in members:
+            members.discard(up)
+            up = int(self.parent[up])
+        return not members
+
+    def allowed_set(self, state: GrammarState) -> tuple[np.ndarray | None, int]:
         """Every token ``state`` allows, if few (None: more than :data:`MAX_FIRST` first steps or
-        :data:`MAX_CHECKED` checks, i.e. the grammar forces nothing here)."""
+        :data:`MAX_CHECKED` checks, i.e. the grammar forces nothing here), and the last one found at the deepest
+        level of the search (a longest allowed token)."""
         level = self.roots[state.allowed(self.roots)]
         if len(level) > MAX_FIRST:
-            return None
+            return None, -1
         found, checked = [level], len(self.roots)
+        deepest = int(level[-1]) if len(level) else -1
         while len(level):
             kids = self.kids(level)
             checked += len(kids)
             if checked > MAX_CHECKED:
-                return None
+                return None, -1
             level = kids[state.allowed(kids)] if len(kids) else kids
+            if len(level):
+                deepest = int(level[-1])
             found.append(level)
-        return np.sort(np.concatenate(found))
+        return np.sort(np.concatenate(found)), deepest
 
 
 def _prefix_parent(piece: bytes, tok: int, first: dict[bytes, int]) -> int:
@@ -90,6 +109,7 @@ class ForcedDraft:
 
     def __init__(self, forest: VocabForest, max_branches: int = 4) -> None:
         self.forest = forest
+
         self.max_branches = max_branches
         self.chosen: dict[bytes, Counter] = {}  # allowed set -> how often the target picked each of its tokens
         self._key_of: dict[int, bytes | None] = {}  # candidate id (-1: the root) -> its allowed set's key
@@ -119,13 +139,18 @@ class ForcedDraft:
         and at each of them."""
         self._pending = ([self._key_of.get(-1)] + [self._key_of.get(c) for c in accepted_cand_ids], self._length)
 
-    def propose(self, states: list[GrammarState], cands: list[int]) -> Proposals:
-        """One row per node: its forced token (log-probability 0), or its small allowed set's learned choices."""
+    def propose(self, states: list[GrammarState], cands: list[int], search: np.ndarray | None = None) -> Proposals:
+        """One row per node: its forced token (log-probability 0), or its small allowed set's learned choices.
+        ``search``: which rows to search at all (default all; a row where the grammar let all of a model's
+        candidates through is free text, not worth a search)."""
         width = self.max_branches
         tokens = np.zeros((len(states), width), dtype=np.int64)
         log_probs = np.full((len(states), width), -np.inf)
         for row, (state, cand) in enumerate(zip(states, cands)):
-            allowed = self.forest.allowed_set(state)
+            if search is not None and not search[row]:
+                self._key_of[cand] = None
+                continue
+            allowed, deepest = self.forest.allowed_set(state)
             key = allowed.tobytes() if allowed is not None and len(allowed) else None
             self._key_of[cand] = key
             if key is None:
@@ -135,6 +160,8 @@ class ForcedDraft:
                 continue
             seen = self.chosen.get(key)
             if not seen:
+                if self.forest.is_chain(allowed, deepest):
+                    tokens[row, 0], log_probs[row, 0] = deepest, np.log(CHAIN_PRIOR)
                 continue
             total = sum(seen.values()) + 1  # one unseen choice's worth of doubt
             for col, (tok, n) in enumerate(seen.most_common(width)):
