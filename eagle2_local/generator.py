@@ -362,13 +362,23 @@ class Generator:
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
             fresh = len(self.tokens) + 1 - self.engine.n_read  # text the draft has not read yet, root included
             plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
+            # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
+            # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
+            forced_round = (grammar is not None and not plan.drafts and room > 1
+                            and self._forced_draft().proposes_at(grammar))
+            if forced_round:
+                plan = RoundPlan(drafts=True, max_nodes=self.policy.max_nodes, max_depth=self.tree_params.depth,
+                                 free_only=True)
             if plan.drafts:
                 result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng, grammar)
             else:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
-            self.policy.observe(result)
+                if grammar is not None and room > 1:
+                    self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
+            if not forced_round:
+                self.policy.observe(result)
             stats.add_round(result)
-            if self.timer is not None and plan.drafts:
+            if self.timer is not None and plan.drafts and not forced_round:
                 self.timer.catch_up(result.times.catch_up_s)
                 for level, seconds in enumerate(result.times.level_s, start=1):
                     self.timer.level(level, seconds)
@@ -387,8 +397,9 @@ class Generator:
         then sits the round out like a plain step, and catches up on it later. Under a grammar the round's draft
         is constrained (forbidden children dropped) and joined by the forced tokens; without a model draft the
         forced tokens are the whole tree."""
-        free_only = self.engine is None or plan.free_only and self.engine.free_part is not None
-        engine = None if self.engine is None else self.engine.free_part if free_only else self.engine
+        free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
+                                                               or grammar is not None)
+        engine = self.engine if not free_only else self.engine.free_part if self.engine is not None else None
         if grammar is not None:
             engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())

@@ -118,6 +118,35 @@ def over_accepting(tree, logits, params, history, rng):
         path.append(node)
 
 
+def mask_ignoring(tree, logits, params, history, rng, grammar):
+    """A plausible bug under a grammar: accept a drafted child with its probability under the *unmasked* target
+    (too low wherever the grammar removes mass), while rejections and the bonus use the masked one."""
+    node, path = 0, [0]
+    hist = np.asarray(history, dtype=np.int64)
+    while True:
+        context = np.concatenate([hist, tree.tokens[path].astype(np.int64)])
+        raw = params.probs(logits[node], context)
+        p = params.probs(grammar.constrain(logits[node]), context)
+        chosen = -1
+        for child in tree.children(node):
+            x = int(tree.tokens[child])
+            if rng.random() < raw[x]:
+                chosen = int(child)
+                break
+            p = p.copy()
+            p[x] = 0.0
+            if p.sum() <= 0:
+                break
+            p /= p.sum()
+        if chosen < 0:
+            bonus = sample_from(p, rng)
+            grammar.accept(bonus)
+            return Acceptance(np.asarray(path), bonus)
+        grammar.accept(int(tree.tokens[chosen]))
+        node = chosen
+        path.append(node)
+
+
 # ------------------------------------------------------------------ the command line
 def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, input=stdin,

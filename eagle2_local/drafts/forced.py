@@ -168,6 +168,14 @@ class ForcedDraft:
                 tokens[row, col], log_probs[row, col] = tok, np.log(n / total)
         return Proposals(tokens, log_probs, np.full(tokens.shape, FORCED, dtype=np.int8))
 
+    def proposes_at(self, state: GrammarState) -> bool:
+        """Whether :meth:`propose` has anything for a node in ``state`` (one search, ~0.1 ms)."""
+        return bool(np.isfinite(self.propose([state], [-1]).log_probs).any())
+
+    def chose(self, token: int) -> None:
+        """The target picked ``token`` at the node :meth:`proposes_at` looked at last."""
+        self._observe(self._key_of.get(-1), token)
+
     def _observe(self, key: bytes | None, token: int) -> None:
         if key is not None:
             self.chosen.setdefault(key, Counter())[int(token)] += 1
