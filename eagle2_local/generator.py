@@ -420,7 +420,8 @@ class Generator:
         ver = self.target.verify(tree, copy=False)
         times.verified = self.clock()
         # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
-        acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng, grammar)
+        acc = (accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng) if grammar is None
+               else accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng, grammar))
         self.target.commit(acc.path)
         engine.commit(tree.cand_ids[acc.path[1:]])
         rows = ver.features[acc.path] if ver.features is not None else None

@@ -107,10 +107,13 @@ class ForcedDraft:
     """Proposes the grammar's forced continuation at each tree node; learns, within one generation, which token
     the target picks among a small allowed set."""
 
-    def __init__(self, forest: VocabForest, max_branches: int = 4) -> None:
+    def __init__(self, forest: VocabForest, max_branches: int = 4, chain_prior: float = CHAIN_PRIOR,
+                 learn: bool = True) -> None:
+        """``chain_prior`` 0 and ``learn`` False leave only single allowed tokens (benchmarks compare the rules)."""
         self.forest = forest
-
         self.max_branches = max_branches
+        self.chain_prior = chain_prior
+        self.learn = learn
         self.chosen: dict[bytes, Counter] = {}  # allowed set -> how often the target picked each of its tokens
         self._key_of: dict[int, bytes | None] = {}  # candidate id (-1: the root) -> its allowed set's key
         self._pending: tuple[list[bytes | None], int] | None = None  # the accepted nodes' keys, the text's length
@@ -160,8 +163,8 @@ class ForcedDraft:
                 continue
             seen = self.chosen.get(key)
             if not seen:
-                if self.forest.is_chain(allowed, deepest):
-                    tokens[row, 0], log_probs[row, 0] = deepest, np.log(CHAIN_PRIOR)
+                if self.chain_prior > 0 and self.forest.is_chain(allowed, deepest):
+                    tokens[row, 0], log_probs[row, 0] = deepest, np.log(self.chain_prior)
                 continue
             total = sum(seen.values()) + 1  # one unseen choice's worth of doubt
             for col, (tok, n) in enumerate(seen.most_common(width)):
@@ -177,5 +180,5 @@ class ForcedDraft:
         self._observe(self._key_of.get(-1), token)
 
     def _observe(self, key: bytes | None, token: int) -> None:
-        if key is not None:
+        if key is not None and self.learn:
             self.chosen.setdefault(key, Counter())[int(token)] += 1
