@@ -28,6 +28,7 @@ import numpy as np
 from eagle2_local import Eagle2
 from eagle2_local.bench import load_prompt_sets
 from eagle2_local.drafts.forced import CHAIN_PRIOR
+from eagle2_local.models import default_model_path
 
 RULES = {"single": (0.0, False), "chain": (CHAIN_PRIOR, False), "learned": (0.0, True),
          "chain+learned": (CHAIN_PRIOR, True)}
@@ -45,7 +46,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the figures here as JSON")
     args = ap.parse_args()
     ps = load_prompt_sets([args.prompts], args.n)[0]
-    with Eagle2(args.model, lookup=False, n_ctx=4096, n_threads=args.threads, total_tokens=args.total_tokens,
+    model = args.model or default_model_path()  # named, so the default model's shipped head is not attached
+    with Eagle2(model, lookup=False, n_ctx=4096, n_threads=args.threads, total_tokens=args.total_tokens,
                 depth=8) as llm:
         prompts = [llm.chat_tokens([{"role": "user", "content": ps.prompts[i]}]) for i in range(len(ps.prompts))]
         grammars = [ps.grammar(i) for i in range(len(ps.prompts))]
