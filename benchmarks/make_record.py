@@ -248,6 +248,11 @@ def main() -> None:
         out += ["## llama.cpp's own n-gram drafting (llama-server, same prompts)", ""]
         for p in ngram:
             out += llamacpp_ngram_section(p, json.loads(p.read_text()))
+    constrained = sorted(RESULTS.glob("grammar-*.json"))
+    if constrained:
+        out += ["## Under a grammar: plain constrained vs speculative constrained decoding", ""]
+        for p in constrained:
+            out += bench_section(p, json.loads(p.read_text()))
     caches = sorted(RESULTS.glob("prompt-cache-*.json"))
     if caches:
         out += ["## Reproducible prompt reuse vs cache_prompt (long chat, plain decoding)", "",
