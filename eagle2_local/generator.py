@@ -360,7 +360,8 @@ class Generator:
                 return
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
-            fresh = len(self.tokens) + 1 - self.engine.n_read  # text the draft has not read yet, root included
+            read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
+            fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
             plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
             # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
             # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
