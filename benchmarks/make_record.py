@@ -52,7 +52,7 @@ def bench_section(path: Path, rep: dict) -> list[str]:
     sources = {k: s["accepted_by_source"] for k, s in rep["sets"].items()
                if set(s.get("accepted_by_source") or {}) - {"model"}}
     if sources:
-        lines += ["", "Accepted draft tokens by source (lookup branches, model draft, both): " +
+        lines += ["", "Accepted draft tokens by source (lookup branches, model draft, both, forced tokens): " +
                   "; ".join(f"{k}: " + ", ".join(f"{src} {n}" for src, n in sorted(v.items()))
                             for k, v in sources.items())]
     split = {k: s["time_split_eagle"] for k, s in rep["sets"].items()}
