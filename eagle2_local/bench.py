@@ -251,14 +251,23 @@ class Bench:
             at = next((i for i, (a, b) in enumerate(zip(pa, ea)) if a != b), min(len(pa), len(ea)))
             res.divergence_turn = t
             res.divergence_at = at
-            res.divergence_gap = self._top2_gap(plain.prompts[t] + pa[:at])
+            res.divergence_gap = self._top2_gap(plain.prompts[t], pa[:at], grammar)
         if self.tools is not None and grammar is None:  # on plain's conversation: the same prompts, turn by turn
             res.llama_cpp = self.tools.run(plain.rendered, self.max_tokens)
         self.results.append(res)
         return res
 
-    def _top2_gap(self, tokens: list[int]) -> float:
-        top = np.sort(self.llm.next_token_logits(tokens))[-2:]
+    def _top2_gap(self, prompt: list[int], answer: list[int], grammar: Grammar | None = None) -> float:
+        """The gap between the two best next tokens after ``prompt + answer``: among those the grammar allows
+        there, when the answer is constrained (an unconstrained gap says nothing of a tie between allowed ones)."""
+        logits = self.llm.next_token_logits(prompt + answer)
+        if grammar is not None:
+            state = grammar.state(self.llm.model)
+            for tok in answer:
+                state.accept(tok)
+            logits = state.constrain(logits)
+            state.close()
+        top = np.sort(logits)[-2:]
         return float(top[1] - top[0])
 
     def summary(self) -> dict[str, dict]:

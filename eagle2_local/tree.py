@@ -28,9 +28,9 @@ from .errors import TreeError
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
 
 # Which drafter proposed a candidate (stats only: verification treats every node alike). A token that a neural
-# draft and a lookup both proposed is BOTH.
-MODEL, LOOKUP, BOTH = 0, 1, 2
-SOURCE_NAMES = ("model", "lookup", "both")
+# draft and a lookup both proposed is BOTH; one the grammar forces (drafts/forced.py) is FORCED whoever else had it.
+MODEL, LOOKUP, BOTH, FORCED = 0, 1, 2, 3
+SOURCE_NAMES = ("model", "lookup", "both", "forced")
 
 
 @dataclass(frozen=True)

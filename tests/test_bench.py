@@ -155,3 +155,19 @@ def test_load_prompt_sets_reads_each_records_schema_or_grammar(tmp_path):
         path.write_text('{"prompt": "ok"}\n' + json.dumps({"prompt": "a", **bad}) + "\n")
         with pytest.raises(Eagle2Error, match=rf"bad{i}.jsonl:2: .*{why}"):
             load_prompt_sets([str(path)], None)
+
+
+def test_bench_runs_a_model_without_draft_on_constrained_prompts(tmp_path, synth_q8):
+    """Records with a grammar need no draft: forced tokens are one, counted as their own source; the answers
+    equal plain decoding's (one thread)."""
+    prompts = tmp_path / "forced.jsonl"
+    grammar = 'root ::= "the answer is" (" yes" | " no") ", because " [a-z ]+'
+    prompts.write_text("".join(json.dumps({"prompt": p, "grammar": grammar}) + "\n" for p in ("a", "b")))
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "cli", "bench", "--model", str(synth_q8), "--no-lookup", "--prompts",
+                           str(prompts), "--max-tokens", "24", "--total-tokens", "12", "--threads", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(out.read_text())["sets"]["forced"]
+    assert s["identical_outputs"] == 2 and s["tau"] > 1.0, s
+    assert s["accepted_by_source"].get("forced", 0) >= 4, s

@@ -59,9 +59,9 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     llm = load(**rt, seed=seed)
-    if not llm.speculative:
+    if not llm.speculative and not any(ps.grammar(i) is not None for ps in sets for i in range(len(ps.prompts))):
         fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "
-             "uses its shipped head when there is one)")
+             "uses its shipped head when there is one), or prompts with a schema or grammar (forced tokens)")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     b = Bench(llm, sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance,
               seed=seed, chat=not no_chat)
