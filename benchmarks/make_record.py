@@ -1,4 +1,4 @@
-"""Regenerate BENCHMARKS.md from the JSON reports in benchmarks/results/.
+"""Regenerate BENCHMARKS.md from the JSON reports in benchmarks/results/ (and, last, its Markdown sections).
 
     python benchmarks/make_record.py            # writes BENCHMARKS.md at the repository root
 
@@ -269,6 +269,8 @@ def main() -> None:
                 "wall time of the whole run, abandoned requests included.", ""]
         for p in loads:
             out += server_load_section(p, json.loads(p.read_text()))
+    for p in sorted(RESULTS.glob("*.md")):  # measurements recorded as text (no JSON report), in name order
+        out += [p.read_text().rstrip("\n"), ""]
     (ROOT / "BENCHMARKS.md").write_text("\n".join(out) + "\n")
     print(f"wrote {ROOT / 'BENCHMARKS.md'} from {len(verify) + len(benches) + len(drafts)} reports")
 
