@@ -215,7 +215,8 @@ class Eagle2:
         request always gets the same answer, at some cost in prompt time (NOTES.md).
 
         ``grammar``: GBNF text (or a :class:`~eagle2_local.grammar.Grammar`, e.g. from a JSON schema) the answer
-        must follow; such answers are decoded plainly for now (see :meth:`Generator.generate`)."""
+        must follow; drafted trees then carry grammar states and tokens the grammar forces are drafted for free,
+        with or without a draft (see :meth:`Generator.generate`)."""
         if max_tokens is None:
             max_tokens = self.target.n_ctx - len(tokens)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())

@@ -49,11 +49,10 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
     constraint = read_constraint(grammar_file, json_schema)  # refused before the model loads
     if rt["chat_template_file"] is not None and not as_chat:
         fail("--chat-template-file applies to --chat prompts (give --chat)")
-    # answers under a grammar are decoded plainly for now: no draft to load or calibrate
-    llm = load(**{**rt, "plain": rt["plain"] or constraint is not None}, seed=seed)
     if constraint is not None:
-        constraint.state(llm.model).close()  # an invalid grammar is one error line before any output
-    elif not llm.speculative and not rt["plain"] and not as_json:
+        check_constraint(constraint, rt["model"], rt["verbose"])
+    llm = load(**rt, seed=seed)
+    if constraint is None and not llm.speculative and not rt["plain"] and not as_json:
         click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
     from ..chat import prompt_tokens
     tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)
@@ -76,3 +75,16 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
     else:
         click.echo()
         click.echo(stats_line(stats), err=True)
+
+
+def check_constraint(constraint, model: str | None, verbose: bool) -> None:
+    """Compile the grammar for the model's vocabulary before anything else loads (a draft, a calibration), so an
+    invalid one is one error line and nothing else."""
+    from ..llama import LlamaModel
+    from ..models import resolve_model
+
+    probe = LlamaModel(resolve_model(model), n_gpu_layers=0, verbose=verbose)
+    try:
+        constraint.state(probe).close()
+    finally:
+        probe.close()
