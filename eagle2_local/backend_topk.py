@@ -36,6 +36,7 @@ from .llama import charge_llama, host_inside_llama
 log = logging.getLogger(__name__)
 
 _P = ctypes.c_void_p
+_BACKEND_APPLY = ctypes.CFUNCTYPE(None, _P, _P, _P, _P)  # llama_sampler_i.backend_apply, untyped pointers
 
 # Whether llama.cpp draft engines (EAGLE-3 heads, draft models) take each row's top-k and log-normalizer from
 # the graph (True) or whole logit rows into numpy (False); None: decided per draft by :func:`in_graph_for`.
@@ -131,9 +132,9 @@ class BackendTopK:
         def backend_apply(_smpl, gctx, _gf, data_p):
             t0 = time.perf_counter()
             if self._probing:
-                self._build_row(gctx, data_p.contents)
+                self._build_row(gctx, llama_cpp.llama_sampler_data.from_address(data_p))
             elif seq in self.active:
-                self._build(gctx, data_p.contents)
+                self._build(gctx, llama_cpp.llama_sampler_data.from_address(data_p))
             host_inside_llama(time.perf_counter() - t0)
 
         def apply(_smpl, _cur_p):  # the CPU path: never used (the context reads our backend outputs)
@@ -142,10 +143,13 @@ class BackendTopK:
         iface = llama_cpp.llama_sampler_i()
         iface.apply = llama_cpp.llama_sampler_i_apply(apply)
         iface.backend_init = llama_cpp.llama_sampler_i_backend_init(backend_init)
-        iface.backend_apply = llama_cpp.llama_sampler_i_backend_apply(backend_apply)
+        # every argument as a plain address: llama.cpp calls this for every sequence at every graph build, and
+        # ctypes builds a pointer object per typed argument (the data pointer is read only for active rows)
+        apply_fn = _BACKEND_APPLY(backend_apply)
+        iface.backend_apply = ctypes.cast(apply_fn, llama_cpp.llama_sampler_i_backend_apply)
         if resets:
             iface.backend_reset = llama_cpp.llama_sampler_i_backend_reset(backend_reset)
-        self._keep.append((iface, backend_init, backend_apply, backend_reset, apply))
+        self._keep.append((iface, backend_init, apply_fn, backend_reset, apply))
         return llama_cpp.llama_sampler_init(ctypes.byref(iface), None)
 
     def _build_row(self, gctx, data) -> None:

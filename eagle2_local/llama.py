@@ -496,6 +496,13 @@ class LlamaContext:
         charge_llama(t0)
         return ok
 
+    def seq_keep(self, seq: int) -> None:
+        """Drop every other sequence from every cell (cells of no other sequence become free) in one walk over
+        the cells, where a seq_rm per sequence walks them once each."""
+        t0 = time.perf_counter()
+        llama_cpp.llama_memory_seq_keep(self.mem, seq)
+        charge_llama(t0)
+
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         t0 = time.perf_counter()
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)

@@ -185,9 +185,9 @@ class Target:
                             f"(n_seq_max={self.ctx.n_seq_max} minus 2)")
         self._ensure_room(n)
         leaf_seqs = np.arange(1, len(leaves) + 1, dtype=np.int32)
-        for s in leaf_seqs:  # every leaf sequence starts as a view of the committed text
-            self.ctx.seq_rm(int(s))
-            self.ctx.seq_cp(0, int(s))
+        self.ctx.seq_keep(0)  # no other sequence holds a cell now (one call, not one per leaf)
+        for s in leaf_seqs.tolist():  # every leaf sequence starts as a view of the committed text
+            self.ctx.seq_cp(0, s)
         pos = (self.n_past + depths).astype(np.int32)
         self._pending = (n, len(leaves))
         self._tree_leaf_of = np.argmax(member, axis=1)  # per node, one leaf below it: its sequence holds the path
@@ -229,10 +229,10 @@ class Target:
         self.n_past = base + k1
 
     def _drop_tree_cells(self) -> None:
-        """Remove the leaf sequences: tree cells not also in sequence 0 become free."""
-        _, n_leaves = self._pending
-        for s in range(1, n_leaves + 1):
-            self.ctx.seq_rm(s)
+        """Remove the leaf sequences: tree cells not also in sequence 0 become free. One ``seq_keep(0)`` leaves
+        exactly what a ``seq_rm`` per leaf leaves (the scratch sequence is empty whenever this runs), with the
+        same first free cell for llama.cpp's search head."""
+        self.ctx.seq_keep(0)
         self._pending = None
 
     def abort_tree(self) -> None:

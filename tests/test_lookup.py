@@ -278,3 +278,21 @@ def test_merge_equals_the_dictionary_merge():
                 got, ref = merge_proposals(m, lk), _merge_by_dict(m, lk)
                 for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
                     assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_merge_into_a_top_k_equals_the_dictionary_merge():
+    """The fast path (model rows of distinct finite tokens, as a top-k gives them): shared tokens, a lookup row
+    repeating a token, lookup rows with nothing, a lookup proposing nothing at all."""
+    rng = np.random.default_rng(11)
+    for n_rows, km, kl in [(1, 3, 3), (10, 10, 10), (6, 4, 8), (5, 1, 2)]:
+        for _ in range(40):
+            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
+            model = Proposals(tokens, np.sort(np.log(rng.uniform(0.01, 1.0, (n_rows, km))))[:, ::-1])
+            lp = np.log(rng.uniform(0.01, 1.0, (n_rows, kl)))
+            lp[rng.random((n_rows, kl)) < 0.5] = -np.inf
+            lookup = Proposals(rng.integers(0, 16, (n_rows, kl)), lp, np.full((n_rows, kl), LOOKUP, np.int8))
+            quiet = Proposals(lookup.tokens, np.full(lookup.tokens.shape, -np.inf), lookup.sources)
+            for lk in (lookup, quiet):
+                got, ref = merge_proposals(model, lk), _merge_by_dict(model, lk)
+                for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
+                    assert a.shape == b.shape and np.array_equal(a, b)

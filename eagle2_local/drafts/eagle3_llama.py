@@ -21,6 +21,7 @@ KV layout of the head's context:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 
 import numpy as np
@@ -136,6 +137,8 @@ class Eagle3Engine:
         self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
         self._root_g = np.zeros(self.n_embd, dtype=np.float32)
         self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
+        self._prenorm_addr: int | None = None  # llama.cpp's pre-norm output buffer, and a view of it
+        self._prenorm_view = np.zeros((0, self.n_embd), dtype=np.float32)
         # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
         self.seqs = TreeSequences(self.ctx, pool=max_width if in_graph_top_k else None)
         self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
@@ -227,10 +230,16 @@ class Eagle3Engine:
         return np.concatenate(out)
 
     def _prenorm(self, n_out: int) -> np.ndarray:
+        """A view of the last decode's first ``n_out`` pre-norm rows (valid until the next decode). The buffer
+        moves only when llama.cpp reallocates it, so the view is made once per address, not once per level."""
         ptr = llama_cpp_ext.llama_get_embeddings_nextn(self.ctx.ptr)
         if not ptr:
             raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        if addr != self._prenorm_addr:  # sized by the largest output count a decode here can have
+            self._prenorm_view = np.ctypeslib.as_array(ptr, shape=(self.ctx.n_batch, self.n_embd))
+            self._prenorm_addr = addr
+        return self._prenorm_view[:n_out]
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""

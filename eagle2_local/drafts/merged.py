@@ -23,10 +23,73 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
     """Row-wise union of two drafts' candidates; a token in both keeps the higher log-probability, marked BOTH.
 
     Each row lists the model's finite candidates, then the lookup's not already listed, in their order (padding
-    after them); a token met twice keeps its first place. All rows at once: this runs on every tree level."""
-    if (not np.isfinite(lookup.log_probs).any() and np.isfinite(model.log_probs).all()
-            and (np.diff(np.sort(model.tokens, axis=1), axis=1) != 0).all()):
-        return model  # the lookup proposes nothing here: the union is the model's (distinct) candidates
+    after them); a token met twice keeps its first place. This runs on every tree level, where a model row is
+    usually a top-k (distinct, finite tokens) and the lookup proposes a token or two per row: then only the
+    lookup's entries are visited (:func:`_merge_into_top_k`); any other input takes the general merge."""
+    if np.isfinite(model.log_probs).all():
+        columns = _columns(model.tokens)
+        if columns is not None:
+            return _merge_into_top_k(model, lookup, columns)
+    return _merge_general(model, lookup)
+
+
+def _columns(tokens: np.ndarray) -> list[dict[int, int]] | None:
+    """Per row, token -> column; None when a row holds a token twice."""
+    columns = []
+    for row in tokens.tolist():
+        col = dict(zip(row, range(len(row))))
+        if len(col) != len(row):
+            return None
+        columns.append(col)
+    return columns
+
+
+def _merge_into_top_k(model: Proposals, lookup: Proposals, columns: list[dict[int, int]]) -> Proposals:
+    """:func:`merge_proposals` where every model row has distinct finite tokens (``columns``: token -> column
+    per row): the model's arrays are the result's first columns, the lookup's new tokens are appended after
+    them and its shared ones raise the model's entry and mark it BOTH. Python over the lookup's few entries
+    and a handful of numpy calls, instead of an (n, m, m) comparison over every pair."""
+    neg_inf = -np.inf
+    lk_tok, lk_src = lookup.tokens.tolist(), lookup.sources.tolist()
+    n, k = model.tokens.shape
+    fill = [k] * n  # next free column per row
+    added: dict[tuple[int, int], list] = {}  # (row, column) -> [token, log-prob, source] of an appended entry
+    raised: dict[tuple[int, int], float] = {}  # (row, model column) -> the lookup's best log-prob there
+    for r, lps in enumerate(lookup.log_probs.tolist()):
+        for c, lp in enumerate(lps):
+            if lp == neg_inf:
+                continue
+            tok = lk_tok[r][c]
+            j = columns[r].get(tok)
+            if j is None:
+                j = columns[r][tok] = fill[r]
+                fill[r] += 1
+                added[r, j] = [tok, lp, lk_src[r][c]]
+            elif j >= k:  # the lookup's row repeats a token it already added
+                entry = added[r, j]
+                entry[1], entry[2] = max(entry[1], lp), BOTH
+            else:
+                raised[r, j] = max(raised.get((r, j), neg_inf), lp)
+    if not added and not raised:
+        return model
+    width = max(fill)
+    tokens = np.zeros((n, width), dtype=np.int64)
+    log_probs = np.full((n, width), neg_inf)
+    sources = np.zeros((n, width), dtype=np.int8)
+    tokens[:, :k], log_probs[:, :k], sources[:, :k] = model.tokens, model.log_probs, model.sources
+    if added:
+        rows, cols = zip(*added)
+        toks, lps, srcs = zip(*added.values())
+        tokens[rows, cols], log_probs[rows, cols], sources[rows, cols] = toks, lps, srcs
+    if raised:
+        rows, cols = zip(*raised)
+        log_probs[rows, cols] = np.maximum(log_probs[rows, cols], list(raised.values()))
+        sources[rows, cols] = BOTH
+    return Proposals.trusted(tokens, log_probs, sources)
+
+
+def _merge_general(model: Proposals, lookup: Proposals) -> Proposals:
+    """:func:`merge_proposals` for any input (padding anywhere, a token twice in a row): all rows at once."""
     tokens = np.concatenate([model.tokens, lookup.tokens], axis=1)
     log_probs = np.concatenate([model.log_probs, lookup.log_probs], axis=1)
     sources = np.concatenate([model.sources, lookup.sources], axis=1)
