@@ -186,8 +186,7 @@ class Target:
         self._ensure_room(n)
         leaf_seqs = np.arange(1, len(leaves) + 1, dtype=np.int32)
         self.ctx.seq_keep(0)  # no other sequence holds a cell now (one call, not one per leaf)
-        for s in leaf_seqs.tolist():  # every leaf sequence starts as a view of the committed text
-            self.ctx.seq_cp(0, s)
+        self.ctx.seq_cp_many([0] * len(leaves), leaf_seqs.tolist())  # each leaf starts as the committed text
         pos = (self.n_past + depths).astype(np.int32)
         self._pending = (n, len(leaves))
         self._tree_leaf_of = np.argmax(member, axis=1)  # per node, one leaf below it: its sequence holds the path

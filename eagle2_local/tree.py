@@ -198,8 +198,12 @@ def top_children(out: "DraftOutput", k: int) -> tuple[np.ndarray, np.ndarray, np
     """Each drafted row's k best next tokens, their log-probabilities and sources, from dense logits (all
     :data:`MODEL`) or proposals."""
     if isinstance(out, Proposals):
-        cols, lp = top_k_rows(out.log_probs, k)
-        return np.take_along_axis(out.tokens, cols, axis=-1), lp, np.take_along_axis(out.sources, cols, axis=-1)
+        lp = out.log_probs
+        if lp.shape[1] <= k and (lp[:, :-1] >= lp[:, 1:]).all():
+            return out.tokens, lp, out.sources  # already best first: the stable ranking would keep every row
+        cols, lp = top_k_rows(lp, k)
+        rows = np.arange(len(cols))[:, None]
+        return out.tokens[rows, cols], lp, out.sources[rows, cols]
     tok, lp = top_k_log_probs(np.atleast_2d(out), k)
     return tok, lp, np.full(tok.shape, MODEL, dtype=np.int8)
 
@@ -346,9 +350,9 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
     cand_parent = [np.full(len(cand_tok[0]), -1, dtype=np.int64)]
     frontier = np.arange(len(cand_tok[0]), dtype=np.int64)
     frontier_scores = cand_score[0]
+    # the frontier's tokens and parents ride along, so no level concatenates all candidates so far
+    frontier_tok, frontier_parent = cand_tok[0], cand_parent[0]
     n_cand = len(frontier)
-    all_tok = np.concatenate(cand_tok)
-    all_parent = np.concatenate(cand_parent)
     levels = 1
     for level in range(2, params.depth + 1):
         if level_done is not None:
@@ -357,23 +361,24 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
             break
         if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels):
             break
-        tok, lp, src = top_children(expand(frontier, all_tok[frontier], all_parent[frontier], level - 1), k)
+        tok, lp, src = top_children(expand(frontier, frontier_tok, frontier_parent, level - 1), k)
         cum = (frontier_scores[:, None] + lp).reshape(-1)
         drafted = np.isfinite(cum)
         cand_tok.append(tok.reshape(-1)[drafted])
         cand_src.append(src.reshape(-1)[drafted])
         cand_score.append(cum[drafted])
         cand_parent.append(np.repeat(frontier, tok.shape[1])[drafted])
-        flat_best = top_k_rows(cand_score[-1][None], k)[0][0] if drafted.any() else np.zeros(0, np.int64)
+        # the level's k best (stable: ties to the earlier candidate), as top_k_rows ranks a short row
+        flat_best = np.argsort(-cand_score[-1], kind="stable")[:k]
         frontier = n_cand + flat_best
         frontier_scores = cand_score[-1][flat_best]
+        frontier_tok, frontier_parent = cand_tok[-1][flat_best], cand_parent[-1][flat_best]
         n_cand += len(cand_score[-1])
-        all_tok = np.concatenate(cand_tok)
-        all_parent = np.concatenate(cand_parent)
         levels = level
     if level_done is not None and levels == params.depth:
         level_done(levels)
-    return Candidates(all_tok, np.concatenate(cand_score), all_parent, levels, np.concatenate(cand_src))
+    return Candidates(np.concatenate(cand_tok), np.concatenate(cand_score), np.concatenate(cand_parent), levels,
+                      np.concatenate(cand_src))
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

@@ -296,3 +296,40 @@ def test_merge_into_a_top_k_equals_the_dictionary_merge():
                 got, ref = merge_proposals(model, lk), _merge_by_dict(model, lk)
                 for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
                     assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_lookup_tree_levels_equal_unbounded_lookups():
+    """Each node's lookup starts at its parent's match length + 1 (and rankings are cached per round): the
+    proposals equal a full search of every node's own context, over trees grown on repetitive text."""
+    rng = np.random.default_rng(5)
+    n_rows = 0
+    for _ in range(60):
+        text = np.tile(rng.integers(0, 5, 30), 4)  # a repeated span, with some tokens changed
+        text = np.where(rng.random(len(text)) < 0.15, rng.integers(0, 5, len(text)), text).tolist()
+        engine = LookupDraft(max_branches=4)
+        rows = [engine.catch_up(np.array(text))]
+        contexts = [list(text)]
+        params = TreeParams(total_tokens=40, depth=5, top_k=4)
+
+        def expand(cand_ids, tokens, parent_ids, level):
+            for cand, tok, parent in zip(cand_ids.tolist(), tokens.tolist(), parent_ids.tolist()):
+                contexts_of[cand] = (contexts_of[parent] if parent >= 0 else text) + [tok]
+            out = engine.expand(cand_ids, tokens, parent_ids, level)
+            rows.append(out)
+            contexts.extend(contexts_of[c] for c in cand_ids.tolist())
+            return out
+
+        contexts_of: dict[int, list[int]] = {}
+        grow_candidates(rows[0], expand, params)
+        reference = NgramIndex(engine.index.max_n)
+        reference.extend(text)
+        got_tokens = np.concatenate([r.tokens for r in rows])
+        got_lp = np.concatenate([r.log_probs for r in rows])
+        assert len(contexts) == len(got_tokens)
+        n_rows += len(contexts)
+        for context, toks_row, lp_row in zip(contexts, got_tokens, got_lp):
+            toks, probs = reference.continuations(context, 4)
+            assert toks_row[:len(toks)].tolist() == toks
+            assert np.array_equal(lp_row[:len(toks)], np.log(probs))
+            assert np.isneginf(lp_row[len(toks):]).all()
+    assert n_rows > 300, "the trees hardly grew: the test would not see a wrong bound"

@@ -110,17 +110,17 @@ class TreeSequences:
             first = 1 + (self._level % 2) * self.pool
             self._level += 1
             seqs = np.arange(first, first + k, dtype=np.int32)
-            for seq in seqs.tolist():
-                self.ctx.seq_rm(seq)  # a node two levels up: its children copied what they need
+            self.ctx.seq_rm_many(seqs.tolist())  # nodes two levels up: their children copied what they need
             self._next = max(self._next, first + k)
         else:
             seqs = np.arange(self._next, self._next + k, dtype=np.int32)
             if seqs[-1] >= self.ctx.n_seq_max:
                 raise TreeError("draft tree wider or deeper than the draft context was created for")
             self._next += k
-        for cand, parent, seq in zip(np.asarray(cand_ids).tolist(), np.asarray(parent_ids).tolist(), seqs.tolist()):
-            self.ctx.seq_cp(0 if parent < 0 else self.seq_of[parent], seq)
-            self.seq_of[cand] = seq
+        seq_list = seqs.tolist()
+        self.ctx.seq_cp_many([0 if parent < 0 else self.seq_of[parent] for parent in np.asarray(parent_ids).tolist()],
+                             seq_list)
+        self.seq_of.update(zip(np.asarray(cand_ids).tolist(), seq_list))
         return seqs
 
     def forget(self) -> None:

@@ -63,6 +63,8 @@ class NgramIndex:
         self.text: list[int] = []
         self._next: dict[tuple[int, ...], list[int]] = {}
         self.confidence = MatchConfidence(max_n)
+        self._ranked_of: dict[int, list[tuple[int, int]]] = {}  # id of a followers list -> its ranking
+        self.last_match = 0  # match length of the last continuations() call
 
     def __len__(self) -> int:
         return len(self.text)
@@ -70,10 +72,12 @@ class NgramIndex:
     def clear(self) -> None:
         self.text = []
         self._next = {}
+        self._ranked_of = {}
         self.confidence = MatchConfidence(self.max_n)
 
     def extend(self, tokens) -> None:
         """Append committed tokens; each one first scores the prediction the index would have made for it."""
+        self._ranked_of.clear()
         for tok in (int(t) for t in tokens):
             match = self.longest_match(self.text)
             if match is not None:
@@ -86,6 +90,7 @@ class NgramIndex:
 
     def truncate(self, n_tokens: int) -> None:
         """Forget every token from ``n_tokens`` on (the learned confidences stay: they describe the text's kind)."""
+        self._ranked_of.clear()
         while len(self.text) > n_tokens:
             j = len(self.text) - 1
             for n in range(1, min(self.max_n, j) + 1):
@@ -96,10 +101,12 @@ class NgramIndex:
                     del self._next[key]
             self.text.pop()
 
-    def longest_match(self, context: list[int]) -> tuple[int, list[int]] | None:
+    def longest_match(self, context: list[int], at_most: int | None = None) -> tuple[int, list[int]] | None:
         """The longest n whose last-n-token suffix of ``context`` occurred before with a follower, and the
-        positions of those followers (None: not even the last token did)."""
-        for n in range(min(self.max_n, len(context)), 0, -1):
+        positions of those followers (None: not even the last token did). ``at_most``: a known bound on n
+        (a context one token longer than one whose longest match was m matches at most m + 1 tokens)."""
+        top = min(self.max_n, len(context)) if at_most is None else min(self.max_n, len(context), at_most)
+        for n in range(top, 0, -1):
             positions = self._next.get(tuple(context[-n:]))
             if positions:
                 return n, positions
@@ -114,15 +121,21 @@ class NgramIndex:
             counts[tok] = counts.get(tok, 0) + 1
         return sorted(counts.items(), key=lambda item: -item[1])  # stable: recency breaks ties
 
-    def continuations(self, context: list[int], max_branches: int) -> tuple[list[int], list[float]]:
+    def continuations(self, context: list[int], max_branches: int,
+                      at_most: int | None = None) -> tuple[list[int], list[float]]:
         """The next tokens the text suggests after ``context`` and their probabilities (best first), as Python
         lists: this runs for every node of every tree level, where a few small numpy arrays per node cost more
-        than the lookup itself."""
-        match = self.longest_match(context)
+        than the lookup itself. ``at_most``: a bound on the match length (:meth:`longest_match`); the length
+        found is :attr:`last_match` (0: none)."""
+        match = self.longest_match(context, at_most)
+        self.last_match = match[0] if match is not None else 0
         if match is None:
             return [], []
         n, positions = match
-        ranked = self._ranked(positions)[:max_branches]
+        ranked = self._ranked_of.get(id(positions))  # the same n-gram recurs across a tree's nodes
+        if ranked is None:
+            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
+        ranked = ranked[:max_branches]
         top, rate = ranked[0][1], self.confidence.rate(n)
         probs = [rate * c / top for _, c in ranked]
         total = sum(probs)
@@ -143,6 +156,8 @@ class LookupDraft:
         self.max_branches = max_branches
         self.index = NgramIndex(max_n)
         self._path: dict[int, list[int]] = {}  # candidate id -> tokens from the root's child down to it
+        self._match: dict[int, int] = {}  # candidate id -> length of its context's longest match (0: none)
+        self._root_match = 0
 
     @property
     def n_read(self) -> int:
@@ -151,43 +166,55 @@ class LookupDraft:
     def reset(self) -> None:
         self.index.clear()
         self._path.clear()
+        self._match.clear()
 
     def rollback(self, n_tokens: int) -> None:
         self._path.clear()
+        self._match.clear()
         self.index.truncate(min(n_tokens, len(self.index)))
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> Proposals:
         """Index the unseen tail of ``tokens`` (root included); propose the root's children."""
         self._path.clear()
+        self._match.clear()
         self.index.extend(np.asarray(tokens)[len(self.index):].tolist())
-        return self._propose([self.index.text])
+        proposals, (self._root_match,) = self._propose([self.index.text], [None])
+        return proposals
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
-        contexts = []
+        contexts, bounds = [], []
         tail = self.index.text[-self.index.max_n:]
-        for cand, tok, parent in zip(np.asarray(cand_ids).tolist(), np.asarray(tokens).tolist(),
-                                     np.asarray(parent_ids).tolist()):
+        cand_ids = np.asarray(cand_ids).tolist()
+        for cand, tok, parent in zip(cand_ids, np.asarray(tokens).tolist(), np.asarray(parent_ids).tolist()):
             path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
             self._path[cand] = path
             contexts.append(tail + path)
-        return self._propose(contexts)
+            # a node's context is its parent's plus one token: its match is at most one token longer
+            bounds.append((self._match[parent] if parent >= 0 else self._root_match) + 1)
+        proposals, found = self._propose(contexts, bounds)
+        self._match.update(zip(cand_ids, found))
+        return proposals
 
-    def _propose(self, contexts: list[list[int]]) -> Proposals:
+    def _propose(self, contexts: list[list[int]], bounds: list[int | None]) -> tuple[Proposals, list[int]]:
+        """Each context's proposals, and the length of the match each was found with (0: none)."""
         width = max(self.max_branches, 1)
         tokens = np.zeros((len(contexts), width), dtype=np.int64)
         probs = np.zeros((len(contexts), width))  # 0 pads: its log, -inf, is a proposal's padding
-        for row, context in enumerate(contexts):
-            toks, p = self.index.continuations(context, width)
+        found = []
+        for row, (context, bound) in enumerate(zip(contexts, bounds)):
+            toks, p = self.index.continuations(context, width, bound)
+            found.append(self.index.last_match)
             if toks:
                 tokens[row, :len(toks)] = toks
                 probs[row, :len(toks)] = p
         with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
             log_probs = np.log(probs)
-        return Proposals.trusted(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
+        return Proposals.trusted(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8)), found
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
         self._path.clear()
+        self._match.clear()
 
     def close(self) -> None:
         self.reset()
