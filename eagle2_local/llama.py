@@ -31,6 +31,7 @@ MAX_SEQ = int(llama_cpp.llama_max_parallel_sequences())  # sequences one context
 
 # ---------------------------------------------------------------- logging from llama.cpp
 _recent_errors: collections.deque[str] = collections.deque(maxlen=20)
+_n_errors = 0  # warning/error lines llama.cpp has printed so far (a mark for errors_since)
 _log_lock = threading.Lock()
 _verbose = False
 _LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
@@ -40,9 +41,11 @@ _LEVEL_WARN = 3
 @llama_cpp.llama_log_callback
 def _log_callback(level, text, _user_data):  # pragma: no cover - called from C
     msg = text.decode("utf-8", errors="replace") if text else ""
+    global _n_errors
     if level >= _LEVEL_WARN and msg.strip():
         with _log_lock:
             _recent_errors.append(msg.strip())
+            _n_errors += 1
     if _verbose:
         import sys
         sys.stderr.write(msg)
@@ -68,6 +71,15 @@ def last_llama_errors() -> str:
     """The most recent warning/error lines llama.cpp printed (to explain a failed load or decode)."""
     with _log_lock:
         lines = list(_recent_errors)
+        _recent_errors.clear()
+    return "; ".join(lines[-3:])
+
+
+def errors_since(mark: int) -> str:
+    """The warning/error lines llama.cpp printed after ``mark`` (an earlier ``_n_errors``): what a failed
+    decode says, without clearing the log before every decode (a lock and a list each time, ~10 a round)."""
+    with _log_lock:
+        lines = list(_recent_errors)[len(_recent_errors) - min(_n_errors - mark, len(_recent_errors)):]
         _recent_errors.clear()
     return "; ".join(lines[-3:])
 
@@ -255,15 +267,20 @@ class Batch:
             counts = seq_mask.sum(axis=1)
             if counts.max(initial=0) > self.n_seq_max:
                 raise TreeError(f"a node belongs to {int(counts.max())} sequences; n_seq_max is {self.n_seq_max}")
-            # members first, in leaf order: argsort of ~mask is stable, so True columns come first
-            order = np.argsort(~seq_mask, axis=1, kind="stable")[:, : self.n_seq_max]
-            self.seq_ids[:n, : order.shape[1]] = seq_ids[order]
+            # members first, in leaf order: nonzero walks the mask row by row, columns ascending, so each
+            # member's rank in its row is its index minus the index of its row's first member
+            rows, cols = np.nonzero(seq_mask)
+            firsts = np.cumsum(counts) - counts
+            self.seq_ids[rows, np.arange(len(rows)) - firsts[rows]] = seq_ids[cols]
             self.n_seq_id[:n] = counts
         self.struct.n_tokens = n
         return n
 
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
+_EMBD_BYTES = ctypes.sizeof(llama_cpp.llama_embd)  # a pointer and two size_t: three uint64 on 64-bit hosts
+if _EMBD_BYTES != 3 * 8:  # pragma: no cover - ExtBatch.add_level lays these structs out as uint64 triples
+    raise ImportError("eagle2-local needs a 64-bit host (llama_embd is not three 8-byte fields here)")
 
 
 class ExtBatch:
@@ -324,17 +341,20 @@ class ExtBatch:
         if seqs and not (0 <= min(seqs) and max(seqs) < self.n_seq_max):
             raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
         rows = np.ascontiguousarray(rows, dtype=np.float32)
-        embd = llama_cpp.llama_embd(None, 1, rows.shape[1])
+        # one llama_embd {data, n_rows, n_embd} per row, laid out by numpy: a ctypes view per row costs less
+        # than building a float pointer from an address (ctypes.cast) for each
+        structs = np.empty((n, 3), dtype=np.uint64)
+        structs[:, 0] = rows.ctypes.data + rows.strides[0] * np.arange(n, dtype=np.uint64)
+        structs[:, 1], structs[:, 2] = 1, rows.shape[1]
+        as_embd = llama_cpp.llama_embd.from_buffer
         p = (llama_cpp.llama_pos * 4)(pos, 0, 0, 0)
         add, set_embd = llama_cpp.llama_batch_ext_add_token, llama_cpp.llama_batch_ext_set_embd_token
         set_pos, set_out = llama_cpp.llama_batch_ext_set_pos, llama_cpp.llama_batch_ext_set_output_logits
-        base, stride = rows.ctypes.data, rows.strides[0]
         for i, (tok, seq) in enumerate(zip(tokens, seqs)):
             idx = add(self.ptr, seq, tok)
             if idx < 0:
                 raise DecodeError(f"llama.cpp refused a batch entry (code {idx})")
-            embd.data = ctypes.cast(base + i * stride, _FLOAT_P)
-            if not set_embd(self.ptr, idx, embd):
+            if not set_embd(self.ptr, idx, as_embd(structs, _EMBD_BYTES * i)):
                 raise DecodeError("llama.cpp refused an embedding row (wrong width?)")
             set_pos(self.ptr, idx, p)
             set_out(self.ptr, idx, True)
@@ -431,14 +451,14 @@ class LlamaContext:
         if not 0 <= seq < self.n_seq_max:
             raise TreeError(f"sequence id {seq} out of range 0..{self.n_seq_max - 1}")
         self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs)
-        last_llama_errors()
+        mark = _n_errors
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self.batch.struct)
         charge_llama(t0)
         if rc == 1:
-            raise ContextFullError(f"no room in the KV cache for {n} tokens ({last_llama_errors()})")
+            raise ContextFullError(f"no room in the KV cache for {n} tokens ({errors_since(mark)})")
         if rc != 0:
-            raise DecodeError(f"llama_decode failed with code {rc}: {last_llama_errors()}")
+            raise DecodeError(f"llama_decode failed with code {rc}: {errors_since(mark)}")
 
     def process(self, batch: "ExtBatch", encode: bool = False) -> None:
         """Run an extended batch (token + embedding per entry) through the encoder or the decoder graph."""
@@ -448,14 +468,14 @@ class LlamaContext:
         if n > self.n_batch:
             raise TreeError(f"batch of {n} entries exceeds n_batch={self.n_batch}")
         kind = llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode else llama_cpp.LLAMA_PROCESS_TYPE_DECODE
-        last_llama_errors()
+        mark = _n_errors
         t0 = time.perf_counter()
         rc = llama_cpp.llama_process(self._ctx, kind, batch.ptr)
         charge_llama(t0)
         if rc == 1:
-            raise ContextFullError(f"no room in the KV cache for {n} entries ({last_llama_errors()})")
+            raise ContextFullError(f"no room in the KV cache for {n} entries ({errors_since(mark)})")
         if rc != 0:
-            raise DecodeError(f"llama_process failed with code {rc}: {last_llama_errors()}")
+            raise DecodeError(f"llama_process failed with code {rc}: {errors_since(mark)}")
 
     def logits(self, n_out: int, copy: bool = True) -> np.ndarray:
         """Logits of the last batch's output tokens, in batch order.

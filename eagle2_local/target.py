@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import ContextSettings, LlamaContext, LlamaModel
-from .tree import DraftTree, leaf_membership, node_depths, validate_parents
+from .tree import DraftTree, validate_parents, verify_layout
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,7 @@ class Target:
             raise TreeError(f"tree of {n} nodes exceeds the batch size {self.ctx.n_batch}")
         if np.any((tokens < 0) | (tokens >= self.model.n_vocab)):
             raise TreeError(f"tree holds a token id outside the vocabulary 0..{self.model.n_vocab - 1}")
-        depths = node_depths(parents)
-        leaves, member = leaf_membership(parents)
+        depths, leaves, member = verify_layout(parents)
         if len(leaves) > self.max_leaves:
             raise TreeError(f"tree has {len(leaves)} leaves; this context allows {self.max_leaves} "
                             f"(n_seq_max={self.ctx.n_seq_max} minus 2)")

@@ -307,6 +307,14 @@ def ancestor_mask(parents: np.ndarray) -> np.ndarray:
     return mask
 
 
+def verify_layout(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a verify pass needs of a tree, from one climb: each node's depth (its ancestors, the root
+    included, are its depth), the leaves, and :func:`leaf_membership`'s mask."""
+    anc = ancestor_mask(parents)
+    leaves = tree_leaves(parents)
+    return anc.sum(axis=1) - 1, leaves, anc[leaves].T
+
+
 def leaf_membership(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Leaves and a (n_nodes, n_leaves) mask: True where the leaf lies in the node's subtree.
 

@@ -1,0 +1,56 @@
+"""The host's per-round shortcuts equal what they replaced: pure functions, no llama.cpp decode."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eagle2_local import llama
+from eagle2_local.llama import Batch
+from eagle2_local.tree import Proposals, leaf_membership, node_depths, top_children, verify_layout
+from helpers import random_tree
+
+
+def test_verify_layout_equals_depths_and_leaf_membership():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 5, 30, 60, 120):
+        parents = random_tree(rng, 50, n, 8).parents
+        depths, leaves, member = verify_layout(parents)
+        ref_leaves, ref_member = leaf_membership(parents)
+        assert np.array_equal(depths, node_depths(parents))
+        assert np.array_equal(leaves, ref_leaves) and np.array_equal(member, ref_member)
+
+
+def test_batch_lists_each_tokens_sequences_in_leaf_order():
+    rng = np.random.default_rng(4)
+    batch = Batch(64, 48)
+    for _ in range(30):
+        n, n_seqs = int(rng.integers(1, 64)), int(rng.integers(1, 48))
+        mask = rng.random((n, n_seqs)) < 0.3
+        seq_ids = rng.permutation(48)[:n_seqs].astype(np.int32)
+        batch.fill(np.zeros(n, np.int32), np.zeros(n, np.int32), mask, seq_ids, 0, np.ones(n, np.int8))
+        for i in range(n):
+            assert batch.n_seq_id[i] == mask[i].sum()
+            assert batch.seq_ids[i, :batch.n_seq_id[i]].tolist() == seq_ids[mask[i]].tolist()
+
+
+def test_ranked_proposals_pass_top_children_unchanged_and_others_are_ranked():
+    """A row already best first (ties in place) is what the stable ranking would return; any other is ranked."""
+    tokens = np.array([[4, 2, 9], [7, 1, 3]])
+    ranked = Proposals(tokens, np.log([[0.5, 0.2, 0.2], [0.6, 0.3, 0.1]]))
+    tok, lp, _ = top_children(ranked, 3)
+    assert np.array_equal(tok, tokens) and np.array_equal(lp, ranked.log_probs)
+    unranked = Proposals(tokens, np.log([[0.2, 0.5, 0.2], [0.6, 0.3, 0.1]]))
+    tok, lp, _ = top_children(unranked, 3)
+    assert tok.tolist() == [[2, 4, 9], [7, 1, 3]]
+    assert tok.shape == (2, 3) and (np.diff(lp, axis=1) <= 0).all()
+    tok, _, _ = top_children(unranked, 2)
+    assert tok.tolist() == [[2, 4], [7, 1]]
+
+
+def test_a_failed_call_reports_only_the_lines_llama_cpp_printed_after_its_mark():
+    llama._log_callback(llama._LEVEL_ERROR, b"an earlier warning", None)
+    mark = llama._n_errors
+    llama._log_callback(llama._LEVEL_ERROR, b"the failure", None)
+    llama._log_callback(1, b"a debug line", None)
+    assert llama.errors_since(mark) == "the failure"
+    assert llama.errors_since(llama._n_errors) == ""
