@@ -254,15 +254,16 @@ class Batch:
 
     def fill(self, tokens: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray | None, seq_ids: np.ndarray | None,
              single_seq: int, outputs: np.ndarray) -> int:
-        """Write n entries. Either every token belongs to ``single_seq`` or ``seq_mask[i, j]`` says whether
-        token i belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want."""
+        """Write n entries. Every token belongs to ``single_seq``, or (``seq_mask`` None, ``seq_ids`` given)
+        token i to ``seq_ids[i]`` alone (a draft's tree level), or ``seq_mask[i, j]`` says whether token i
+        belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want."""
         n = len(tokens)
         self.token[:n] = tokens
         self.pos[:n] = pos
         self.logits[:n] = outputs
         if seq_mask is None:
             self.n_seq_id[:n] = 1
-            self.seq_ids[:n, 0] = single_seq
+            self.seq_ids[:n, 0] = single_seq if seq_ids is None else seq_ids
         else:
             counts = seq_mask.sum(axis=1)
             if counts.max(initial=0) > self.n_seq_max:
@@ -438,7 +439,9 @@ class LlamaContext:
     # ------------------------------------------------------------ decode
     def decode(self, tokens: np.ndarray, pos: np.ndarray, outputs: np.ndarray, *, seq: int = 0,
                seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | None = None) -> None:
-        """Submit one batch. Sizes are checked here because llama.cpp aborts the process on oversize batches."""
+        """Submit one batch: every token in sequence ``seq``, or token i in ``seq_ids[i]`` (``seq_mask`` None),
+        or in the sequences ``seq_ids[j]`` where ``seq_mask[i, j]``. Sizes are checked here because llama.cpp
+        aborts the process on oversize batches."""
         n = len(tokens)
         if n == 0:
             return

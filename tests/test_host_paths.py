@@ -54,3 +54,12 @@ def test_a_failed_call_reports_only_the_lines_llama_cpp_printed_after_its_mark()
     llama._log_callback(1, b"a debug line", None)
     assert llama.errors_since(mark) == "the failure"
     assert llama.errors_since(llama._n_errors) == ""
+
+
+def test_batch_puts_each_token_in_its_own_sequence_without_a_mask():
+    batch = Batch(16, 8)
+    seqs = np.array([3, 1, 7, 2], dtype=np.int32)
+    batch.fill(np.arange(4, dtype=np.int32), np.zeros(4, np.int32), None, seqs, 0, np.ones(4, np.int8))
+    assert batch.n_seq_id[:4].tolist() == [1, 1, 1, 1] and batch.seq_ids[:4, 0].tolist() == seqs.tolist()
+    batch.fill(np.arange(3, dtype=np.int32), np.zeros(3, np.int32), None, None, 5, np.ones(3, np.int8))
+    assert batch.seq_ids[:3, 0].tolist() == [5, 5, 5]

@@ -108,8 +108,7 @@ class DraftModelEngine:
         pos = np.full(k, self.n_read - 1 + level, dtype=np.int32)
         if self.top_k is not None:
             self.top_k.activate(seqs.tolist(), k)
-        self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8),
-                        seq_mask=np.eye(k, dtype=bool), seq_ids=seqs)
+        self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8), seq_ids=seqs)
         return self._rows(k)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
