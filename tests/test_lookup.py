@@ -10,7 +10,7 @@ import pytest
 
 from eagle2_local.api import Eagle2
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
-from eagle2_local.drafts.merged import merge_proposals
+from eagle2_local.drafts.merged import merge_lookup_rows, merge_proposals
 from eagle2_local.generator import Generator
 from eagle2_local.llama import LlamaModel
 from eagle2_local.sampling import SamplingParams
@@ -333,3 +333,26 @@ def test_lookup_tree_levels_equal_unbounded_lookups():
             assert np.array_equal(lp_row[:len(toks)], np.log(probs))
             assert np.isneginf(lp_row[len(toks):]).all()
     assert n_rows > 300, "the trees hardly grew: the test would not see a wrong bound"
+
+
+def test_merging_the_lookups_lists_equals_merging_its_proposals():
+    """MergedDraft merges the lookup's rows as lists; the result equals merging its Proposals, for top-k model
+    rows (the fast path) and for others (padding, repeated tokens)."""
+    rng = np.random.default_rng(13)
+    lookup = LookupDraft(max_branches=4)
+    for n_rows, km in [(1, 3), (10, 10), (6, 4)]:
+        for trial in range(40):
+            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
+            lp = np.sort(np.log(rng.uniform(0.01, 1.0, (n_rows, km))))[:, ::-1].copy()
+            if trial % 2:  # not a top-k: padding and repeats
+                tokens[:, -1] = tokens[:, 0]
+                lp[rng.random(lp.shape) < 0.3] = -np.inf
+            model = Proposals(tokens, lp)
+            rows = ([], [])
+            for _ in range(n_rows):
+                n = int(rng.integers(0, 5))
+                rows[0].append(rng.permutation(16)[:n].tolist())
+                rows[1].append(np.sort(rng.uniform(0.01, 0.5, n))[::-1].tolist())
+            got, ref = merge_lookup_rows(model, lookup, rows), merge_proposals(model, lookup.proposals(*rows))
+            for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
+                assert a.shape == b.shape and np.array_equal(a, b)

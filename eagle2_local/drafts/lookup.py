@@ -25,6 +25,9 @@ from ..tree import LOOKUP, Proposals
 
 log = logging.getLogger(__name__)
 
+# Per drafted row: the proposed tokens and their probabilities, best first (Python lists; a row may be empty).
+LookupRows = tuple[list[list[int]], list[list[float]]]
+
 
 class MatchConfidence:
     """Per match length n: the rate at which the top continuation of an n-token match was the next token.
@@ -175,13 +178,21 @@ class LookupDraft:
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> Proposals:
         """Index the unseen tail of ``tokens`` (root included); propose the root's children."""
+        return self.proposals(*self.catch_up_rows(tokens))
+
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
+        return self.proposals(*self.expand_rows(cand_ids, tokens, parent_ids, level))
+
+    def catch_up_rows(self, tokens: np.ndarray) -> LookupRows:
+        """:meth:`catch_up` as Python lists (what :class:`~.merged.MergedDraft` merges without numpy)."""
         self._path.clear()
         self._match.clear()
         self.index.extend(np.asarray(tokens)[len(self.index):].tolist())
-        proposals, (self._root_match,) = self._propose([self.index.text], [None])
-        return proposals
+        rows, (self._root_match,) = self._continue([self.index.text], [None])
+        return rows
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
+    def expand_rows(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> LookupRows:
+        """:meth:`expand` as Python lists."""
         contexts, bounds = [], []
         tail = self.index.text[-self.index.max_n:]
         cand_ids = np.asarray(cand_ids).tolist()
@@ -191,25 +202,33 @@ class LookupDraft:
             contexts.append(tail + path)
             # a node's context is its parent's plus one token: its match is at most one token longer
             bounds.append((self._match[parent] if parent >= 0 else self._root_match) + 1)
-        proposals, found = self._propose(contexts, bounds)
+        rows, found = self._continue(contexts, bounds)
         self._match.update(zip(cand_ids, found))
-        return proposals
+        return rows
 
-    def _propose(self, contexts: list[list[int]], bounds: list[int | None]) -> tuple[Proposals, list[int]]:
-        """Each context's proposals, and the length of the match each was found with (0: none)."""
+    def _continue(self, contexts: list[list[int]], bounds: list[int | None]) -> tuple[LookupRows, list[int]]:
+        """Each context's continuations, and the length of the match each was found with (0: none)."""
         width = max(self.max_branches, 1)
-        tokens = np.zeros((len(contexts), width), dtype=np.int64)
-        probs = np.zeros((len(contexts), width))  # 0 pads: its log, -inf, is a proposal's padding
-        found = []
-        for row, (context, bound) in enumerate(zip(contexts, bounds)):
+        tokens, probs, found = [], [], []
+        for context, bound in zip(contexts, bounds):
             toks, p = self.index.continuations(context, width, bound)
+            tokens.append(toks)
+            probs.append(p)
             found.append(self.index.last_match)
+        return (tokens, probs), found
+
+    def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
+        """Rows of continuations as :class:`Proposals`, ``max_branches`` wide (padding: log-probability -inf)."""
+        width = max(self.max_branches, 1)
+        out_tokens = np.zeros((len(tokens), width), dtype=np.int64)
+        out_probs = np.zeros((len(tokens), width))  # 0 pads: its log, -inf, is a proposal's padding
+        for row, (toks, p) in enumerate(zip(tokens, probs)):
             if toks:
-                tokens[row, :len(toks)] = toks
-                probs[row, :len(toks)] = p
+                out_tokens[row, :len(toks)] = toks
+                out_probs[row, :len(toks)] = p
         with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
-            log_probs = np.log(probs)
-        return Proposals.trusted(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8)), found
+            log_probs = np.log(out_probs)
+        return Proposals.trusted(out_tokens, log_probs, np.full(out_tokens.shape, LOOKUP, dtype=np.int8))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""

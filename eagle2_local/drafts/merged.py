@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import BOTH, DraftOutput, Proposals
+from ..tree import BOTH, LOOKUP, DraftOutput, Proposals
 from .base import DraftEngine
-from .lookup import LookupDraft
+from .lookup import LookupDraft, LookupRows
 
 
 def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
@@ -26,17 +26,39 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
     after them); a token met twice keeps its first place. This runs on every tree level, where a model row is
     usually a top-k (distinct, finite tokens) and the lookup proposes a token or two per row: then only the
     lookup's entries are visited (:func:`_merge_into_top_k`); any other input takes the general merge."""
-    if np.isfinite(model.log_probs).all():
-        columns = _columns(model.tokens)
-        if columns is not None:
-            return _merge_into_top_k(model, lookup, columns)
-    return _merge_general(model, lookup)
+    columns = _top_k_columns(model)
+    if columns is None:
+        return _merge_general(model, lookup)
+    finite = lookup.log_probs != -np.inf
+    rows, cols = np.nonzero(finite)  # row by row, in each row's order
+    return _merge_into_top_k(model, columns, rows.tolist(), lookup.tokens[finite].tolist(),
+                             lookup.log_probs[finite].tolist(), lookup.sources[finite].tolist())
 
 
-def _columns(tokens: np.ndarray) -> list[dict[int, int]] | None:
-    """Per row, token -> column; None when a row holds a token twice."""
+def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -> Proposals:
+    """:func:`merge_proposals` of ``model`` and the lookup's rows as it returns them (Python lists), without
+    building the lookup's arrays first: one ``np.log`` for all its probabilities, the same values as the
+    lookup's own."""
+    columns = _top_k_columns(model)
+    tokens, probs = rows
+    if columns is None:
+        return _merge_general(model, lookup.proposals(tokens, probs))
+    flat_probs = [p for row in probs for p in row]
+    if not flat_probs:
+        return model
+    with np.errstate(divide="ignore"):
+        log_probs = np.log(flat_probs).tolist()
+    row_of = [r for r, row in enumerate(tokens) for _ in row]
+    return _merge_into_top_k(model, columns, row_of, [t for row in tokens for t in row], log_probs,
+                             [LOOKUP] * len(row_of))
+
+
+def _top_k_columns(model: Proposals) -> list[dict[int, int]] | None:
+    """Per row of a top-k (distinct, finite tokens), token -> column; None for any other proposals."""
+    if not np.isfinite(model.log_probs).all():
+        return None
     columns = []
-    for row in tokens.tolist():
+    for row in model.tokens.tolist():
         col = dict(zip(row, range(len(row))))
         if len(col) != len(row):
             return None
@@ -44,48 +66,47 @@ def _columns(tokens: np.ndarray) -> list[dict[int, int]] | None:
     return columns
 
 
-def _merge_into_top_k(model: Proposals, lookup: Proposals, columns: list[dict[int, int]]) -> Proposals:
+def _merge_into_top_k(model: Proposals, columns: list[dict[int, int]], rows: list[int], tokens: list[int],
+                      log_probs: list[float], sources: list[int]) -> Proposals:
     """:func:`merge_proposals` where every model row has distinct finite tokens (``columns``: token -> column
-    per row): the model's arrays are the result's first columns, the lookup's new tokens are appended after
-    them and its shared ones raise the model's entry and mark it BOTH. Python over the lookup's few entries
-    and a handful of numpy calls, instead of an (n, m, m) comparison over every pair."""
+    per row) and the other draft's entries are listed one by one, row by row (row, token, log-probability,
+    source): the model's arrays are the result's first columns, new tokens are appended after them and shared
+    ones raise the model's entry and mark it BOTH. Python over the few entries and a handful of numpy calls,
+    instead of an (n, m, m) comparison over every pair."""
     neg_inf = -np.inf
-    lk_tok, lk_src = lookup.tokens.tolist(), lookup.sources.tolist()
     n, k = model.tokens.shape
     fill = [k] * n  # next free column per row
     added: dict[tuple[int, int], list] = {}  # (row, column) -> [token, log-prob, source] of an appended entry
-    raised: dict[tuple[int, int], float] = {}  # (row, model column) -> the lookup's best log-prob there
-    for r, lps in enumerate(lookup.log_probs.tolist()):
-        for c, lp in enumerate(lps):
-            if lp == neg_inf:
-                continue
-            tok = lk_tok[r][c]
-            j = columns[r].get(tok)
-            if j is None:
-                j = columns[r][tok] = fill[r]
-                fill[r] += 1
-                added[r, j] = [tok, lp, lk_src[r][c]]
-            elif j >= k:  # the lookup's row repeats a token it already added
-                entry = added[r, j]
-                entry[1], entry[2] = max(entry[1], lp), BOTH
-            else:
-                raised[r, j] = max(raised.get((r, j), neg_inf), lp)
+    raised: dict[tuple[int, int], float] = {}  # (row, model column) -> the other draft's best log-prob there
+    for r, tok, lp, src in zip(rows, tokens, log_probs, sources):
+        if lp == neg_inf:
+            continue
+        j = columns[r].get(tok)
+        if j is None:
+            j = columns[r][tok] = fill[r]
+            fill[r] += 1
+            added[r, j] = [tok, lp, src]
+        elif j >= k:  # a token the other draft's row repeats
+            entry = added[r, j]
+            entry[1], entry[2] = max(entry[1], lp), BOTH
+        else:
+            raised[r, j] = max(raised.get((r, j), neg_inf), lp)
     if not added and not raised:
         return model
     width = max(fill)
-    tokens = np.zeros((n, width), dtype=np.int64)
-    log_probs = np.full((n, width), neg_inf)
-    sources = np.zeros((n, width), dtype=np.int8)
-    tokens[:, :k], log_probs[:, :k], sources[:, :k] = model.tokens, model.log_probs, model.sources
+    out_tokens = np.zeros((n, width), dtype=np.int64)
+    out_lp = np.full((n, width), neg_inf)
+    out_src = np.zeros((n, width), dtype=np.int8)
+    out_tokens[:, :k], out_lp[:, :k], out_src[:, :k] = model.tokens, model.log_probs, model.sources
     if added:
-        rows, cols = zip(*added)
+        at_rows, at_cols = zip(*added)
         toks, lps, srcs = zip(*added.values())
-        tokens[rows, cols], log_probs[rows, cols], sources[rows, cols] = toks, lps, srcs
+        out_tokens[at_rows, at_cols], out_lp[at_rows, at_cols], out_src[at_rows, at_cols] = toks, lps, srcs
     if raised:
-        rows, cols = zip(*raised)
-        log_probs[rows, cols] = np.maximum(log_probs[rows, cols], list(raised.values()))
-        sources[rows, cols] = BOTH
-    return Proposals.trusted(tokens, log_probs, sources)
+        at_rows, at_cols = zip(*raised)
+        out_lp[at_rows, at_cols] = np.maximum(out_lp[at_rows, at_cols], list(raised.values()))
+        out_src[at_rows, at_cols] = BOTH
+    return Proposals.trusted(out_tokens, out_lp, out_src)
 
 
 def _merge_general(model: Proposals, lookup: Proposals) -> Proposals:
@@ -129,10 +150,10 @@ class MergedDraft:
     def n_features(self) -> int:
         return self.model.n_features
 
-    def _merge(self, model_out: DraftOutput, lookup_out: Proposals) -> Proposals:
+    def _merge(self, model_out: DraftOutput, lookup_rows: LookupRows) -> Proposals:
         if not isinstance(model_out, Proposals):
             model_out = Proposals.from_logits(model_out, self.top_k)
-        return merge_proposals(model_out, lookup_out)
+        return merge_lookup_rows(model_out, self.lookup, lookup_rows)
 
     def reset(self) -> None:
         self.model.reset()
@@ -143,11 +164,11 @@ class MergedDraft:
         self.lookup.rollback(n_tokens)
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> Proposals:
-        return self._merge(self.model.catch_up(tokens, features, features_from), self.lookup.catch_up(tokens))
+        return self._merge(self.model.catch_up(tokens, features, features_from), self.lookup.catch_up_rows(tokens))
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
         return self._merge(self.model.expand(cand_ids, tokens, parent_ids, level),
-                           self.lookup.expand(cand_ids, tokens, parent_ids, level))
+                           self.lookup.expand_rows(cand_ids, tokens, parent_ids, level))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         self.model.commit(accepted_cand_ids)
