@@ -418,14 +418,14 @@ class Generator:
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()
         # verify every node in one target pass
-        ver = self.target.verify(tree, copy=False)
+        ver = self.target.verify(tree, copy=False, features=False)
         times.verified = self.clock()
         # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
         acc = (accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng) if grammar is None
                else accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng, grammar))
+        rows = self.target.verified_features(acc.path)  # the accepted path's rows alone
         self.target.commit(acc.path)
         engine.commit(tree.cand_ids[acc.path[1:]])
-        rows = ver.features[acc.path] if ver.features is not None else None
         if free_only:  # the model draft has read nothing new: these rows join its backlog
             self.backlog.extend(rows)
         else:  # the engine has now read the root; the features of root + accepted nodes are its next input

@@ -492,23 +492,25 @@ class LlamaContext:
         view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
         return view.copy() if copy else view
 
-    def features(self, n_out: int) -> np.ndarray:
-        """Post-final-norm hidden states of the last batch's outputs (needs ``embeddings=True``)."""
+    def features(self, n_out: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Post-final-norm hidden states of the last batch's outputs (needs ``embeddings=True``); only ``rows``
+        of them when given."""
         if not self.embeddings:
             raise DecodeError("features need a context created with embeddings=True")
         t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_embeddings(self._ctx)
         charge_llama(t0)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy()
+        view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
+        return view.copy() if rows is None else view[rows]
 
-    def layer_inputs(self, n_tokens: int) -> np.ndarray:
-        """Residual inputs of the configured layers for every token of the last batch, concatenated per token
-        in ``layer_ids`` order: (n_tokens, len(layer_ids) * n_embd). Unlike logits, these exist for all
-        tokens, output or not."""
+    def layer_inputs(self, n_tokens: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Residual inputs of the configured layers for every token of the last batch (only ``rows`` of them
+        when given), concatenated per token in ``layer_ids`` order: (n, len(layer_ids) * n_embd). Unlike
+        logits, these exist for all tokens, output or not."""
         if not self.layer_ids:
             raise DecodeError("layer inputs need a context created with ContextSettings.layer_inputs")
-        return np.concatenate([llama_ext.layer_input(self._ctx, il, n_tokens, self.n_embd) for il in self.layer_ids],
-                              axis=1)
+        return np.concatenate([llama_ext.layer_input(self._ctx, il, n_tokens, self.n_embd, rows)
+                               for il in self.layer_ids], axis=1)
 
     # ------------------------------------------------------------ memory
     # Each call is charged to llama_seconds(): a tree round makes one or two per node (sequence copies), and on a

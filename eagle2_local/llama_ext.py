@@ -62,9 +62,11 @@ def set_layer_input(ctx, layer: int, enable: bool) -> None:
     _function("llama_set_embeddings_layer_inp")(ctx, layer, enable)
 
 
-def layer_input(ctx, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
-    """Copy of the residual inputs of ``layer`` for the last decode's ``n_tokens`` tokens, in batch order."""
+def layer_input(ctx, layer: int, n_tokens: int, n_embd: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """Copy of the residual inputs of ``layer`` for the last decode's ``n_tokens`` tokens, in batch order (only
+    ``rows`` of them when given)."""
     ptr = _function("llama_get_embeddings_layer_inp")(ctx, layer)
     if not ptr:
         raise ModelError(f"llama.cpp returned no layer input for layer {layer}")
-    return np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd)).copy()
+    view = np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd))
+    return view.copy() if rows is None else view[rows]

@@ -79,6 +79,7 @@ class Target:
         self.n_restored = 0  # commits that had to move accepted rows (statistics)
         self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
         self._tree_leaf_of = np.zeros(0, dtype=np.int64)  # per node of the pending tree: index of a leaf below it
+        self._verified = 0  # nodes of the tree verified last (rows of llama.cpp's feature buffers)
 
     # ------------------------------------------------------------ sizes
     @property
@@ -94,11 +95,12 @@ class Target:
         """Whether decodes return draft features: layer inputs (EAGLE-3) or final hidden states (EAGLE-1/2)."""
         return bool(self.ctx.layer_ids) or self.ctx.embeddings
 
-    def _features(self, n_tokens: int) -> np.ndarray:
-        """Features of every token of the last decode (all tokens are outputs whenever embeddings are on)."""
+    def _features(self, n_tokens: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Features of every token of the last decode (all tokens are outputs whenever embeddings are on), or of
+        ``rows`` of them."""
         if self.ctx.layer_ids:
-            return self.ctx.layer_inputs(n_tokens)
-        return self.ctx.features(n_tokens)
+            return self.ctx.layer_inputs(n_tokens, rows)
+        return self.ctx.features(n_tokens, rows)
 
     def _batch_invariant(self, settings: ContextSettings) -> bool:
         """Whether any batch of fewer than 64 tokens computes a token exactly as decoding it alone would, so that
@@ -161,12 +163,13 @@ class Target:
         return self.prefill([token])
 
     # ------------------------------------------------------------ tree path
-    def verify(self, tree: DraftTree | tuple, copy: bool = True) -> Verification:
+    def verify(self, tree: DraftTree | tuple, copy: bool = True, features: bool = True) -> Verification:
         """Write the whole tree into the KV cache in ONE decode and return logits (and features) per node.
 
         ``tree`` is a :class:`DraftTree` or a ``(tokens, parents)`` pair; node 0 is the root, i.e. the last
         sampled token that is not in the cache yet. With ``copy=False`` the logits are a view of llama.cpp's
-        buffer, valid until the next call on this target (the generation loop reads them right away).
+        buffer, valid until the next call on this target (the generation loop reads them right away). With
+        ``features=False`` no features are copied: :meth:`verified_features` reads the accepted nodes' alone.
         """
         if not isinstance(tree, DraftTree):
             tree = DraftTree.from_parents(*tree)
@@ -195,8 +198,14 @@ class Target:
             self._drop_tree_cells()
             raise
         logits = self.ctx.logits(n, copy=copy)
-        feats = self._features(n) if self.has_features else None
+        feats = self._features(n) if self.has_features and features else None
+        self._verified = n
         return Verification(logits=logits, features=feats)
+
+    def verified_features(self, nodes: np.ndarray) -> np.ndarray | None:
+        """Features of ``nodes`` of the tree verified last (None without features): a copy of those rows only,
+        read from llama.cpp's buffers, so before the next decode on this target (a commit does not decode)."""
+        return self._features(self._verified, np.asarray(nodes)) if self.has_features else None
 
     def commit(self, path) -> None:
         """Keep the root and the accepted nodes (``path``, root first) in sequence 0; free every other tree cell."""

@@ -170,3 +170,21 @@ def test_more_sequences_than_batch_does_not_abort(q8_model):
     t.verify(DraftTree.from_parents(np.full(16, 9), [-1] + [0] * 15))
     t.commit([0, 3])
     assert t.n_past == 5
+
+
+@pytest.mark.parametrize("kind", ["layer_inputs", "embeddings"])
+def test_verified_features_of_chosen_nodes_equal_the_verify_rows(synth_q8, kind):
+    """The generator copies only the accepted path's features after a verify; they equal those rows of the
+    full copy (EAGLE-3 layer inputs and EAGLE-1/2 hidden states)."""
+    model = LlamaModel(synth_q8)
+    extra = {"layer_inputs": (0, 1)} if kind == "layer_inputs" else {"embeddings": True}
+    target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1, **extra))
+    target.prefill(model.tokenize("the water is very long"))
+    tree = DraftTree.from_parents([5, 6, 7, 8, 9, 10], [-1, 0, 0, 1, 3, 3])
+    full = target.verify(tree).features
+    nodes = np.array([0, 1, 3, 5])
+    assert full.shape[0] == 6
+    np.testing.assert_array_equal(target.verified_features(nodes), full[nodes])
+    target.abort_tree()
+    assert target.verify(tree, features=False).features is None
+    np.testing.assert_array_equal(target.verified_features(nodes), full[nodes])
