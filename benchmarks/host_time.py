@@ -7,7 +7,7 @@ The measurement: the default model with its shipped EAGLE-3 head (and lookup bra
 side, per drafted node) and, with ``--profile N``, the N functions with the most own time. The answer's tokens
 are printed as a checksum so a change to the round can be shown to leave them as they were.
 ``host_ms_per_round_median`` is the median over the tree rounds: a round preempted by another process moves it
-less than the mean.
+less than the mean. ``benchmarks/host_split.py`` (same options) lists which functions the host time goes to.
 
 ``--cpu-clock`` times everything with the thread's CPU clock instead of the wall clock: on a shared machine a
 wall-clock host figure also counts the time other processes held the core; with one llama.cpp thread the
