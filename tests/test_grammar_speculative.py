@@ -84,7 +84,8 @@ def test_forbidden_children_are_never_verified(smollm2_path, smollm2_head, monke
         trees = []
         verify = gen.target.verify
         monkeypatch.setattr(gen.target, "verify",
-                            lambda tree, copy=True: (trees.append((list(gen.tokens), tree)), verify(tree, copy))[1])
+                            lambda tree, copy=True, features=True: (trees.append((list(gen.tokens), tree)),
+                                                                    verify(tree, copy, features))[1])
         list(llm.generate(prompt, temp=0.0, max_tokens=N_TOKENS, grammar=grammar))
         checked = 0
         for tokens, tree in trees:
