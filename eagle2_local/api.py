@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .chat import prompt_tokens, render_for_model
-from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
+from .drafts import DraftEngine, DraftModelEngine, DraftSpec, LookupDraft, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .grammar import Grammar, response_grammar
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
@@ -124,7 +124,8 @@ class Eagle2:
         costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
-                          calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None)
+                          calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None,
+                          model_draft=not isinstance(engine, LookupDraft))
 
     # ------------------------------------------------------------------ info
     @property

@@ -330,6 +330,8 @@ class Generator:
                      rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
         """Rounds until done: ask the policy for the round's plan, run it (a plain step or draft → verify →
         accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens."""
+        self.engine.begin_answer(len(self._prompt))
+        self.policy.begin_answer()
         root = sampling.choose(logits, np.asarray(self.tokens), rng)
         yield _emit(emitter, [root])
         while not emitter.done:
@@ -378,15 +380,16 @@ class Generator:
                                 should_expand=lambda scores, frontier, levels: plan.go_deeper(scores, frontier,
                                                                                               levels, times),
                                 level_done=lambda levels: times.levels.append(self.clock()))
-        n_nodes = min(plan.nodes(cands.scores, times), params.total_tokens)
+        n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()
-        # verify every node in one target pass
-        ver = self.target.verify(tree, copy=False)
+        # verify every node in one target pass; the root alone is a plain step (cheaper than a one-node tree)
+        ver = self.target.verify(tree, copy=False) if len(tree) > 1 else self.target.decode_one(root)
         times.verified = self.clock()
         # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
         acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng)
-        self.target.commit(acc.path)
+        if len(tree) > 1:
+            self.target.commit(acc.path)
         engine.commit(tree.cand_ids[acc.path[1:]])
         rows = ver.features[acc.path] if ver.features is not None else None
         if free_only:  # the model draft has read nothing new: these rows join its backlog

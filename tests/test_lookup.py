@@ -10,6 +10,7 @@ import pytest
 
 from eagle2_local.api import Eagle2
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
+from eagle2_local.drafts.lookup import ANSWER, PROMPT, MatchConfidence
 from eagle2_local.drafts.merged import merge_proposals
 from eagle2_local.generator import Generator
 from eagle2_local.llama import LlamaModel
@@ -60,6 +61,26 @@ def test_confidence_learns_from_the_text():
     noisy = rebuilt(np.random.default_rng(1).integers(0, 3, 120).tolist(), max_n=4)  # matches say nothing
     assert copying.confidence.rate(4) > 0.9
     assert noisy.confidence.rate(4) < 0.6
+
+
+def test_confidence_tells_matches_in_the_prompt_from_matches_in_the_answer():
+    """Rates are learned per match length and per place of the match: an answer that copies the prompt teaches
+    the prompt's rates, not the answer's; a long match starts sure before any evidence (a fresh text drafts a
+    chain from its first rounds), a one-token match unsure."""
+    fresh = MatchConfidence(8)
+    assert fresh.rate(8, PROMPT) == fresh.rate(8, ANSWER) == pytest.approx(0.9) and fresh.rate(1) < 0.2
+    prompt = np.random.default_rng(2).integers(0, 50, 60).tolist()
+    engine = LookupDraft(max_branches=4, max_n=4)
+    engine.catch_up(np.array(prompt))
+    engine.begin_answer(len(prompt))
+    before = engine.index.confidence.rate(4, ANSWER)
+    engine.catch_up(np.array(prompt + prompt[10:40]))  # the answer copies a span of the prompt
+    conf = engine.index.confidence
+    assert conf.rate(4, PROMPT) > 0.9 and conf.rate(4, ANSWER) == before
+    toks, probs = engine.index.continuations(prompt + prompt[10:40], 4)
+    assert toks[0] == prompt[40] and probs[0] == pytest.approx(conf.rate(4, PROMPT))
+    engine.catch_up(np.array(prompt + prompt[10:40] + prompt[10:20]))  # now it repeats its own answer
+    assert engine.index.where(engine.index.longest_match(engine.index.text)[1]) == ANSWER
 
 
 def test_lookup_draft_grows_the_copied_span_as_a_chain():

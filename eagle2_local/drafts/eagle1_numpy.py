@@ -100,6 +100,9 @@ class Eagle1NumpyEngine:
         """The first position whose target feature this engine lacks (what the generator must supply)."""
         return self._feats.n
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        pass  # the same draft for every answer
+
     def rollback(self, n_tokens: int) -> None:
         """Keep features of positions < n_tokens and head K/V of pairs whose token is still committed."""
         self._forget_tree()

@@ -26,29 +26,38 @@ from ..tree import LOOKUP, Proposals
 log = logging.getLogger(__name__)
 
 
-class MatchConfidence:
-    """Per match length n: the rate at which the top continuation of an n-token match was the next token.
+PROMPT, ANSWER = 0, 1  # where a match lies: in the prompt, or in the answer so far
 
-    Starts from a prior that rises with n and follows the text as it comes (counts capped, so recent text
-    weighs most: a prompt's own repetitiveness is a prior for its answer, not the final word)."""
+
+class MatchConfidence:
+    """Per match length n and per place of the match (prompt or answer so far): the rate at which the top
+    continuation of such a match was the next token.
+
+    Copying from the prompt (a code edit re-emitting a function) and repeating the answer's own text are
+    different evidence, so each place learns its own rates. Both start from a prior that rises with n and
+    weighs more for long matches: a long exact match is strong evidence before the text has said anything
+    (a new answer can draft a sure chain in its first rounds). Counts are capped, so recent text weighs most:
+    the prompt's own repetitiveness is a prior for its answer, not the final word."""
 
     def __init__(self, max_n: int, prior_weight: float = 2.0, max_count: float = 48.0) -> None:
         n = np.arange(max_n + 1, dtype=np.float64)
-        prior = 0.15 + 0.65 * np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
-        self.trials = np.full(max_n + 1, prior_weight)
-        self.hits = prior_weight * prior
+        rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
+        prior = 0.15 + 0.75 * rise  # 0.15 at n = 1 to 0.9 at n = max_n
+        weight = prior_weight * (1.0 + 3.0 * rise)  # a long match's prior takes 4x the evidence to move
+        self.trials = np.tile(weight, (2, 1))
+        self.hits = np.tile(weight * prior, (2, 1))
         self.max_count = max_count
 
-    def rate(self, n: int) -> float:
-        return float(self.hits[n] / self.trials[n])
+    def rate(self, n: int, where: int = PROMPT) -> float:
+        return float(self.hits[where, n] / self.trials[where, n])
 
-    def observe(self, n: int, hit: bool) -> None:
-        self.trials[n] += 1.0
-        self.hits[n] += float(hit)
-        if self.trials[n] > self.max_count:
-            scale = self.max_count / self.trials[n]
-            self.trials[n] *= scale
-            self.hits[n] *= scale
+    def observe(self, n: int, hit: bool, where: int = PROMPT) -> None:
+        self.trials[where, n] += 1.0
+        self.hits[where, n] += float(hit)
+        if self.trials[where, n] > self.max_count:
+            scale = self.max_count / self.trials[where, n]
+            self.trials[where, n] *= scale
+            self.hits[where, n] *= scale
 
 
 class NgramIndex:
@@ -63,6 +72,7 @@ class NgramIndex:
         self.text: list[int] = []
         self._next: dict[tuple[int, ...], list[int]] = {}
         self.confidence = MatchConfidence(max_n)
+        self.answer_from = 1 << 62  # the first position of the answer (all text is prompt until one begins)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -71,6 +81,11 @@ class NgramIndex:
         self.text = []
         self._next = {}
         self.confidence = MatchConfidence(self.max_n)
+        self.answer_from = 1 << 62
+
+    def where(self, positions: list[int]) -> int:
+        """Where a match lies (:data:`PROMPT` or :data:`ANSWER`): at its most recent occurrence."""
+        return ANSWER if positions[-1] >= self.answer_from else PROMPT
 
     def extend(self, tokens) -> None:
         """Append committed tokens; each one first scores the prediction the index would have made for it."""
@@ -78,7 +93,7 @@ class NgramIndex:
             match = self.longest_match(self.text)
             if match is not None:
                 n, positions = match
-                self.confidence.observe(n, self._ranked(positions)[0][0] == tok)
+                self.confidence.observe(n, self._ranked(positions)[0][0] == tok, self.where(positions))
             j = len(self.text)
             self.text.append(tok)
             for n in range(1, min(self.max_n, j) + 1):
@@ -122,7 +137,7 @@ class NgramIndex:
         n, positions = match
         ranked = self._ranked(positions)[:max_branches]
         top = ranked[0][1]
-        probs = self.confidence.rate(n) * np.array([c for _, c in ranked], dtype=np.float64) / top
+        probs = self.confidence.rate(n, self.where(positions)) * np.array([c for _, c in ranked], dtype=np.float64) / top
         if probs.sum() > 1.0:
             probs /= probs.sum()
         return np.array([t for t, _ in ranked], dtype=np.int64), probs
@@ -152,6 +167,10 @@ class LookupDraft:
     def rollback(self, n_tokens: int) -> None:
         self._path.clear()
         self.index.truncate(min(n_tokens, len(self.index)))
+
+    def begin_answer(self, prompt_tokens: int) -> None:
+        """An answer starts after ``prompt_tokens`` tokens: matches from there on lie in the answer."""
+        self.index.answer_from = prompt_tokens
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> Proposals:
         """Index the unseen tail of ``tokens`` (root included); propose the root's children."""

@@ -89,8 +89,8 @@ class RoundTimes:
 
 # go_deeper(candidate scores so far, frontier scores, levels grown, the round's times) -> grow another level?
 GoDeeperFn = Callable[[np.ndarray, np.ndarray, int, RoundTimes], bool]
-# size(candidate scores, the round's times) -> nodes to verify, root included
-SizeFn = Callable[[np.ndarray, RoundTimes], int]
+# size(candidate scores, the round's times, their sources or None) -> nodes to verify, root included
+SizeFn = Callable[[np.ndarray, RoundTimes, "np.ndarray | None"], int]
 
 
 def _always(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels: int, times: RoundTimes) -> bool:
@@ -108,9 +108,10 @@ class RoundPlan:
     go_deeper: GoDeeperFn = _always
     size: SizeFn | None = None  # None: max_nodes
 
-    def nodes(self, cand_scores: np.ndarray, times: RoundTimes) -> int:
-        """Nodes to verify (root included) among the ranked candidates, within ``max_nodes``."""
-        return self.max_nodes if self.size is None else min(self.size(cand_scores, times), self.max_nodes)
+    def nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
+        """Nodes to verify (root included) among the ranked candidates, within ``max_nodes``; ``sources``: which
+        drafter proposed each candidate (tree.SOURCE_NAMES), so each is valued by its own evidence."""
+        return self.max_nodes if self.size is None else min(self.size(cand_scores, times, sources), self.max_nodes)
 
 
 PLAIN_STEP = RoundPlan(drafts=False)
@@ -145,6 +146,9 @@ class TreePolicy(Protocol):
     def observe(self, result: RoundResult) -> None:
         """What the planned round did."""
 
+    def begin_answer(self) -> None:
+        """A new answer starts (a policy that bounds its exploration per answer renews its allowance)."""
+
     def summary(self) -> dict | None:
         """The policy's state for the generation statistics (None: nothing to report)."""
 
@@ -160,6 +164,9 @@ class FixedTree:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth)
 
     def observe(self, result: RoundResult) -> None:
+        pass
+
+    def begin_answer(self) -> None:
         pass
 
     def summary(self) -> None:

@@ -50,6 +50,40 @@ class AcceptanceMap:
         self.n_observed += len(bins)
 
 
+class SourceAcceptance:
+    """One :class:`AcceptanceMap` per drafter (``SOURCE_NAMES``: the model draft, the lookup, both), so evidence
+    about one never moves the other: a model draft that misses must not make sure lookups look unsure, and the
+    reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path confidence is already its own
+    learned rate per match length and place (drafts/lookup.py)."""
+
+    def __init__(self, n_sources: int = 3, **map_kw) -> None:
+        self.maps = [AcceptanceMap(**map_kw) for _ in range(n_sources)]
+
+    def prob(self, scores: np.ndarray, sources: np.ndarray | None = None) -> np.ndarray:
+        """Acceptance probability of each node (``sources`` None: all from the model draft, source 0)."""
+        if sources is None:
+            return self.maps[0].prob(scores)
+        sources = np.asarray(sources)
+        out = np.empty(len(sources))
+        for code in np.unique(sources).tolist():
+            mask = sources == code
+            out[mask] = self.maps[code].prob(np.asarray(scores)[mask])
+        return out
+
+    def observe(self, scores: np.ndarray, sources: np.ndarray | None, accepted: np.ndarray) -> None:
+        if sources is None or len(sources) != len(scores):
+            self.maps[0].observe(scores, accepted)
+            return
+        sources, scores, accepted = np.asarray(sources), np.asarray(scores), np.asarray(accepted)
+        for code in np.unique(sources).tolist():
+            mask = sources == code
+            self.maps[code].observe(scores[mask], accepted[mask])
+
+    @property
+    def n_observed(self) -> int:
+        return sum(m.n_observed for m in self.maps)
+
+
 def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes: int) -> tuple[int, float]:
     """The node count (root included) with the highest expected tokens per second, and that rate.
 
