@@ -686,3 +686,19 @@ def test_exploring_a_losing_model_draft_costs_a_bounded_share_of_every_short_ans
     steps = sum(tally.seconds) / world.plain_s
     assert spent <= 20 * 0.25 + 0.01 * steps + 5.5  # allowances, the share, one 16-node round that overdrew
     assert tally.rate() >= 0.95 / world.plain_s and sum(tally.tree_rounds) >= 5  # it did keep exploring
+
+
+def test_noisy_plain_decodes_of_root_only_rounds_do_not_judge_the_lookup():
+    """On a loaded machine one pass in ten stalls (6x its time). A lookup round whose best tree is the root alone
+    is a plain decode plus the look: it is judged at the median plain step plus what looking cost, so a stalled
+    decode in such a round does not trip the lookup's guard, and the copied spans keep paying."""
+    world = World(**QWEN_CPU, copy_rate=0.3, lookup_p=0.9, copy_p=0.97)
+    budget = TreeBudget(true_costs(world), max_nodes=16, max_depth=12, model_draft=False)
+    noise = np.where(np.random.default_rng(5).random(4000) < 0.1, 6.0, 1.0)
+    tally = Tally()
+    for a in range(8):
+        budget.begin_answer()
+        run(budget, world, 64, np.random.default_rng(a), tally=tally, model_draft=False,
+            load_at=lambda i, a=a: noise[64 * a + i])
+    assert budget.guard.trips <= 2 and budget.plain_steps - budget.root_only_rounds < 0.1 * len(tally.tokens)
+    assert sum(tally.tokens) / len(tally.tokens) > 1.5  # tau

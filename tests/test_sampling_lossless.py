@@ -27,8 +27,14 @@ def token_counts(gen, sampling: SamplingParams, positions=POSITIONS) -> dict[int
         for ch in gen.generate(PROMPT, max(positions) + 1, sampling, seed=seed):
             toks += ch.tokens
         for p in positions:
-            counts[p][toks[p]] = counts[p].get(toks[p], 0) + 1
+            counts[p][outcome(toks, p)] = counts[p].get(outcome(toks, p), 0) + 1
     return counts
+
+
+def outcome(toks: list[int], position: int) -> int:
+    """The token at ``position``, or -1 where the answer ended before it (an end-of-generation token sampled
+    earlier is an outcome too: dropping such runs would bias the counts)."""
+    return toks[position] if position < len(toks) else -1
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +115,7 @@ def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
         for ch in spec.generate(PROMPT, 3, sampling, seed=seed):
             toks += ch.tokens
         for i in (0, 1):
-            counts[i][toks[i + 1]] = counts[i].get(toks[i + 1], 0) + 1
+            counts[i][outcome(toks, i + 1)] = counts[i].get(outcome(toks, i + 1), 0) + 1
         sizes |= set(spec.last_stats.tree_sizes)
         plain_steps += spec.last_stats.plain_steps
     for i, position in enumerate(POSITIONS):

@@ -226,6 +226,9 @@ class TreeBudget:
         if result.n_nodes == 1:  # only the root: the generator decoded it as a plain step
             self.root_only_rounds += 1
             self._plain(times.verify_s)
+            # judged as what it is, a plain step (at today's median, not this one's noise) plus the cost of
+            # drafting: a slow decode must not count against the draft, nor a fast one for it
+            realised_s = float(self.costs.verify_s(1)) + max(realised_s - times.verify_s, 0.0)
         else:
             self.costs.observe_verify(result.n_nodes, times.verify_s)
         self.guard_of(kind).add_tree(result.n_emitted, realised_s)
