@@ -10,7 +10,7 @@ import pytest
 
 from eagle2_local.api import Eagle2
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
-from eagle2_local.drafts.lookup import ANSWER, PROMPT, MatchConfidence
+from eagle2_local.drafts.lookup import COPY, PROMPT, REPEAT, MatchConfidence
 from eagle2_local.drafts.merged import merge_proposals
 from eagle2_local.generator import Generator
 from eagle2_local.llama import LlamaModel
@@ -63,24 +63,28 @@ def test_confidence_learns_from_the_text():
     assert noisy.confidence.rate(4) < 0.6
 
 
-def test_confidence_tells_matches_in_the_prompt_from_matches_in_the_answer():
-    """Rates are learned per match length and per place of the match: an answer that copies the prompt teaches
-    the prompt's rates, not the answer's; a long match starts sure before any evidence (a fresh text drafts a
-    chain from its first rounds), a one-token match unsure."""
+def test_confidence_tells_copying_the_prompt_from_repeating_the_answer():
+    """Rates are learned per match length and per kind of match: an answer copying its prompt teaches the
+    COPY rates only (not the prompt's own, nor the answer repeating itself); before any evidence a match of two
+    or more tokens in the prompt is sure (a new answer drafts a chain from its first rounds), a one-token match
+    in the prompt's own text unsure."""
     fresh = MatchConfidence(8)
-    assert fresh.rate(8, PROMPT) == fresh.rate(8, ANSWER) == pytest.approx(0.9) and fresh.rate(1) < 0.2
+    assert fresh.rate(3, COPY) > 0.9 and fresh.rate(8, REPEAT) > 0.8 and fresh.rate(1, PROMPT) < 0.2
+    assert fresh.rate(2, COPY) > fresh.rate(2, REPEAT) > fresh.rate(2, PROMPT)
     prompt = np.random.default_rng(2).integers(0, 50, 60).tolist()
     engine = LookupDraft(max_branches=4, max_n=4)
     engine.catch_up(np.array(prompt))
     engine.begin_answer(len(prompt))
-    before = engine.index.confidence.rate(4, ANSWER)
-    engine.catch_up(np.array(prompt + prompt[10:40]))  # the answer copies a span of the prompt
     conf = engine.index.confidence
-    assert conf.rate(4, PROMPT) > 0.9 and conf.rate(4, ANSWER) == before
+    before = conf.trials.copy()
+    engine.catch_up(np.array(prompt + prompt[10:40]))  # the answer copies a span of the prompt
+    assert conf.rate(4, COPY) > 0.95 and (conf.trials[COPY] > before[COPY]).any()
+    assert (conf.trials[[PROMPT, REPEAT]] == before[[PROMPT, REPEAT]]).all()
     toks, probs = engine.index.continuations(prompt + prompt[10:40], 4)
-    assert toks[0] == prompt[40] and probs[0] == pytest.approx(conf.rate(4, PROMPT))
+    assert toks[0] == prompt[40] and probs[0] == pytest.approx(conf.rate(4, COPY))
     engine.catch_up(np.array(prompt + prompt[10:40] + prompt[10:20]))  # now it repeats its own answer
-    assert engine.index.where(engine.index.longest_match(engine.index.text)[1]) == ANSWER
+    n, positions = engine.index.longest_match(engine.index.text)
+    assert engine.index.kind(len(engine.index.text), positions) == REPEAT
 
 
 def test_lookup_draft_grows_the_copied_span_as_a_chain():
