@@ -52,6 +52,10 @@ class PromptSet:
     name: str
     prompts: list[str]
     chats: list[list[str]] = field(default_factory=list)
+    splits: list[str] = field(default_factory=list)  # each record's split (empty: all "tune")
+
+    def split(self, index: int) -> str:
+        return self.splits[index] if self.splits else "tune"
 
     def turns(self, index: int) -> list[str]:
         """The user turns of record ``index``, in order."""
@@ -75,6 +79,7 @@ def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> lis
             raise Eagle2Error(f"no prompt set at {spec} (give a .jsonl file or a folder of them)")
         for f in files:
             chats: list[list[str]] = []
+            splits: list[str] = []
             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
                 if not line.strip():
                     continue
@@ -96,9 +101,10 @@ def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> lis
                     raise Eagle2Error(f"{f}:{i + 1}: split must be tune or heldout, got {rec_split!r}")
                 if split in ("all", rec_split):
                     chats.append(turns)
-            chats = chats[:n] if n else chats
+                    splits.append(rec_split)
+            chats, splits = (chats[:n], splits[:n]) if n else (chats, splits)
             if chats or split == "all":
-                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats))
+                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats, splits))
     if not sets:
         raise Eagle2Error(f"no {split} records in {', '.join(specs)}")
     return sets
@@ -136,6 +142,7 @@ class PromptResult:
     llama_cpp: dict | None = None
     turns: int = 1
     divergence_turn: int | None = None
+    split: str = "tune"
 
     @property
     def speedup(self) -> float:
@@ -195,7 +202,7 @@ class Bench:
             messages.append({"role": "assistant", "content": "".join(text)})
         return run
 
-    def run_prompt(self, set_name: str, index: int, text: str | list[str]) -> PromptResult:
+    def run_prompt(self, set_name: str, index: int, text: str | list[str], split: str = "tune") -> PromptResult:
         """Run one record (one user turn, or a chat's turns in order) in both modes, ``repeat`` times each.
 
         A chat's tokens/s and τ cover all its turns (their sums: tokens over decode time, accepted over passes),
@@ -208,7 +215,7 @@ class Bench:
                 runs[mode].append(self._chat(mode, turns))
         plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
-                           identical=plain.answers == eagle.answers, turns=len(turns))
+                           identical=plain.answers == eagle.answers, turns=len(turns), split=split)
         if not res.identical and self.sampling.greedy:
             t = next(i for i, (a, b) in enumerate(zip(plain.answers, eagle.answers)) if a != b)
             pa, ea = plain.answers[t], eagle.answers[t]
@@ -260,13 +267,16 @@ class Bench:
             tools = [r.llama_cpp for r in rs if r.llama_cpp]
             if tools:
                 out[name]["llama_cpp"] = _tools_summary([r for r in rs if r.llama_cpp])
+            held = [r for r in rs if r.split == "heldout"]
+            if held and len(held) < len(rs):  # held-out records reported apart: tuning never saw them
+                out[name]["heldout"] = _split_summary(held)
         return out
 
     def report(self, settings: dict) -> dict:
         return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine_info(), "settings": settings, "sets": self.summary(),
                 "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
-                             "identical": r.identical, "divergence_at": r.divergence_at,
+                             "identical": r.identical, "split": r.split, "divergence_at": r.divergence_at,
                              "divergence_gap": r.divergence_gap, "turns": r.turns,
                              "divergence_turn": r.divergence_turn, "plain": r.plain, "eagle": r.eagle,
                              "llama_cpp": r.llama_cpp}
@@ -282,6 +292,19 @@ def _median_ratio(pairs) -> float:
     """Median of a / b over (a, b) pairs with b > 0 (0.0 without any)."""
     ratios = [a / b for a, b in pairs if b > 0]
     return round(statistics.median(ratios), 4) if ratios else 0.0
+
+
+def _split_summary(rs: list[PromptResult]) -> dict:
+    """A subset of a set's records (the held-out ones): medians of speed-ups (decode-only and end to end), tau,
+    and eagle2-local against the best n-gram mode of the whole set when llama.cpp's tools ran."""
+    passes = sum(r.eagle["target_passes"] for r in rs) or 1
+    out = {"n_prompts": len(rs), "speedup": round(statistics.median(r.speedup for r in rs), 4),
+           "speedup_e2e": round(statistics.median(_e2e(r.eagle) / max(_e2e(r.plain), 1e-9) for r in rs), 4),
+           "tau": round(sum(r.eagle["pass_tokens"] for r in rs) / passes, 4),
+           "identical_outputs": sum(r.identical for r in rs)}
+    if all(r.llama_cpp and "ngram" in r.llama_cpp for r in rs):
+        out["llama_cpp"] = _tools_summary(rs)
+    return out
 
 
 def _tools_summary(rs: list[PromptResult]) -> dict:

@@ -109,6 +109,12 @@ def test_bench_split_selects_the_records_of_that_split(tmp_path, synth_q8):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert [p["turns"] for p in report["prompts"]] == [1] and report["settings"]["split"] == "heldout"
+    proc = _bench(_chat_set(tmp_path), synth_q8, out)  # all records: the held-out ones are also reported apart
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [p["split"] for p in report["prompts"]] == ["tune", "heldout"]
+    held = report["sets"]["chats"]["heldout"]
+    assert held["n_prompts"] == 1 and held["speedup"] == report["prompts"][1]["speedup"]
 
 
 def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):

@@ -83,7 +83,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     done = 0
     for ps in sets:
         for i, text in enumerate(ps.prompts):
-            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i))
+            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i), ps.split(i))
             done += 1
             click.echo(bench_prompt_line(done, total, ps.name, i, r, tie_tolerance), err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),
