@@ -110,13 +110,14 @@ class TreeBudget:
         return self.guard if kind == self._main else self.free_guard
 
     def losing(self, kind: int) -> bool:
-        """Do rounds of this kind lose to plain steps now? Its guard has tripped (realised rates over a window),
-        or, for the model draft, its modelled rounds lose and what they realised so far does not say otherwise.
-        A lookup round is sized after its proposals are in, so only what it realises can judge it."""
-        if self.guard_of(kind).tripped:
-            return True
+        """Do rounds of this kind lose to plain steps now? Only when both measures say so: the modelled rounds
+        (tokens over the cost curve's time, drafting included) and the realised ones (its guard tripped, or its
+        rounds so far slower than plain steps). Each alone is fooled: the model by a curve still learning, the
+        realised rates by a burst of load in one window."""
         gain = self._gain[kind]
-        return kind == MODEL_ROUND and gain is not None and gain < 1.0 and self.guard_gain(kind) < 1.0
+        if gain is None or gain >= 1.0:
+            return False
+        return self.guard_of(kind).tripped or self.guard_gain(kind) < 1.0
 
     def trees_losing(self) -> bool:
         return self.losing(self._main)
@@ -231,7 +232,9 @@ class TreeBudget:
             realised_s = float(self.costs.verify_s(1)) + max(realised_s - times.verify_s, 0.0)
         else:
             self.costs.observe_verify(result.n_nodes, times.verify_s)
-        self.guard_of(kind).add_tree(result.n_emitted, realised_s)
+        # the guard sees times at calibration speed (divided by today's load: the plain step now over the
+        # calibrated one), so a change of load between its windows does not pass for a draft winning or losing
+        self.guard_of(kind).add_tree(result.n_emitted, realised_s / self.costs.load)
         if times.levels and kind == MODEL_ROUND:  # a lookup round says nothing of the model draft's costs
             if self._steady:
                 self.costs.observe_draft(times.catch_up_s, times.level_s)
@@ -242,7 +245,8 @@ class TreeBudget:
         # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
         # kept relative to the plain rate, so a change of load between rounds does not skew the comparison
         levels_grown = max(len(times.levels), 1)
-        draft_s = 0.0 if kind == LOOKUP_ROUND else self.costs.draft_s(levels_grown)
+        # a lookup's draft time is its host time (the model's cost curve says nothing of it): measured
+        draft_s = max(times.draft_s, 0.0) if kind == LOOKUP_ROUND else self.costs.draft_s(levels_grown)
         round_s = draft_s + float(self.costs.verify_s(result.n_nodes))
         gain = result.n_emitted / max(round_s, 1e-12) / self.costs.plain_rate
         a, old = self.rate_alpha, self._gain[kind]
@@ -256,8 +260,8 @@ class TreeBudget:
         """A plain decoding step was taken (a plain round, or a lookup round that verified only its root)."""
         self.schedule.plain_taken()
         self.costs.observe_plain(seconds)
-        self.guard.add_plain(seconds)
-        self.free_guard.add_plain(seconds)
+        self.guard.add_plain(seconds / self.costs.load)
+        self.free_guard.add_plain(seconds / self.costs.load)
 
     def _earn(self, steps: float) -> None:
         for account in self.accounts:
