@@ -12,7 +12,7 @@ from eagle2_local.calibration import Limits, adopt_cached, calibrate, cost_model
 from eagle2_local.costs import CostKey, cached_or_measured, load_costs, save_costs
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
                                       RoundTimes, TreeBudget, best_size, deeper_can_pay)
-from eagle2_local.tree_policy.budget import LOOKUP_ROUND, MODEL_ROUND
+from eagle2_local.tree_policy.budget import LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
@@ -649,18 +649,19 @@ def test_a_losing_model_draft_does_not_stop_sure_lookups():
 
 def test_lookups_that_lose_do_not_stop_a_winning_model_draft():
     """The reverse: on a GPU-like machine the model draft wins; lookup-only rounds, whose lookups find nothing,
-    lose (they are only the root and the lookup's cost). The model rounds keep drafting, and the answer runs at
-    several times plain speed."""
+    lose (they are only the root and the lookup's cost). The model rounds keep drafting, each new answer tries a
+    lookup round again (no more), and the answers run at several times plain speed."""
     world = World(**{**GPU, "accept_power": 1.0}, copy_rate=0.0, look_s=0.0015)
     budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, free_lookup=True)
-    for _ in range(6):  # lookup rounds alone that find nothing: realised below plain steps
+    for _ in range(LOOKUP_MIN_ROUNDS):  # lookup rounds alone that find nothing: realised below plain steps
         plan = budget.tree_plan(kind=LOOKUP_ROUND)
         times = RoundTimes(0.0, levels=[0.0015])
         observe_tree(budget, plan, times, np.zeros(0), np.zeros(0, dtype=bool), 0.015, 1)
         observe_plain(budget, 0.015)
     assert budget.losing(LOOKUP_ROUND)
     tally = answers(budget, world, 4, 64)
-    assert not budget.losing(MODEL_ROUND) and budget.lookup_only_rounds == 6
+    assert not budget.losing(MODEL_ROUND)
+    assert budget.lookup_only_rounds <= LOOKUP_MIN_ROUNDS + 4 * 2  # each answer judges lookups afresh: a round or two
     assert tally.tree_share(8) > 0.8 and tally.rate(8) > 2 / world.plain_s
 
 
@@ -705,3 +706,17 @@ def test_noisy_plain_decodes_of_root_only_rounds_do_not_judge_the_lookup():
             load_at=lambda i, a=a: noise[64 * a + i])
     assert budget.guard.trips <= 2 and budget.plain_steps - budget.root_only_rounds < 0.1 * len(tally.tokens)
     assert sum(tally.tokens) / len(tally.tokens) > 1.5  # tau
+
+
+def test_a_copying_answer_after_prose_answers_drafts_from_its_first_rounds():
+    """Lookups that lost over prose answers (they found nothing and cost their looks) are judged afresh in a new
+    answer: one that copies its prompt drafts sure chains from its first rounds, however the earlier answers
+    went and whatever their failed chains cost the exploration account."""
+    prose = World(**QWEN_CPU, copy_rate=0.05, lookup_p=0.9, copy_p=0.3)
+    budget = TreeBudget(true_costs(prose), max_nodes=16, max_depth=12, model_draft=False)
+    answers(budget, prose, 6, 64, model_draft=False)
+    assert budget.losing(LOOKUP_ROUND)
+    copying = World(**QWEN_CPU, copy_rate=0.9, lookup_p=0.9, copy_p=0.97)
+    copying.now = prose.now
+    tally = answers(budget, copying, 1, 30, seed=50, model_draft=False)
+    assert sum(tally.tree_rounds[:4]) >= 2 and tally.rate() > 1.5 / copying.plain_s

@@ -40,10 +40,12 @@ from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
 from .costs import CostModel
 from .guard import RateGuard
 from .schedule import Exploration, ProbeSchedule
+from ..tree import LOOKUP
 from .sizing import SourceAcceptance, best_size, deeper_can_pay
 
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
 ROUND_KINDS = ("model", "lookup")
+LOOKUP_MIN_ROUNDS = 8  # lookup rounds the guard needs before it may find lookups losing
 
 
 @dataclass
@@ -72,6 +74,10 @@ class TreeBudget:
         if not self.model_draft:
             self.free_lookup = True
         self._main = MODEL_ROUND if self.model_draft else LOOKUP_ROUND
+        # lookups are judged on more rounds than the model draft: most of theirs are root-only looks, and a
+        # copying answer's first chains may all miss at the edit point
+        lookups = self.guard_of(LOOKUP_ROUND)
+        lookups.min_rounds = max(lookups.min_rounds, LOOKUP_MIN_ROUNDS)
         self._gain: list[float | None] = [None, None]  # EMA of modelled rounds' tokens/s over the plain rate
         self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
         self._steady = True
@@ -117,15 +123,28 @@ class TreeBudget:
         gain = self._gain[kind]
         if gain is None or gain >= 1.0:
             return False
-        return self.guard_of(kind).tripped or self.guard_gain(kind) < 1.0
+        if self.guard_of(kind).tripped:
+            return True
+        # a model round costs its draft whatever comes of it: what its rounds realised so far is enough; lookups
+        # wait for the guard's verdict over several rounds, so one unlucky chain does not stop a copying answer
+        return kind == MODEL_ROUND and self.guard_gain(kind) < 1.0
 
     def trees_losing(self) -> bool:
         return self.losing(self._main)
 
     def begin_answer(self) -> None:
-        """A new answer: each kind's exploration account gets this answer's allowance."""
+        """A new answer: each kind's exploration account gets this answer's allowance, and lookups are judged
+        afresh (their rounds' record and their acceptance map). Whether an answer copies is a property of its
+        prompt, not of the answers before it, and a look costs next to nothing; what the text taught still counts
+        through the lookup's own rates per kind of match. The model draft's record stays: it is the same draft on
+        the same machine."""
         for account in self.accounts:
             account.begin_answer()
+        if self.free_lookup:
+            self._gain[LOOKUP_ROUND] = None
+            self.guard_of(LOOKUP_ROUND).restart()
+            self.accounts[LOOKUP_ROUND] = self.schedule.account()
+            self.acceptance.restart(LOOKUP)
 
     # ------------------------------------------------------------ the plan
     def _kinds(self) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tree import LOOKUP
 from .costs import CostModel
 
 
@@ -56,8 +57,21 @@ class SourceAcceptance:
     reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path confidence is already its own
     learned rate per match length and place (drafts/lookup.py)."""
 
-    def __init__(self, n_sources: int = 3, **map_kw) -> None:
-        self.maps = [AcceptanceMap(**map_kw) for _ in range(n_sources)]
+    def __init__(self, n_sources: int = 3, lookup_prior_weight: float = 16.0, **map_kw) -> None:
+        # a lookup's path confidence is already learned from the text (its hit rates per kind of match), so its
+        # map trusts it more: a few chains that miss at an edit point must not talk the budget out of copying
+        self._map_kw = map_kw
+        self._weights = {LOOKUP: lookup_prior_weight}
+        self.maps = [self._new_map(source) for source in range(n_sources)]
+
+    def _new_map(self, source: int) -> AcceptanceMap:
+        weight = self._weights.get(source)
+        return AcceptanceMap(**self._map_kw) if weight is None else AcceptanceMap(**{**self._map_kw,
+                                                                                    "prior_weight": weight})
+
+    def restart(self, source: int) -> None:
+        """Forget what was observed of one drafter: its map starts again at path confidence."""
+        self.maps[source] = self._new_map(source)
 
     def prob(self, scores: np.ndarray, sources: np.ndarray | None = None) -> np.ndarray:
         """Acceptance probability of each node (``sources`` None: all from the model draft, source 0)."""
