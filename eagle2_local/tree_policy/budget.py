@@ -57,6 +57,10 @@ class TreeBudget:
     ``model_draft`` False: the draft *is* a lookup (every drafted round is a lookup round). ``guard`` judges the
     main kind (model rounds, or lookup rounds for a lookup draft), ``free_guard`` a merged draft's lookup rounds.
     """
+    # Judge lookups afresh in every answer (restart their record). It lets a copying answer after prose answers
+    # copy from its first rounds, and costs prose answers of the default model ~5-10% (NOTES, "Tree budget per
+    # source"): the lever to rework before this budget can be merged.
+    lookups_afresh = True
 
     costs: CostModel
     max_nodes: int
@@ -140,7 +144,7 @@ class TreeBudget:
         the same machine."""
         for account in self.accounts:
             account.begin_answer()
-        if self.free_lookup:
+        if self.free_lookup and self.lookups_afresh:
             self._gain[LOOKUP_ROUND] = None
             self.guard_of(LOOKUP_ROUND).restart()
             self.accounts[LOOKUP_ROUND] = self.schedule.account()
