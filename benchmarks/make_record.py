@@ -1,4 +1,4 @@
-"""Regenerate BENCHMARKS.md from the JSON reports in benchmarks/results/.
+"""Regenerate BENCHMARKS.md from the JSON reports in benchmarks/results/ (and, last, its Markdown sections).
 
     python benchmarks/make_record.py            # writes BENCHMARKS.md at the repository root
 
@@ -55,7 +55,7 @@ def bench_section(path: Path, rep: dict) -> list[str]:
     sources = {k: s["accepted_by_source"] for k, s in rep["sets"].items()
                if set(s.get("accepted_by_source") or {}) - {"model"}}
     if sources:
-        lines += ["", "Accepted draft tokens by source (lookup branches, model draft, both): " +
+        lines += ["", "Accepted draft tokens by source (lookup branches, model draft, both, forced tokens): " +
                   "; ".join(f"{k}: " + ", ".join(f"{src} {n}" for src, n in sorted(v.items()))
                             for k, v in sources.items())]
     split = {k: s["time_split_eagle"] for k, s in rep["sets"].items()}
@@ -285,6 +285,11 @@ def main() -> None:
         out += ["## llama.cpp's own n-gram drafting (llama-server, same prompts)", ""]
         for p in ngram:
             out += llamacpp_ngram_section(p, json.loads(p.read_text()))
+    constrained = sorted(RESULTS.glob("grammar-*.json"))
+    if constrained:
+        out += ["## Under a grammar: plain constrained vs speculative constrained decoding", ""]
+        for p in constrained:
+            out += bench_section(p, json.loads(p.read_text()))
     caches = sorted(RESULTS.glob("prompt-cache-*.json"))
     if caches:
         out += ["## Reproducible prompt reuse vs cache_prompt (long chat, plain decoding)", "",
@@ -301,6 +306,8 @@ def main() -> None:
                 "wall time of the whole run, abandoned requests included.", ""]
         for p in loads:
             out += server_load_section(p, json.loads(p.read_text()))
+    for p in sorted(RESULTS.glob("*.md")):  # measurements recorded as text (no JSON report), in name order
+        out += [p.read_text().rstrip("\n"), ""]
     (ROOT / "BENCHMARKS.md").write_text("\n".join(out) + "\n")
     print(f"wrote {ROOT / 'BENCHMARKS.md'} from {len(verify) + len(benches) + len(drafts)} reports")
 

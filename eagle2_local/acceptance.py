@@ -8,6 +8,12 @@ warped distribution p; try its children in draft-score order, accepting child x 
 rejection set p(x) = 0 and renormalise. If a child is accepted, descend and repeat; if all are rejected, or the
 node has no children, the bonus token is drawn from the remaining p. The output token at each step is then
 distributed exactly as p (P[x_i] = prod_{j<i}(1 - p_j(x_j)) * p_i(x_i) = p(x_i)), so sampling is lossless.
+
+Under a grammar the target is the constrained one, as plain constrained decoding samples it: at each visited node
+the logits are masked by the grammar's state there before the warpers (greedy checks the unconstrained argmax
+first and masks only when the grammar refuses it). The walk advances the committed grammar state along the
+accepted path and by the bonus token, so after a round it is the state at the next root. Tree nodes the grammar
+forbids never reach verification (the draft side drops them), so every token the walk accepts is allowed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .grammar import GrammarState, choose
 from .sampling import SamplingParams, sample_from
 from .tree import DraftTree
 
@@ -55,29 +62,35 @@ def accept_sampling(tree: DraftTree, logits: np.ndarray, params: SamplingParams,
 
 
 def accept(tree: DraftTree, logits: np.ndarray, params: SamplingParams, history: np.ndarray | None,
-           rng: np.random.Generator) -> Acceptance:
-    """Dispatch on the sampling mode."""
+           rng: np.random.Generator, grammar: GrammarState | None = None) -> Acceptance:
+    """Dispatch on the sampling mode; ``grammar``: the state at the root, advanced to the next root's."""
+    if grammar is not None:
+        return _walk(tree, logits, params, history, None if params.greedy else rng, grammar)
     if params.greedy:
         return accept_greedy(tree, logits, params, history)
     return accept_sampling(tree, logits, params, history, rng)
 
 
 def _walk(tree: DraftTree, logits: np.ndarray, params: SamplingParams, history: np.ndarray | None,
-          rng: np.random.Generator | None) -> Acceptance:
-    """The general walk; with ``rng=None`` it is greedy under the (penalised) warpers."""
+          rng: np.random.Generator | None, grammar: GrammarState | None = None) -> Acceptance:
+    """The general walk; with ``rng=None`` it is greedy under the (penalised) warpers. ``grammar`` (advanced in
+    place by every accepted token and the bonus) constrains the target at each visited node."""
     hist = np.asarray(history if history is not None else [], dtype=np.int64)
     node, path = 0, [0]
     while True:
         context = np.concatenate([hist, tree.tokens[path].astype(np.int64)])
         if rng is None:
-            target = params.choose(logits[node], context, np.random.default_rng(0))
+            target = choose(params, grammar, logits[node], context, np.random.default_rng(0))
             kids = np.flatnonzero((tree.parents == node) & (tree.tokens == target))
+            if grammar is not None:
+                grammar.accept(target)
             if kids.size == 0:
                 return Acceptance(np.asarray(path, dtype=np.int64), int(target))
             node = int(kids[0])
             path.append(node)
             continue
-        p = params.probs(logits[node], context)
+        row = logits[node] if grammar is None else grammar.constrain(logits[node])
+        p = params.probs(row, context)
         chosen = -1
         for child in tree.children(node):
             x = int(tree.tokens[child])
@@ -93,6 +106,11 @@ def _walk(tree: DraftTree, logits: np.ndarray, params: SamplingParams, history: 
                     break
                 p /= total
         if chosen < 0:
-            return Acceptance(np.asarray(path, dtype=np.int64), sample_from(p, rng))
+            bonus = sample_from(p, rng)
+            if grammar is not None:
+                grammar.accept(bonus)
+            return Acceptance(np.asarray(path, dtype=np.int64), bonus)
+        if grammar is not None:
+            grammar.accept(int(tree.tokens[chosen]))
         node = chosen
         path.append(node)

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .chat import prompt_tokens, render_for_model
+from .chat import check_template, prompt_tokens, render_for_model
 from .drafts import DraftEngine, DraftModelEngine, DraftSpec, LookupDraft, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .grammar import Grammar, response_grammar
@@ -34,6 +34,7 @@ from .models import default_head_path, resolve_model
 from .rpc import parse_servers
 from .sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .target import Target
+from .tools import AnswerStream, ToolPlan, assistant_message, plan_tools
 from .tree import TreeParams
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class Eagle2:
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
                  lookup: bool | None = None, draft_timer: DraftTimer | None = None,
-                 cache_prompt: bool = False) -> None:
+                 cache_prompt: bool = False, chat_template: str | None = None) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
         ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
@@ -67,7 +68,10 @@ class Eagle2:
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
         into a head's or draft model's trees; True: also alone when no other draft is named; False: never).
         ``draft_timer`` hears how long each draft call takes (benchmarks). ``cache_prompt``: the default of
-        every call's ``cache_prompt`` (see :meth:`stream`)."""
+        every call's ``cache_prompt`` (see :meth:`stream`). ``chat_template``: a Jinja chat template used instead
+        of the GGUF's (llama-server's ``--chat-template-file``), e.g. one that renders tools."""
+        if chat_template is not None:
+            check_template(chat_template)
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
@@ -107,6 +111,7 @@ class Eagle2:
             raise
         self.seed = seed
         self.cache_prompt = cache_prompt
+        self.chat_template = chat_template or self.model.info.chat_template
 
     def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,
                      progress: Callable[[str], None] | None) -> TreeBudget:
@@ -211,7 +216,8 @@ class Eagle2:
         request always gets the same answer, at some cost in prompt time (NOTES.md).
 
         ``grammar``: GBNF text (or a :class:`~eagle2_local.grammar.Grammar`, e.g. from a JSON schema) the answer
-        must follow; such answers are decoded plainly for now (see :meth:`Generator.generate`)."""
+        must follow; drafted trees then carry grammar states and tokens the grammar forces are drafted for free,
+        with or without a draft (see :meth:`Generator.generate`)."""
         if max_tokens is None:
             max_tokens = self.target.n_ctx - len(tokens)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
@@ -252,22 +258,39 @@ class Eagle2:
                                repeat_penalty: float = DEFAULTS.repeat_penalty, stop: str | list[str] | None = None,
                                seed: int | None = None, stream: bool = False, speculative: bool | None = None,
                                cache_prompt: bool | None = None, grammar: str | Grammar | None = None,
-                               response_format: dict | None = None):
+                               response_format: dict | None = None, tools: list[dict] | None = None,
+                               tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None):
         """Answer a conversation rendered with the model's chat template; OpenAI ``chat.completion`` shapes.
-        ``grammar`` / ``response_format`` constrain the answer (see :meth:`create_completion`)."""
-        tokens = self.chat_tokens(messages)
+        ``grammar`` / ``response_format`` constrain the answer (see :meth:`create_completion`).
+
+        ``tools`` (OpenAI's function entries) and ``tool_choice`` ("auto" by default with tools, "none",
+        "required", ``{"type": "function", "function": {"name": ...}}``): calls come back as
+        ``message.tool_calls`` with ``finish_reason`` "tool_calls"; "required" and a named function constrain the
+        answer to a call (several with ``parallel_tool_calls``, where the template's format allows) whose
+        arguments follow the function's ``parameters`` (:mod:`eagle2_local.tools`)."""
+        plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
         constraint = response_grammar(grammar=grammar, response_format=response_format)
+        if plan is not None:
+            constraint = plan.constrain(constraint)
+        tokens = self.chat_tokens(messages, tools=plan.tools if plan is not None else None)
         chunks = self._run(tokens, max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, stop, seed,
                            speculative, cache_prompt, constraint)
-        return self._respond(chunks, stream, chat=True)
+        return self._respond(chunks, stream, chat=True, tools=plan)
 
-    def render_chat(self, messages: list[dict]) -> str:
-        """The prompt text the chat template makes of ``messages`` (with the generation prompt)."""
-        return render_for_model(self.model, messages)
+    def tool_plan(self, tools: list[dict] | None, tool_choice: str | dict | None = None,
+                  parallel_tool_calls: bool | None = None) -> ToolPlan | None:
+        """What ``tools`` and ``tool_choice`` mean with this model's chat template (None: no tools); refused
+        here in one line (:class:`~eagle2_local.tools.ToolError`) when they cannot be used."""
+        return plan_tools(self.chat_template, tools, tool_choice, parallel_tool_calls)
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text the chat template makes of ``messages`` (with the generation prompt), offering
+        ``tools`` when given."""
+        return render_for_model(self.model, messages, self.chat_template, tools)
+
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Prompt tokens for ``messages``: the rendered template, with BOS unless the template wrote one."""
-        return prompt_tokens(self.model, self.render_chat(messages))
+        return prompt_tokens(self.model, self.render_chat(messages, tools))
 
     def stats(self) -> dict:
         """Statistics of the last generation (the ``eagle`` field of results)."""
@@ -288,15 +311,20 @@ class Eagle2:
         return self.stream(tokens, max_tokens, sampling, stop=stop, seed=seed, speculative=speculative,
                            cache_prompt=cache_prompt, grammar=grammar)
 
-    def _respond(self, chunks: Iterator[Chunk], stream: bool, chat: bool):
-        """The OpenAI-shaped answer of a completion (``chat``: a chat completion): one dict, or a chunk stream."""
+    def _respond(self, chunks: Iterator[Chunk], stream: bool, chat: bool, tools: ToolPlan | None = None):
+        """The OpenAI-shaped answer of a completion (``chat``: a chat completion, whose calls are read as
+        ``tools`` says): one dict, or a chunk stream."""
         cid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}", int(time.time())
         if stream:
-            return (self._stream_chat if chat else self._stream_completion)(chunks, cid, created)
+            if chat:
+                return self._stream_chat(chunks, cid, created, tools)
+            return self._stream_completion(chunks, cid, created)
         text, reason = _collect(chunks)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": reason} if chat else
-                  {"text": text, "index": 0, "logprobs": None, "finish_reason": reason})
+        if chat:
+            message, reason = assistant_message(text, reason, tools)
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
         return {"id": cid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": str(self.model_path), "choices": [choice], "usage": self._usage(), "eagle": self.stats()}
 
@@ -312,18 +340,22 @@ class Eagle2:
             yield {"id": cid, "object": "text_completion", "created": created, "model": str(self.model_path),
                    "choices": [{"text": ch.text, "index": 0, "logprobs": None, "finish_reason": ch.finish_reason}]}
 
-    def _stream_chat(self, chunks, cid: str, created: int) -> Iterator[dict]:
+    def _stream_chat(self, chunks, cid: str, created: int, tools: ToolPlan | None) -> Iterator[dict]:
         def chunk(delta: dict, reason: str | None) -> dict:
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": str(self.model_path),
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
 
         yield chunk({"role": "assistant"}, None)
+        answer = AnswerStream(tools)
         reason = None
         for ch in chunks:
-            if ch.text:
-                yield chunk({"content": ch.text}, None)
+            for delta in answer.feed(ch.text):
+                yield chunk(delta, None)
             reason = ch.finish_reason or reason
-        yield chunk({}, reason or "stop")
+        deltas, reason = answer.finish(reason or "stop")
+        for delta in deltas:
+            yield chunk(delta, None)
+        yield chunk({}, reason)
 
     def close(self) -> None:
         """Free the llama.cpp contexts and models (a draft engine closes what it loaded)."""

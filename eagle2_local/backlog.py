@@ -12,8 +12,8 @@ import numpy as np
 
 
 class FeatureBacklog:
-    """Feature rows for consecutive positions ``start, start + 1, ...``, and how far the engine has read the
-    text (``read``: it has seen ``tokens[:read]``, which sizes the catch-up a tree round would cost).
+    """Feature rows for consecutive positions ``start, start + 1, ...`` (how far the engine has read the text
+    is the engine's own ``n_read``).
 
     Rows are gathered one decoding step at a time and concatenated only when handed over: appending to one
     array would copy the whole backlog (thousands of floats per token) at every plain step.
@@ -22,12 +22,11 @@ class FeatureBacklog:
     def __init__(self) -> None:
         self._chunks: list[np.ndarray] = []
         self.start = 0
-        self.read = 0
 
-    def restart(self, rows: np.ndarray | None, at: int, read: int) -> None:
+    def restart(self, rows: np.ndarray | None, at: int) -> None:
         """The engine took everything before ``at``: the backlog is now ``rows`` from position ``at``."""
         self._chunks = [] if rows is None else [rows]
-        self.start, self.read = at, read
+        self.start = at
 
     def extend(self, rows: np.ndarray | None) -> None:
         """Rows of the next positions (a plain decoding step); ignored when nothing is being gathered."""
@@ -59,10 +58,9 @@ class FeatureBacklog:
         """The text was cut back to ``keep`` tokens, then ``new_rows`` computed from position ``keep`` on.
 
         Rows of the previous call that the engine never got are kept when the reused text reaches into them
-        (a chat turn after a call whose last round or plain steps it never saw); the engine has read from
-        ``start`` at most (it was rolled back to ``keep`` or before)."""
+        (a chat turn after a call whose last round or plain steps it never saw)."""
         rows, start = self.take()
         if new_rows is not None and rows is not None and start < keep <= start + len(rows):
-            self.restart(np.concatenate([rows[:keep - start], new_rows]), start, start)
+            self.restart(np.concatenate([rows[:keep - start], new_rows]), start)
         else:
-            self.restart(new_rows, keep, keep)
+            self.restart(new_rows, keep)

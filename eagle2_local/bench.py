@@ -31,6 +31,7 @@ import numpy as np
 from .chat import prompt_tokens, render_for_model
 from .errors import Eagle2Error
 from .generator import GenerationStats, add_counts, host_summary
+from .grammar import Grammar, GrammarError
 from .llama import LlamaModel, system_info
 from .sampling import SamplingParams
 
@@ -47,12 +48,14 @@ SPLITS = ("tune", "heldout")
 @dataclass
 class PromptSet:
     """A prompt set's records: ``prompts`` holds each record's first user turn (what single-turn callers use),
-    ``chats`` every turn of each record (empty: one turn each, the ``prompts``)."""
+    ``chats`` every turn of each record (empty: one turn each, the ``prompts``), ``grammars`` the constraint of
+    each record's answers (empty or None: free text)."""
 
     name: str
     prompts: list[str]
     chats: list[list[str]] = field(default_factory=list)
     splits: list[str] = field(default_factory=list)  # each record's split (empty: all "tune")
+    grammars: list[Grammar | None] = field(default_factory=list)
 
     def split(self, index: int) -> str:
         return self.splits[index] if self.splits else "tune"
@@ -61,10 +64,31 @@ class PromptSet:
         """The user turns of record ``index``, in order."""
         return self.chats[index] if self.chats else [self.prompts[index]]
 
+    def grammar(self, index: int) -> Grammar | None:
+        """What constrains every answer of record ``index`` (None: nothing)."""
+        return self.grammars[index] if self.grammars else None
+
+
+def record_grammar(rec: dict) -> Grammar | None:
+    """A record's ``schema`` (a JSON schema) or ``grammar`` (GBNF text): the constraint of its answers, in
+    plain and speculative runs alike."""
+    schema, gbnf = rec.get("schema"), rec.get("grammar")
+    if schema is not None and gbnf is not None:
+        raise GrammarError("give 'schema' or 'grammar', not both")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise GrammarError("'schema' must be a JSON schema object")
+        return Grammar.from_json_schema(schema)
+    if gbnf is not None:
+        if not isinstance(gbnf, str) or not gbnf.strip():
+            raise GrammarError("'grammar' must be non-empty GBNF text")
+        return Grammar(gbnf)
+    return None
+
 
 def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> list[PromptSet]:
     """Each spec is a JSONL file or a folder of them; records carry ``turns`` (a list of user messages) or
-    ``prompt``.
+    ``prompt``, and optionally ``schema`` or ``grammar`` (:func:`record_grammar`).
 
     ``split`` ("tune", "heldout" or "all") keeps the records whose ``split`` field says so, before the first
     ``n`` are taken; a record without one counts as "tune": held-out records must be marked as such, so that an
@@ -80,6 +104,7 @@ def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> lis
         for f in files:
             chats: list[list[str]] = []
             splits: list[str] = []
+            grammars: list[Grammar | None] = []
             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
                 if not line.strip():
                     continue
@@ -99,12 +124,18 @@ def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> lis
                 rec_split = rec.get("split", "tune")
                 if rec_split not in SPLITS:
                     raise Eagle2Error(f"{f}:{i + 1}: split must be tune or heldout, got {rec_split!r}")
+                try:
+                    grammar = record_grammar(rec)
+                except GrammarError as exc:
+                    raise Eagle2Error(f"{f}:{i + 1}: {exc}") from None
                 if split in ("all", rec_split):
                     chats.append(turns)
                     splits.append(rec_split)
-            chats, splits = (chats[:n], splits[:n]) if n else (chats, splits)
+                    grammars.append(grammar)
+            chats, splits, grammars = (chats[:n], splits[:n], grammars[:n]) if n else (chats, splits, grammars)
             if chats or split == "all":
-                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats, splits))
+                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats, splits,
+                                      grammars if any(g is not None for g in grammars) else []))
     if not sets:
         raise Eagle2Error(f"no {split} records in {', '.join(specs)}")
     return sets
@@ -143,6 +174,7 @@ class PromptResult:
     turns: int = 1
     divergence_turn: int | None = None
     split: str = "tune"
+    constrained: bool = False  # a schema or grammar constrained the answers
 
     @property
     def speedup(self) -> float:
@@ -178,10 +210,11 @@ class Bench:
             return render_for_model(self.model, messages)
         return "\n\n".join(m["content"] for m in messages)
 
-    def _chat(self, mode: str, turns: list[str]) -> "ChatRun":
+    def _chat(self, mode: str, turns: list[str], grammar: Grammar | None = None) -> "ChatRun":
         """One record in one mode. Each user turn follows this mode's own earlier answers (at T=0 both modes'
         answers are the same, and a divergence is reported, not hidden by sharing one). The KV cache is dropped
-        before the first turn only: later turns reuse the conversation so far, as a chat client's would."""
+        before the first turn only: later turns reuse the conversation so far, as a chat client's would.
+        ``grammar`` constrains every answer, in both modes."""
         self.llm.reset()
         run = ChatRun()
         messages: list[dict] = []
@@ -192,7 +225,7 @@ class Bench:
             tokens: list[int] = []
             text: list[str] = []
             for ch in self.llm.stream(prompt, self.max_tokens, self.sampling, seed=self.seed,
-                                      speculative=mode == "eagle"):
+                                      speculative=mode == "eagle", grammar=grammar):
                 tokens += ch.tokens
                 text.append(ch.text)
             run.rendered.append(rendered)
@@ -202,8 +235,10 @@ class Bench:
             messages.append({"role": "assistant", "content": "".join(text)})
         return run
 
-    def run_prompt(self, set_name: str, index: int, text: str | list[str], split: str = "tune") -> PromptResult:
-        """Run one record (one user turn, or a chat's turns in order) in both modes, ``repeat`` times each.
+    def run_prompt(self, set_name: str, index: int, text: str | list[str], split: str = "tune",
+                   grammar: Grammar | None = None) -> PromptResult:
+        """Run one record (one user turn, or a chat's turns in order) in both modes, ``repeat`` times each,
+        its answers constrained by ``grammar`` if given.
 
         A chat's tokens/s and τ cover all its turns (their sums: tokens over decode time, accepted over passes),
         and its outputs count as identical only if every turn's answer is."""
@@ -212,24 +247,34 @@ class Bench:
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
         for _ in range(self.repeat):
             for mode in order:
-                runs[mode].append(self._chat(mode, turns))
+                runs[mode].append(self._chat(mode, turns, grammar))
         plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
-                           identical=plain.answers == eagle.answers, turns=len(turns), split=split)
+                           identical=plain.answers == eagle.answers, turns=len(turns), split=split,
+                           constrained=grammar is not None)
         if not res.identical and self.sampling.greedy:
             t = next(i for i, (a, b) in enumerate(zip(plain.answers, eagle.answers)) if a != b)
             pa, ea = plain.answers[t], eagle.answers[t]
             at = next((i for i, (a, b) in enumerate(zip(pa, ea)) if a != b), min(len(pa), len(ea)))
             res.divergence_turn = t
             res.divergence_at = at
-            res.divergence_gap = self._top2_gap(plain.prompts[t] + pa[:at])
-        if self.tools is not None:  # on plain's conversation: the same prompts, turn by turn
+            res.divergence_gap = self._top2_gap(plain.prompts[t], pa[:at], grammar)
+        if self.tools is not None and grammar is None:  # on plain's conversation: the same prompts, turn by turn
             res.llama_cpp = self.tools.run(plain.rendered, self.max_tokens)
         self.results.append(res)
         return res
 
-    def _top2_gap(self, tokens: list[int]) -> float:
-        top = np.sort(self.llm.next_token_logits(tokens))[-2:]
+    def _top2_gap(self, prompt: list[int], answer: list[int], grammar: Grammar | None = None) -> float:
+        """The gap between the two best next tokens after ``prompt + answer``: among those the grammar allows
+        there, when the answer is constrained (an unconstrained gap says nothing of a tie between allowed ones)."""
+        logits = self.llm.next_token_logits(prompt + answer)
+        if grammar is not None:
+            state = grammar.state(self.llm.model)
+            for tok in answer:
+                state.accept(tok)
+            logits = state.constrain(logits)
+            state.close()
+        top = np.sort(logits)[-2:]
         return float(top[1] - top[0])
 
     def summary(self) -> dict[str, dict]:
@@ -245,6 +290,7 @@ class Bench:
             out[name] = {
                 "n_prompts": len(rs),
                 "n_turns": sum(r.turns for r in rs),
+                "n_constrained": sum(r.constrained for r in rs),
                 "speedup": round(statistics.median(r.speedup for r in rs), 4),
                 "tokens_per_s_plain": round(statistics.median(r.plain["tokens_per_s"] for r in rs), 3),
                 "tokens_per_s_eagle": round(statistics.median(r.eagle["tokens_per_s"] for r in rs), 3),
@@ -278,7 +324,8 @@ class Bench:
                 "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
                              "identical": r.identical, "split": r.split, "divergence_at": r.divergence_at,
                              "divergence_gap": r.divergence_gap, "turns": r.turns,
-                             "divergence_turn": r.divergence_turn, "plain": r.plain, "eagle": r.eagle,
+                             "divergence_turn": r.divergence_turn, "constrained": r.constrained,
+                             "plain": r.plain, "eagle": r.eagle,
                              "llama_cpp": r.llama_cpp}
                             for r in self.results]}
 

@@ -16,6 +16,8 @@ import numpy as np
 from .acceptance import accept
 from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
+from .drafts.constrained import ConstrainedDraft
+from .drafts.forced import ForcedDraft, VocabForest
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
@@ -186,6 +188,7 @@ class Generator:
         self.transcript: list[int] = []  # the last call's prompt and the tokens it emitted
         self.last_stats = GenerationStats()
         self.backlog = FeatureBacklog()  # target features (embeddings on) the engine has not been handed yet
+        self._forced: ForcedDraft | None = None  # made on the first speculative call under a grammar
         if engine is not None:
             self._check_tree_fits()
 
@@ -211,33 +214,37 @@ class Generator:
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
                  seed: int | None = None, speculative: bool | None = None,
                  cache_prompt: bool = False, grammar: Grammar | None = None) -> Iterator[Chunk]:
-        """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached".
+        """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached, or under a
+        grammar".
 
         ``grammar``: the answer follows it (llama.cpp's grammar engine masks the target's logits before the
-        warpers). Constrained answers are decoded plainly for now: trees do not carry grammar states yet, so a
-        draft attached is not used and ``speculative=True`` is refused.
+        warpers). Speculative rounds then carry a grammar state per tree node, drop the draft's forbidden
+        children, accept against the constrained target, and draft the tokens the grammar forces for free
+        (drafts/forced.py): a model without a draft runs speculatively on forced tokens alone.
 
         ``cache_prompt`` False (reproducible): the KV cache of earlier calls is reused only where it is exact
         and the rest of the prompt is evaluated in the aligned schedule, so the answer does not depend on what
         was asked before. True (llama-server's speed option): the whole common prefix is reused and the rest
         evaluated in full batches; a T=0 answer may then differ at near-ties from one without that history."""
-        if grammar is not None and speculative:
-            raise Eagle2Error("speculative decoding under a grammar is not supported yet (leave speculative unset)")
-        use_draft = self.engine is not None and grammar is None if speculative is None else speculative
-        if use_draft and self.engine is None:
-            raise Eagle2Error("speculative decoding needs a draft (a head, a draft model or lookup)")
+        has_draft = self.engine is not None or grammar is not None
+        use_draft = has_draft if speculative is None else speculative
+        if use_draft and not has_draft:
+            raise Eagle2Error("speculative decoding needs a draft (a head, a draft model or lookup) or a grammar")
         state = grammar.state(self.target.model) if grammar is not None else None
+        if state is not None and use_draft:
+            self._forced_draft().reset()
         rng = np.random.default_rng(seed)
         emitter = TokenEmitter(self.target.model, max_tokens, tuple(stop), self.stop_tokens)
         call = object()  # identifies this call: a newer one owns the KV cache from its start
         self._active = call
-        stats = GenerationStats(engine=self.engine.name if use_draft else "plain", prompt_tokens=len(prompt))
+        name = "plain" if not use_draft else self.engine.name if self.engine is not None else "forced"
+        stats = GenerationStats(engine=name, prompt_tokens=len(prompt))
         self.last_stats = stats
         t0 = self.clock()
         logits = self._prefill(prompt, stats, exact=not cache_prompt)
         self._prompt = list(prompt)
         stats.prefill_s = self.clock() - t0
-        chunks = (self._speculative(logits, emitter, sampling, rng, stats) if use_draft
+        chunks = (self._speculative(logits, emitter, sampling, rng, stats, state) if use_draft
                   else self._plain(logits, emitter, sampling, rng, stats, state))
         try:
             for chunk in chunks:
@@ -254,6 +261,12 @@ class Generator:
             if state is not None:
                 state.close()
 
+    def _forced_draft(self) -> ForcedDraft:
+        """The forced-token drafter for this target's vocabulary (its prefix forest is built once, ~0.1 s)."""
+        if self._forced is None:
+            self._forced = ForcedDraft(VocabForest(self.target.model), max_branches=self.tree_params.top_k)
+        return self._forced
+
     def _prefill(self, prompt: list[int], stats: GenerationStats, exact: bool) -> np.ndarray:
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
@@ -265,7 +278,7 @@ class Generator:
         if self.engine is not None:
             self.engine.rollback(same_text)  # the draft keeps all of the same text; the target may redo some
             if self.engine.needs_features:
-                keep = self.backlog.reusable(keep, self.engine.n_seen)
+                keep = self.backlog.reusable(keep, self.engine.n_features)
                 if exact:  # the draft holds what precedes the (earlier) aligned start: one pass settles it
                     keep = self._exact_keep(keep)
         self.target.rollback(keep)
@@ -327,12 +340,19 @@ class Generator:
 
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
-                     rng: np.random.Generator, stats: GenerationStats) -> Iterator[Chunk]:
+                     rng: np.random.Generator, stats: GenerationStats,
+                     grammar: GrammarState | None = None) -> Iterator[Chunk]:
         """Rounds until done: ask the policy for the round's plan, run it (a plain step or draft → verify →
-        accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens."""
-        self.engine.begin_answer(len(self._prompt))
+        accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens.
+        ``grammar``: the committed text's state (the root's included), advanced by every round."""
+        if grammar is not None and self.engine is None:
+            self._check_tree_fits()
+        if self.engine is not None:
+            self.engine.begin_answer(len(self._prompt))
         self.policy.begin_answer()
-        root = sampling.choose(logits, np.asarray(self.tokens), rng)
+        root = choose(sampling, grammar, logits, np.asarray(self.tokens), rng)
+        if grammar is not None:
+            grammar.accept(root)
         yield _emit(emitter, [root])
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
@@ -343,15 +363,26 @@ class Generator:
                 return
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
-            fresh = len(self.tokens) + 1 - self.backlog.read  # text the draft has not read yet, root included
+            read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
+            fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
             plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
+            # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
+            # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
+            forced_round = (grammar is not None and not plan.drafts and room > 1
+                            and self._forced_draft().proposes_at(grammar))
+            if forced_round:
+                plan = RoundPlan(drafts=True, max_nodes=self.policy.max_nodes, max_depth=self.tree_params.depth,
+                                 free_only=True)
             if plan.drafts:
-                result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng)
+                result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng, grammar)
             else:
-                result, accepted, bonus = self._plain_step(root, sampling, rng)
-            self.policy.observe(result)
+                result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
+                if grammar is not None and room > 1:
+                    self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
+            if not forced_round:
+                self.policy.observe(result)
             stats.add_round(result)
-            if self.timer is not None and plan.drafts:
+            if self.timer is not None and plan.drafts and not forced_round:
                 self.timer.catch_up(result.times.catch_up_s)
                 for level, seconds in enumerate(result.times.level_s, start=1):
                     self.timer.level(level, seconds)
@@ -360,15 +391,21 @@ class Generator:
             root = bonus
 
     def _tree_round(self, plan: RoundPlan, root: int, room: int, sampling: SamplingParams,
-                    rng: np.random.Generator) -> tuple[RoundResult, list[int], int]:
+                    rng: np.random.Generator,
+                    grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:
         """Draft a tree within the plan's limits, verify it in one pass, accept, commit. Returns what the round
         did, the accepted draft tokens and the target's own next token; the committed nodes' features wait in
         the backlog for the next round.
 
         A plan may run only the draft's free part (lookup branches, when the model draft cannot pay): the model
-        then sits the round out like a plain step, and catches up on it later."""
-        free_only = plan.free_only and self.engine.free_part is not None
-        engine = self.engine.free_part if free_only else self.engine
+        then sits the round out like a plain step, and catches up on it later. Under a grammar the round's draft
+        is constrained (forbidden children dropped) and joined by the forced tokens; without a model draft the
+        forced tokens are the whole tree."""
+        free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
+                                                               or grammar is not None)
+        engine = self.engine if not free_only else self.engine.free_part if self.engine is not None else None
+        if grammar is not None:
+            engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
         # draft: catch up on the new text (the root last), grow levels while the plan says they pay, re-rank
         features = (None, 0) if free_only else self.backlog.take()
@@ -387,7 +424,8 @@ class Generator:
         ver = self.target.verify(tree, copy=False) if len(tree) > 1 else self.target.decode_one(root)
         times.verified = self.clock()
         # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
-        acc = accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng)
+        acc = (accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng) if grammar is None
+               else accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng, grammar))
         if len(tree) > 1:
             self.target.commit(acc.path)
         engine.commit(tree.cand_ids[acc.path[1:]])
@@ -395,14 +433,14 @@ class Generator:
         if free_only:  # the model draft has read nothing new: these rows join its backlog
             self.backlog.extend(rows)
         else:  # the engine has now read the root; the features of root + accepted nodes are its next input
-            self.backlog.restart(rows, at=len(self.tokens), read=len(self.tokens) + 1)
+            self.backlog.restart(rows, at=len(self.tokens))
         times.done, times.llama_done = self.clock(), llama_seconds()
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
 
-    def _plain_step(self, root: int, sampling: SamplingParams,
-                    rng: np.random.Generator) -> tuple[RoundResult, list[int], int]:
+    def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
+                    grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:
         """One step of plain decoding inside the speculative loop (the same calls as the plain loop); the
         draft is not run, so the step's features join the backlog."""
         start, busy = self.clock(), llama_seconds()
@@ -410,7 +448,9 @@ class Generator:
         ver = self.target.decode_one(root)
         times.verified = self.clock()
         self.backlog.extend(ver.features)
-        bonus = sampling.choose(ver.logits[0], np.asarray(self.tokens + [root]), rng)
+        bonus = choose(sampling, grammar, ver.logits[0], np.asarray(self.tokens + [root]), rng)
+        if grammar is not None:
+            grammar.accept(bonus)
         times.done, times.llama_done = self.clock(), llama_seconds()
         return RoundResult(PLAIN_STEP, times), [], bonus
 

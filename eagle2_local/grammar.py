@@ -112,10 +112,12 @@ class GrammarState:
     def __init__(self, ptr, n_vocab: int) -> None:
         self._ptr = ptr
         self.n_vocab = n_vocab
-        self._buf = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        self._buf = np.zeros(0, dtype=TOKEN_DATA)  # grown on demand: a tree clones a state per drafted node
 
     def _apply(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` the grammar allows now (llama.cpp sets a refused entry's logit to -inf)."""
+        if len(self._buf) < len(ids):
+            self._buf = np.zeros(len(ids), dtype=TOKEN_DATA)
         buf = self._buf[:len(ids)]
         buf["id"] = ids
         buf["logit"] = 0.0
@@ -126,6 +128,16 @@ class GrammarState:
 
     def allows(self, token: int) -> bool:
         return bool(self._apply(np.array([token], dtype=np.int32))[0])
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """A boolean per entry of ``ids``: allowed next (ids outside the vocabulary never are). One call for all
+        of them: checking a tree row's candidates costs microseconds, the whole vocabulary milliseconds."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        inside = (ids >= 0) & (ids < self.n_vocab)
+        out = np.zeros(len(ids), dtype=bool)
+        if inside.any():
+            out[inside] = self._apply(ids[inside].astype(np.int32))
+        return out
 
     def mask(self) -> np.ndarray:
         """A boolean vector over the vocabulary: the tokens allowed next."""

@@ -92,9 +92,15 @@ def llama_seconds() -> float:
     return getattr(_busy, "s", 0.0)
 
 
-def _charge(t0: float) -> None:
+def charge_llama(t0: float) -> None:
     """Add the time since ``t0`` (``time.perf_counter``) to this thread's llama.cpp seconds."""
     _busy.s = getattr(_busy, "s", 0.0) + (time.perf_counter() - t0)
+
+
+def host_inside_llama(seconds: float) -> None:
+    """Count ``seconds`` spent in our own Python *inside* a llama.cpp call (callbacks such as the in-graph
+    top-k's graph building) as host time: they run on the host before the graph does, on a GPU too."""
+    _busy.s = getattr(_busy, "s", 0.0) - seconds
 
 
 # ---------------------------------------------------------------- model
@@ -308,6 +314,32 @@ class ExtBatch:
         self.n_tokens += 1
         return idx
 
+    def add_level(self, tokens: list[int], rows: np.ndarray, pos: int, seqs: list[int]) -> None:
+        """Append one entry per node, all at position ``pos``, each in its own sequence, each an output: token
+        ``tokens[i]`` with embedding ``rows[i]`` (a float32 matrix). What :meth:`add` does, checked once for the
+        whole level: this runs for every tree level."""
+        n = len(tokens)
+        if self.n_tokens + n > self.capacity:
+            raise TreeError(f"extended batch full ({self.capacity} entries)")
+        if seqs and not (0 <= min(seqs) and max(seqs) < self.n_seq_max):
+            raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        embd = llama_cpp.llama_embd(None, 1, rows.shape[1])
+        p = (llama_cpp.llama_pos * 4)(pos, 0, 0, 0)
+        add, set_embd = llama_cpp.llama_batch_ext_add_token, llama_cpp.llama_batch_ext_set_embd_token
+        set_pos, set_out = llama_cpp.llama_batch_ext_set_pos, llama_cpp.llama_batch_ext_set_output_logits
+        base, stride = rows.ctypes.data, rows.strides[0]
+        for i, (tok, seq) in enumerate(zip(tokens, seqs)):
+            idx = add(self.ptr, seq, tok)
+            if idx < 0:
+                raise DecodeError(f"llama.cpp refused a batch entry (code {idx})")
+            embd.data = ctypes.cast(base + i * stride, _FLOAT_P)
+            if not set_embd(self.ptr, idx, embd):
+                raise DecodeError("llama.cpp refused an embedding row (wrong width?)")
+            set_pos(self.ptr, idx, p)
+            set_out(self.ptr, idx, True)
+        self.n_tokens += n
+
     def close(self) -> None:
         if self.ptr:
             llama_cpp.llama_batch_ext_free(self.ptr)
@@ -402,7 +434,7 @@ class LlamaContext:
         last_llama_errors()
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self.batch.struct)
-        _charge(t0)
+        charge_llama(t0)
         if rc == 1:
             raise ContextFullError(f"no room in the KV cache for {n} tokens ({last_llama_errors()})")
         if rc != 0:
@@ -419,7 +451,7 @@ class LlamaContext:
         last_llama_errors()
         t0 = time.perf_counter()
         rc = llama_cpp.llama_process(self._ctx, kind, batch.ptr)
-        _charge(t0)
+        charge_llama(t0)
         if rc == 1:
             raise ContextFullError(f"no room in the KV cache for {n} entries ({last_llama_errors()})")
         if rc != 0:
@@ -433,7 +465,7 @@ class LlamaContext:
         """
         t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_logits(self._ctx)  # waits for an asynchronous backend (GPU) to finish
-        _charge(t0)
+        charge_llama(t0)
         view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
         return view.copy() if copy else view
 
@@ -443,7 +475,7 @@ class LlamaContext:
             raise DecodeError("features need a context created with embeddings=True")
         t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_embeddings(self._ctx)
-        _charge(t0)
+        charge_llama(t0)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd)).copy()
 
     def layer_inputs(self, n_tokens: int) -> np.ndarray:
@@ -461,24 +493,24 @@ class LlamaContext:
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         t0 = time.perf_counter()
         ok = bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
-        _charge(t0)
+        charge_llama(t0)
         return ok
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         t0 = time.perf_counter()
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
-        _charge(t0)
+        charge_llama(t0)
 
     def seq_pos_max(self, seq: int) -> int:
         t0 = time.perf_counter()
         pos = int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
-        _charge(t0)
+        charge_llama(t0)
         return pos
 
     def clear(self) -> None:
         t0 = time.perf_counter()
         llama_cpp.llama_memory_clear(self.mem, True)
-        _charge(t0)
+        charge_llama(t0)
 
     def save_seq(self, seq: int) -> bytes:
         """Serialise one sequence's KV cells (in cell order)."""
@@ -486,14 +518,14 @@ class LlamaContext:
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
         buf = (ctypes.c_uint8 * size)()
         written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq))
-        _charge(t0)
+        charge_llama(t0)
         return ctypes.string_at(buf, written)  # (bytes(buf[:written]) went through a list of Python ints)
 
     def load_seq(self, data: bytes, seq: int) -> None:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         t0 = time.perf_counter()
         ok = int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) != 0
-        _charge(t0)
+        charge_llama(t0)
         if not ok:
             raise ContextFullError(f"could not restore sequence {seq}: {last_llama_errors()}")
 

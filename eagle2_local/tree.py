@@ -28,9 +28,9 @@ from .errors import TreeError
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
 
 # Which drafter proposed a candidate (stats only: verification treats every node alike). A token that a neural
-# draft and a lookup both proposed is BOTH.
-MODEL, LOOKUP, BOTH = 0, 1, 2
-SOURCE_NAMES = ("model", "lookup", "both")
+# draft and a lookup both proposed is BOTH; one the grammar forces (drafts/forced.py) is FORCED whoever else had it.
+MODEL, LOOKUP, BOTH, FORCED = 0, 1, 2, 3
+SOURCE_NAMES = ("model", "lookup", "both", "forced")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,16 @@ class Proposals:
             raise TreeError(f"proposal sources {self.sources.shape} and tokens {self.tokens.shape} differ")
         if np.any(self.log_probs > 1e-9):
             raise TreeError("proposal log-probabilities must be <= 0")
+
+    @classmethod
+    def trusted(cls, tokens: np.ndarray, log_probs: np.ndarray, sources: np.ndarray | None = None) -> "Proposals":
+        """Proposals from a producer whose arrays are already right: int64 and float64 (n, m) arrays of equal
+        shape, log-probabilities <= 0, int8 sources (the in-graph top-k, the lookup, the merge). Skips the checks
+        and conversions, which run on every tree level and cost more than the merge itself on a cold cache."""
+        out = object.__new__(cls)
+        out.tokens, out.log_probs = tokens, log_probs
+        out.sources = np.full(tokens.shape, MODEL, dtype=np.int8) if sources is None else sources
+        return out
 
     @classmethod
     def from_logits(cls, logits: np.ndarray, k: int) -> "Proposals":
@@ -142,7 +152,7 @@ def top_k_rows(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     n, width = values.shape
     k = min(k, width)
     if width <= 4096 or width // _BLOCK < k:
-        idx = np.lexsort((np.broadcast_to(np.arange(width), values.shape), -values), axis=-1)[:, :k]
+        idx = np.argsort(-values, axis=-1, kind="stable")[:, :k]  # stable: ties keep the lower index first
     else:
         idx = _top_k_long(values, k)
     return idx, np.take_along_axis(values, idx, axis=-1)
@@ -259,11 +269,17 @@ def validate_parents(parents: np.ndarray) -> None:
 
 
 def node_depths(parents: np.ndarray) -> np.ndarray:
-    """Depth of each node (root = 0). Parents precede children, so one forward sweep suffices."""
+    """Depth of each node (root = 0): every node climbs one level at a time, all nodes at once, until it reaches
+    the root (as many numpy steps as the tree is deep, instead of a Python step per node)."""
+    parents = np.asarray(parents)
     depths = np.zeros(len(parents), dtype=np.int32)
-    for i in range(1, len(parents)):
-        depths[i] = depths[parents[i]] + 1
-    return depths
+    up = np.arange(len(parents))
+    while True:
+        climbing = up > 0
+        if not climbing.any():
+            return depths
+        depths += climbing
+        up = np.where(climbing, parents[up], 0)
 
 
 def tree_leaves(parents: np.ndarray) -> np.ndarray:
@@ -274,11 +290,16 @@ def tree_leaves(parents: np.ndarray) -> np.ndarray:
 
 
 def ancestor_mask(parents: np.ndarray) -> np.ndarray:
-    """``mask[i, j]`` is True when j is i or an ancestor of i (what node i may attend to inside the tree)."""
+    """``mask[i, j]`` is True when j is i or an ancestor of i (what node i may attend to inside the tree); built
+    by climbing all nodes together, one level per numpy step."""
+    parents = np.asarray(parents)
     n = len(parents)
     mask = np.eye(n, dtype=bool)
-    for i in range(1, n):
-        mask[i] |= mask[parents[i]]
+    rows, up = np.arange(n), np.arange(n)
+    while len(up):
+        climbing = up > 0
+        rows, up = rows[climbing], parents[up[climbing]]
+        mask[rows, up] = True
     return mask
 
 

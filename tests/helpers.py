@@ -65,11 +65,14 @@ def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_to
 
 def forced_budget(max_nodes: int, depth: int):
     """A budget on a fixed, moderately steep cost curve (no online timing updates, a guard that never trips), so
-    its choices depend on the draft's confidence and observed acceptance: trees of many sizes, plain steps."""
+    its choices depend on the draft's confidence and observed acceptance: trees of many sizes, plain steps. A
+    catch-up costs ~nothing per token (a draft model ingests a prompt in one batch), so a draft that has not read
+    a short prompt yet waits one plain step, not the tens a costly catch-up would."""
     from eagle2_local.tree_policy import CostModel, ProbeSchedule, RateGuard, TreeBudget
 
     sizes = [1, 2, 4, 8, 16, 32]
-    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, frozen=True)
+    costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, draft_token_s=1e-5,
+                      frozen=True)
     return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, schedule=ProbeSchedule(explore_allowance=2.0),
                       guard=RateGuard(min_rounds=2**62))
 
@@ -92,16 +95,18 @@ def chi2_pvalue(a: dict[int, int], b: dict[int, int]) -> float:
     return float(chi2_contingency(np.array(rows))[1])
 
 
-def over_accepting(tree, logits, params, history, rng):
-    """A plausible bug: accept a drafted child with probability 2*p(x) instead of p(x)."""
+def _biased_walk(tree, logits, params, history, rng, accept_prob, grammar=None):
+    """Tree rejection sampling with a wrong acceptance probability: ``accept_prob(x, p, context, node)`` instead
+    of p(x); rejections and the bonus follow p (masked by ``grammar`` when given, which the walk advances)."""
     node, path = 0, [0]
     hist = np.asarray(history, dtype=np.int64)
     while True:
-        p = params.probs(logits[node], np.concatenate([hist, tree.tokens[path].astype(np.int64)]))
-        chosen = -1
+        context = np.concatenate([hist, tree.tokens[path].astype(np.int64)])
+        p = params.probs(logits[node] if grammar is None else grammar.constrain(logits[node]), context)
+        first, chosen = p, -1
         for child in tree.children(node):
             x = int(tree.tokens[child])
-            if rng.random() < min(1.0, 2.0 * p[x]):
+            if rng.random() < accept_prob(x, first, context, node):
                 chosen = int(child)
                 break
             p = p.copy()
@@ -109,10 +114,25 @@ def over_accepting(tree, logits, params, history, rng):
             if p.sum() <= 0:
                 break
             p /= p.sum()
+        token = sample_from(p, rng) if chosen < 0 else int(tree.tokens[chosen])
+        if grammar is not None:
+            grammar.accept(token)
         if chosen < 0:
-            return Acceptance(np.asarray(path), sample_from(p, rng))
+            return Acceptance(np.asarray(path), token)
         node = chosen
         path.append(node)
+
+
+def over_accepting(tree, logits, params, history, rng):
+    """A plausible bug: accept a drafted child with probability 2*p(x) instead of p(x)."""
+    return _biased_walk(tree, logits, params, history, rng, lambda x, p, context, node: min(1.0, 2.0 * p[x]))
+
+
+def mask_ignoring(tree, logits, params, history, rng, grammar):
+    """A plausible bug under a grammar: accept a drafted child with its probability under the *unmasked* target
+    (too low wherever the grammar removes mass), while rejections and the bonus use the masked one."""
+    return _biased_walk(tree, logits, params, history, rng,
+                        lambda x, p, context, node: params.probs(logits[node], context)[x], grammar)
 
 
 # ------------------------------------------------------------------ the command line

@@ -162,3 +162,45 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     lines = _tools_lines({"llama_cpp": t, "speedup_e2e": 1.3})
     assert any("ngram-simple: 12.0 tok/s, x1.20" in line for line in lines)
     assert "x1.17 against ngram-simple" in lines[-1]
+
+
+def test_load_prompt_sets_reads_each_records_schema_or_grammar(tmp_path):
+    from eagle2_local.bench import load_prompt_sets
+    from eagle2_local.errors import Eagle2Error
+    from eagle2_local.grammar import Grammar
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    (tmp_path / "mixed.jsonl").write_text(json.dumps({"prompt": "a", "schema": schema}) + "\n"
+                                          + json.dumps({"prompt": "b"}) + "\n"
+                                          + json.dumps({"prompt": "c", "grammar": 'root ::= "yes" | "no"'}) + "\n")
+    (tmp_path / "free.jsonl").write_text('{"prompt": "d"}\n')
+    sets = {s.name: s for s in load_prompt_sets([str(tmp_path)], None)}
+    mixed = sets["mixed"]
+    assert mixed.grammar(0) == Grammar.from_json_schema(schema) and mixed.grammar(1) is None
+    assert mixed.grammar(2) == Grammar('root ::= "yes" | "no"') and sets["free"].grammar(0) is None
+    assert load_prompt_sets([str(tmp_path / "mixed.jsonl")], 1)[0].grammars == [Grammar.from_json_schema(schema)]
+    for i, (bad, why) in enumerate([({"schema": "x"}, "'schema' must be a JSON schema object"),
+                                    ({"grammar": " "}, "'grammar' must be non-empty GBNF text"),
+                                    ({"schema": schema, "grammar": "root ::= \"a\""}, "not both"),
+                                    ({"schema": {"type": "object", "properties": {"n": {"type": "nonsense"}}}},
+                                     "")]):
+        path = tmp_path / f"bad{i}.jsonl"
+        path.write_text('{"prompt": "ok"}\n' + json.dumps({"prompt": "a", **bad}) + "\n")
+        with pytest.raises(Eagle2Error, match=rf"bad{i}.jsonl:2: .*{why}"):
+            load_prompt_sets([str(path)], None)
+
+
+def test_bench_runs_a_model_without_draft_on_constrained_prompts(tmp_path, synth_q8):
+    """Records with a grammar need no draft: forced tokens are one, counted as their own source; the answers
+    equal plain decoding's (one thread)."""
+    prompts = tmp_path / "forced.jsonl"
+    grammar = 'root ::= "the answer is" (" yes" | " no") ", because " [a-z ]+'
+    prompts.write_text("".join(json.dumps({"prompt": p, "grammar": grammar}) + "\n" for p in ("a", "b")))
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "cli", "bench", "--model", str(synth_q8), "--no-lookup", "--prompts",
+                           str(prompts), "--max-tokens", "24", "--total-tokens", "12", "--threads", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(out.read_text())["sets"]["forced"]
+    assert s["identical_outputs"] == 2 and s["tau"] > 1.0, s
+    assert s["accepted_by_source"].get("forced", 0) >= 4, s

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eagle2_local import backend_topk
 from eagle2_local.drafts import DraftEngine, DraftModelEngine, DraftSpec, Proposals, draft_spec
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.generator import Generator
@@ -21,6 +22,13 @@ from eagle2_local.tree import TreeParams
 from helpers import ONE_THREAD, make, random_prompts, run
 
 PARAMS = TreeParams(24, 6, 4)
+
+
+@pytest.fixture(autouse=True)
+def dense_rows(monkeypatch):
+    """These tests compare drafters that return dense rows with ones that return proposals: the draft-model
+    engines here keep dense rows (the in-graph top-k has its own tests in test_backend_topk.py)."""
+    monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)
 
 
 class ProposingEngine:
@@ -37,8 +45,8 @@ class ProposingEngine:
         self.weights_path = inner.weights_path
 
     @property
-    def n_seen(self) -> int:
-        return self.inner.n_seen
+    def n_read(self) -> int:
+        return self.inner.n_read
 
     def _propose(self, logits: np.ndarray) -> Proposals:
         p = Proposals.from_logits(logits, self.skip + self.width)
@@ -174,3 +182,24 @@ def test_eagle2_generate_yields_tokens_like_llama_generate(synth_q8, synth_q8_we
         assert list(llm.generate(prompt, temp=0.0, max_tokens=24)) == spec
         with pytest.raises(Eagle2Error, match="typical_p"):
             next(llm.generate(prompt, typical_p=0.5))
+
+
+def test_n_read_is_what_the_next_catch_up_ingests(synth_q8):
+    """The one count of what a draft has read: text from ``n_read`` on is what its next catch-up ingests; a
+    merged draft's count is its model's, which a round of its free part alone leaves behind."""
+    from eagle2_local.drafts.lookup import LookupDraft
+    from eagle2_local.drafts.merged import MergedDraft
+
+    model = LlamaModel(synth_q8)
+    toks = np.asarray(model.tokenize("the water is very long and the code is short"))
+    merged = MergedDraft(DraftModelEngine(model, ONE_THREAD, 3, 4), 3)
+    for engine in (LookupDraft(), DraftModelEngine(model, ONE_THREAD, 3, 4), merged):
+        assert engine.n_read == 0
+        engine.catch_up(toks, None)
+        assert engine.n_read == len(toks)
+        engine.rollback(4)
+        assert engine.n_read == 4
+        engine.catch_up(toks[:7], None)
+        assert engine.n_read == 7
+    merged.free_part.catch_up(toks, None)
+    assert merged.n_read == 7 and merged.free_part.n_read == len(toks)

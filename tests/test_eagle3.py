@@ -10,10 +10,13 @@ import pytest
 
 from convert.eagle3 import convert_eagle3, permute_rope_rows
 from eagle2_local.api import Eagle2
+from eagle2_local import backend_topk
+from eagle2_local.drafts.base import TreeSequences
 from eagle2_local.drafts.eagle3_llama import Eagle3Engine
 from eagle2_local.errors import IncompatibleDraftError, ModelError
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
+from eagle2_local.tree import top_k_log_probs
 from eagle3_reference import Eagle3Reference
 from eagle_heads import chat_turn_outputs
 from head_checkpoints import random_eagle3
@@ -65,7 +68,7 @@ def test_engine_matches_reference_on_tree(head, target4):
     model = LlamaModel(target4)
     target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
                                            layer_inputs=tuple(LAYERS)))
-    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1)
+    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1, in_graph_top_k=False)
     ref = Eagle3Reference(tensors, config, token_embd(target4))
     prompt = model.tokenize("the water is very long and the code")
     ver = target.prefill(prompt)
@@ -101,6 +104,39 @@ def test_engine_matches_reference_on_tree(head, target4):
     model.close()
 
 
+def test_in_graph_top_k_equals_numpy_on_dense_rows(head, target4):
+    """The in-graph top-k (llama.cpp backend sampling) gives each row's k best tokens and log-probabilities as
+    numpy's top_k_log_probs does on the same head's dense rows: same tokens in the same order, log-probabilities
+    within float32 soft-max rounding; on the root row and on three tree levels (sequences reused by level)."""
+    path = head[0]
+    model = LlamaModel(target4)
+    target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
+                                           layer_inputs=tuple(LAYERS)))
+    engines = [Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1,
+                            in_graph_top_k=in_graph) for in_graph in (False, True)]
+    # the same KV layout in both (a tree that reuses sequences fills freed cells, whose order moves the last bits)
+    engines[0].seqs = TreeSequences(engines[0].ctx, pool=3)
+    prompt = model.tokenize("the water is very long and the code")
+    ver = target.prefill(prompt)
+    text = np.asarray(prompt + [int(np.argmax(ver.logits[0]))])
+    dense, graph = (e.catch_up(text, ver.features, 0) for e in engines)
+    outputs = [(dense[None], graph)]
+    levels = [([0, 1, 2], [11, 57, 300], [-1, -1, -1]), ([3, 4, 5], [80, 81, 82], [0, 0, 2]),
+              ([6, 7, 8], [90, 91, 92], [3, 5, 5])]
+    for level, (ids, toks, parents) in enumerate(levels, start=1):
+        dense, graph = (e.expand(np.array(ids), np.array(toks), np.array(parents), level) for e in engines)
+        outputs.append((np.array(dense), graph))
+    for dense, graph in outputs:
+        want_tok, want_lp = top_k_log_probs(dense, 3)
+        np.testing.assert_array_equal(graph.tokens, want_tok)
+        np.testing.assert_allclose(graph.log_probs, want_lp, rtol=0, atol=1e-5)
+        assert np.all(graph.log_probs <= 0)
+    for e in engines:
+        e.close()
+    target.close()
+    model.close()
+
+
 def test_llama3_rope_scaling_matches_reference(tmp_path, target4):
     """A head trained with llama3 rope_scaling: the converter's rope_freqs make llama.cpp rotate q/k exactly as
     the float64 reference does (frequencies scaled per transformers' definition), at every committed position."""
@@ -114,7 +150,7 @@ def test_llama3_rope_scaling_matches_reference(tmp_path, target4):
     model = LlamaModel(target4)
     target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
                                            layer_inputs=tuple(LAYERS)))
-    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1)
+    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1, in_graph_top_k=False)
     prompt = model.tokenize("the water is very long and the code is short and the cat sat on it")
     ver = target.prefill(prompt)
     text = prompt + [int(np.argmax(ver.logits[0]))]
@@ -169,9 +205,10 @@ def test_converter_refuses_bad_folders(tmp_path, target4):
     assert not (tmp_path / "x.gguf").exists()
 
 
-def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head):
+def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head, monkeypatch):
     """qwen2's llama.cpp graph exposes no layer inputs: such heads are refused with a pointer to the fallback,
     and a head trained on the final_norm convention runs (numerics checked, output lossless)."""
+    monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)  # dense rows, to compare with the reference
     qwen = write_model(synth_dir / "synth-qwen2.gguf", seed=1, n_layer=4, arch="qwen2", qtype="q8_0")
     with pytest.raises(IncompatibleDraftError, match="final_norm"):
         Eagle2(qwen, head_path=convert_eagle3(head[3], tmp_path / "li.gguf", qwen, outtype="f32"),

@@ -12,7 +12,6 @@ import pytest
 from scipy.stats import chi2
 
 from eagle2_local import Eagle2
-from eagle2_local.errors import Eagle2Error
 from eagle2_local.grammar import Grammar, GrammarError, response_grammar
 from eagle2_local.sampling import SamplingParams
 from helpers import assert_one_line_error, run_cli
@@ -38,7 +37,7 @@ def test_greedy_json_schema_answer_is_the_argmax_of_allowed_tokens(llm):
     prompt = llm.chat_tokens([{"role": "user", "content": "Describe Ann, 31, who likes tea, as JSON."}])
     grammar = Grammar.from_json_schema(PERSON)
     out = list(llm.generate(prompt, temp=0.0, max_tokens=60, grammar=grammar))
-    assert llm.last_stats.engine == "plain"  # answers under a grammar are decoded plainly (a head is attached)
+    assert llm.last_stats.tree_sizes  # decoded speculatively: the head's trees, constrained
     text = llm.detokenize(out).decode()
     jsonschema.validate(json.loads(text), PERSON)
     state = grammar.state(llm.model)
@@ -86,8 +85,9 @@ def test_response_formats_and_grammar_text(llm):
     assert isinstance(json.loads(obj["choices"][0]["message"]["content"]), dict)
     word = llm.create_completion("My favourite colour is", max_tokens=4, temperature=0, grammar=COLOURS)
     assert word["choices"][0]["text"] in [w.strip('"') for w in COLOURS.split("::=")[1].split(" | ")]
-    with pytest.raises(Eagle2Error, match="not supported yet"):
-        llm.create_completion("x", grammar=COLOURS, speculative=True)
+    spec = llm.create_completion("My favourite colour is", max_tokens=4, temperature=0, grammar=COLOURS,
+                                 speculative=True)
+    assert spec["choices"][0]["text"] == word["choices"][0]["text"]
 
 
 @pytest.mark.parametrize("kwargs, needle", [

@@ -42,9 +42,9 @@ def test_truncate_undoes_extend_exactly():
 def test_longest_match_proposes_what_followed_it():
     index = rebuilt([5, 1, 2, 3, 9, 1, 2, 3, 7, 0, 2, 3])
     toks, probs = index.continuations([0, 2, 3], 4)
-    assert toks.tolist() == [7, 9]  # "2 3" was followed by 9, then by 7 (ties: the most recent first)
+    assert toks == [7, 9]  # "2 3" was followed by 9, then by 7 (ties: the most recent first)
     toks, probs = index.continuations([1, 2, 3], 4)
-    assert toks.tolist()[0] in (9, 7) and len(toks) == 2 and np.isclose(probs[0], probs[1])
+    assert toks[0] in (9, 7) and len(toks) == 2 and np.isclose(probs[0], probs[1])
     toks, _ = index.continuations([4, 4], 4)
     assert len(toks) == 0  # 4 never occurred
 
@@ -52,8 +52,8 @@ def test_longest_match_proposes_what_followed_it():
 def test_several_continuations_rank_by_count_then_recency():
     index = rebuilt([8, 1, 8, 2, 8, 1, 8, 3, 8])
     toks, probs = index.continuations([8], 4)
-    assert toks.tolist() == [1, 3, 2]  # 1 twice; 3 more recent than 2
-    assert probs[0] > probs[1] == probs[2] and probs.sum() <= 1.0 + 1e-12
+    assert toks == [1, 3, 2]  # 1 twice; 3 more recent than 2
+    assert probs[0] > probs[1] == probs[2] and sum(probs) <= 1.0 + 1e-12
 
 
 def test_confidence_learns_from_the_text():
@@ -111,7 +111,7 @@ def test_rollback_forgets_text_for_the_next_prompt():
     engine = LookupDraft()
     engine.catch_up(np.array([1, 2, 3, 1, 2, 3, 1]))
     engine.rollback(3)
-    assert engine.n_seen == 3
+    assert engine.n_read == 3
     out = engine.catch_up(np.array([1, 2, 3, 9, 1, 2]))
     assert out.tokens[0][np.isfinite(out.log_probs[0])].tolist() == [3]
 

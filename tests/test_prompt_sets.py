@@ -20,7 +20,8 @@ def records(name: str) -> list[dict]:
     return [json.loads(line) for line in (SETS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-SIZES = {"code_edit": 20, "code_edit_short": 24, "edit_chat": 16, "extract": 32, "qa_passage": 20}
+SIZES = {"code_edit": 20, "code_edit_short": 24, "edit_chat": 16, "extract": 32, "extract_schema": 24,
+         "qa_passage": 20}
 
 
 def test_sets_load_with_bench_loader():
@@ -31,7 +32,8 @@ def test_sets_load_with_bench_loader():
     assert [len(chats.turns(i)) for i in range(len(chats.prompts))] == [4, 3] * 8
     held = {s.name: len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], None, "heldout")}
     tune = {s.name: len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], None, "tune")}
-    assert held == {"code_edit": 5, "code_edit_short": 4, "edit_chat": 4, "extract": 8, "qa_passage": 4}
+    assert held == {"code_edit": 5, "code_edit_short": 4, "edit_chat": 4, "extract": 8, "extract_schema": 6,
+                    "qa_passage": 4}
     assert {name: held[name] + tune[name] for name in SIZES} == SIZES
 
 
@@ -131,3 +133,36 @@ def test_build_script_regenerates_the_committed_files(tmp_path):
     bad = subprocess.run([sys.executable, str(SETS_DIR / "build_prompts.py"), "--source", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_extract_schema_records_constrain_their_answers(smollm2_path):
+    """Every record's schema compiles for llama.cpp's grammar engine, the loader attaches it, and it admits the
+    record asked for and refuses one with a field missing; the passages are not those of ``extract``."""
+    from eagle2_local.grammar import Grammar
+    from eagle2_local.llama import LlamaModel
+
+    recs = records("extract_schema")
+    (loaded,) = [s for s in load_prompt_sets([str(SETS_DIR / "extract_schema.jsonl")], None)]
+    assert all(loaded.grammar(i) == Grammar.from_json_schema(r["schema"]) for i, r in enumerate(recs))
+    assert not {r["source_question_id"] for r in recs} & {r["source_question_id"] for r in records("extract")}
+    model = LlamaModel(smollm2_path)
+    samples = {"article": {"headline": "A pig", "people": ["Zhu Diandian"], "places": [], "numbers": [5, 1.5],
+                           "key_quote": "She walks it.", "tone": "neutral"},
+               "event": {"event": "a walk", "who": ["Zhu"], "where": "China", "when": "", "first_sentence": "A.",
+                         "confirmed": True}}
+    for rec in recs[:2]:
+        kind = rec["category"].split("/")[1]
+        assert set(rec["schema"]["required"]) == set(samples[kind]) and 5 <= len(samples[kind]) <= 8
+        words = rec["turns"][0].split("Passage:\n", 1)[1].split()
+        assert 120 <= len(words) <= 250
+        for record, valid in ((samples[kind], True), ({k: v for k, v in list(samples[kind].items())[:-1]}, False)):
+            state = Grammar.from_json_schema(rec["schema"]).state(model)
+            tokens = model.tokenize(json.dumps(record), add_special=False, parse_special=False)
+            ok = True
+            for tok in tokens:
+                if not state.allows(tok):
+                    ok = False
+                    break
+                state.accept(tok)
+            state.close()
+            assert ok == valid, (kind, record)

@@ -11,20 +11,26 @@ from eagle2_local.acceptance import _walk
 from eagle2_local.llama import LlamaModel
 from eagle2_local.sampling import SamplingParams
 from eagle2_local.tree import TreeParams
-from helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, over_accepting
+from eagle2_local.grammar import Grammar
+from helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, mask_ignoring, over_accepting
 
 PROMPT = [1, 40, 41, 42, 43]
 
 
 POSITIONS = (1, 2)  # tokens that come out of tree acceptance (position 0 comes from the prefill)
+# Lower-case text: after PROMPT the synthetic model's favourite (';', p ~ 0.32) and others are forbidden, so the
+# constrained distribution differs much from the raw one, and several drafted tokens stay allowed.
+LOWER = Grammar('root ::= [a-z ]+')
 
 
-def token_counts(gen, sampling: SamplingParams, positions=POSITIONS) -> dict[int, dict[int, int]]:
-    """Per position, how often each token came out over ``N_RUNS`` seeded runs (one run serves every position)."""
+def token_counts(gen, sampling: SamplingParams, positions=POSITIONS, grammar: Grammar | None = None,
+                 runs: int = N_RUNS) -> dict[int, dict[int, int]]:
+    """Per position, how often each token came out over ``runs`` seeded runs (one run serves every position)."""
     counts: dict[int, dict[int, int]] = {p: {} for p in positions}
-    for seed in range(N_RUNS):
+    for seed in range(runs):
         toks = []
-        for ch in gen.generate(PROMPT, max(positions) + 1, sampling, seed=seed):
+        for ch in gen.generate(PROMPT, max(positions) + 1, sampling, seed=seed, grammar=grammar,
+                               speculative=gen.engine is not None):
             toks += ch.tokens
         for p in positions:
             counts[p][outcome(toks, p)] = counts[p].get(outcome(toks, p), 0) + 1
@@ -45,12 +51,12 @@ def model(synth_q8):
 @pytest.fixture(scope="module")
 def plain_counts(model):
     """Plain decoding's token counts per sampling setting, computed once for every test of this module."""
-    cache: dict[SamplingParams, dict[int, dict[int, int]]] = {}
+    cache: dict[tuple, dict[int, dict[int, int]]] = {}
 
-    def counts(sampling: SamplingParams) -> dict[int, dict[int, int]]:
-        if sampling not in cache:
-            cache[sampling] = token_counts(make(model, None), sampling)
-        return cache[sampling]
+    def counts(sampling: SamplingParams, grammar: Grammar | None = None) -> dict[int, dict[int, int]]:
+        if (sampling, grammar) not in cache:
+            cache[sampling, grammar] = token_counts(make(model, None), sampling, grammar=grammar)
+        return cache[sampling, grammar]
     return counts
 
 
@@ -122,3 +128,24 @@ def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
         p = chi2_pvalue(plain_counts(sampling)[position], counts[i])
         assert p > 0.01, f"position {position}: speculative with budget differs from plain (p={p:.2e})"
     assert plain_steps >= N_RUNS // 2 and len(sizes) >= 3, (plain_steps, sizes)
+
+
+def test_constrained_speculative_sampling_matches_plain(model, plain_counts):
+    """Under a grammar: rejection sampling against the masked target at every visited node keeps plain
+    constrained sampling's distribution; the same test catches acceptance against the unmasked target."""
+    sampling = SamplingParams(temperature=1.0)
+    spec = make(model, model, TreeParams(12, 4, 3))
+    got = token_counts(spec, sampling, grammar=LOWER)
+    plain = plain_counts(sampling, LOWER)
+    for position in POSITIONS:
+        p = chi2_pvalue(plain[position], got[position])
+        assert p > 0.01, f"position {position}: constrained speculative differs from plain (p={p:.2e})"
+    assert sum(spec.last_stats.accepted_by_source.values()) >= 1
+    original = generator_mod.accept
+    generator_mod.accept = mask_ignoring
+    try:
+        biased = token_counts(spec, sampling, positions=(1,), grammar=LOWER, runs=N_RUNS // 3)  # p ~ 1e-100 at N_RUNS
+    finally:
+        generator_mod.accept = original
+    p = chi2_pvalue(plain[1], biased[1])
+    assert p < 1e-4, f"acceptance ignoring the mask went unnoticed (p={p:.2e})"

@@ -201,7 +201,9 @@ BAD = [  # (what, method, path, httpx kwargs, status, error code or None)
     ("response_format json_schema without a schema", "POST", CHAT,
      {"json": {**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}}, 400, None),
     ("unknown response_format", "POST", CHAT, {"json": {**GOOD, "response_format": {"type": "xml"}}}, 400, None),
-    ("tools", "POST", CHAT, {"json": {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}}, 400,
+    ("tools on a template that does not render them", "POST", CHAT,
+     {"json": {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}}, 400, None),
+    ("functions (the old form of tools)", "POST", CHAT, {"json": {**GOOD, "functions": [{"name": "f"}]}}, 400,
      "unsupported_parameter"),
     ("token id outside the vocabulary", "POST", COMPLETIONS, {"json": {"prompt": [1, 10 ** 9]}}, 400, None),
     ("negative token id", "POST", COMPLETIONS, {"json": {"prompt": [-5]}}, 400, None),
@@ -461,8 +463,11 @@ class StandIn:
     def n_ctx(self) -> int:
         return 64
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return [1, 2]
+
+    def tool_plan(self, tools, tool_choice=None, parallel_tool_calls=None) -> None:
+        return None
 
     def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None):
         from eagle2_local.generator import Chunk
@@ -719,3 +724,122 @@ def test_response_format_json_schema_with_the_official_client(server):
     yes_no = client.completions.create(model=NAME, prompt="Is the sky blue? Answer:", max_tokens=4, temperature=0,
                                        extra_body={"grammar": 'root ::= " yes" | " no"'})
     assert yes_no.choices[0].text in (" yes", " no")
+
+
+# ------------------------------------------------------------------ tool calls
+TOOLS_TEMPLATE = Path(__file__).resolve().parents[1] / "eagle2_local" / "data" / "templates" / "chatml-tools.jinja"
+WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                 "unit": {"type": "string", "enum": ["C", "F"]}},
+                "required": ["city", "unit"], "additionalProperties": False}
+TIME_ARGS = {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 30}},
+             "required": ["timezone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                           "parameters": WEATHER_ARGS}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a timezone",
+                                           "parameters": TIME_ARGS}}]
+WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tools_server(smollm2_path, tmp_path_factory):
+    """The default model and head with the vendored ChatML tools template (SmolLM2's own renders no tools); a
+    fixed tree, so that no calibration runs."""
+    s = start_server(tmp_path_factory.mktemp("serve-tools") / "server.log", *SERVER_ARGS, "--budget", "fixed",
+                     "--total-tokens", "12", "--depth", "4", "--chat-template-file", str(TOOLS_TEMPLATE))
+    yield s
+    alive = s.proc.poll() is None
+    stop_server(s)
+    assert alive, "the server died during the tests"
+
+
+def streamed_calls(chunks) -> tuple[list[tuple[str, str]], str | None, str]:
+    """(name, arguments) per call index, the finish reason and the content, from a chat stream's deltas."""
+    calls: dict[int, list[str]] = {}
+    reason, content = None, ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or []:
+                if tc.id is not None:
+                    assert tc.index not in calls and tc.type == "function" and tc.function.name
+                    calls[tc.index] = [tc.function.name, ""]
+                calls[tc.index][1] += tc.function.arguments or ""
+            reason = choice.finish_reason or reason
+    return [tuple(c) for c in calls.values()], reason, content
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_tool_choice_required_and_named_with_the_official_client(tools_server, choice):
+    """A constrained answer is one call whose arguments validate against the function's schema; streamed, it
+    reassembles to the same call (id and name first, then the arguments)."""
+    import jsonschema
+
+    client = tools_server.openai()
+    whole = client.chat.completions.create(model=NAME, messages=WEATHER_Q, tools=TOOLS, tool_choice=choice,
+                                           temperature=0, max_tokens=60)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" and message.content is None
+    (call,) = message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    if isinstance(choice, dict):
+        assert call.function.name == "get_time"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER_ARGS if call.function.name == "get_weather" else TIME_ARGS)
+    calls, reason, content = streamed_calls(client.chat.completions.create(
+        model=NAME, messages=WEATHER_Q, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=60, stream=True))
+    assert calls == [(call.function.name, call.function.arguments)] and reason == "tool_calls" and content == ""
+
+
+def test_tool_choice_auto_reads_the_models_own_call_and_results_render(tools_server):
+    """Two earlier turns answered by calls: SmolLM2 answers the third by a <tool_call> of its own, read as a call
+    (whole and streamed alike); then a conversation with the call's result gets a content answer."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = []
+    for city in ("Rome", "Oslo"):
+        earlier = {"id": f"call_{city}", "type": "function",
+                   "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+        msgs += [{"role": "user", "content": f"Weather in {city}?"},
+                 {"role": "assistant", "content": None, "tool_calls": [earlier]},
+                 {"role": "tool", "tool_call_id": f"call_{city}", "content": "{\"temp\": 20}"},
+                 {"role": "assistant", "content": "20 degrees."}]
+    msgs.append({"role": "user", "content": "Weather in Paris?"})
+    client = tools_server.openai()
+    whole = client.chat.completions.create(model=NAME, messages=msgs, tools=tools, temperature=0, max_tokens=40)
+    assert whole.choices[0].finish_reason == "tool_calls", whole.choices[0].message.content
+    (call,) = whole.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    calls, reason, _ = streamed_calls(client.chat.completions.create(model=NAME, messages=msgs, tools=tools,
+                                                                     temperature=0, max_tokens=40, stream=True))
+    assert calls == [(call.function.name, call.function.arguments)] and reason == "tool_calls"
+    answered = msgs + [whole.choices[0].message.model_dump(exclude_none=True),
+                       {"role": "tool", "tool_call_id": call.id, "content": "{\"temp\": 18}"}]
+    after = client.chat.completions.create(model=NAME, messages=answered, tools=tools, tool_choice="none",
+                                           temperature=0, max_tokens=12)
+    assert after.choices[0].message.content and not after.choices[0].message.tool_calls
+
+
+BAD_TOOLS = [  # (what, body fields, param); each a 400 in OpenAI's shape, nothing generated
+    ("parameters not an object schema", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array", "items": {"type": "string"}}}}]}, "tools"),
+    ("unsupported schema feature", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}]}, "tools"),
+    ("named choice not among the tools", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {
+        "name": "get_stock"}}}, "tool_choice"),
+    ("malformed tools entry", {"tools": [{"type": "function", "name": "get_weather"}]}, "tools"),
+    ("tools and response_format", {"tools": TOOLS, "tool_choice": "required",
+                                   "response_format": {"type": "json_object"}}, "tool_choice"),
+    ("tool call arguments not JSON", {"messages": WEATHER_Q + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}]}]}, None),
+]
+
+
+@pytest.mark.parametrize("what,fields,param", BAD_TOOLS, ids=[b[0] for b in BAD_TOOLS])
+def test_bad_tools_get_a_400_and_nothing_is_generated(tools_server, what, fields, param):
+    with tools_server.http() as http:
+        before = http.get("/stats").json()["generations"]
+        r = http.post(CHAT, json={"messages": WEATHER_Q, "max_tokens": 8, **fields})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] == param and "\n" not in err["message"]
+        assert http.get("/stats").json()["generations"] == before

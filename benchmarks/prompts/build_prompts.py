@@ -1,8 +1,10 @@
-"""Build the copy-heavy prompt sets (code_edit, code_edit_short, edit_chat, qa_passage, extract) from eagle/.
+"""Build the copy-heavy prompt sets (code_edit, code_edit_short, edit_chat, qa_passage, extract, extract_schema)
+from eagle/.
 
 Lookup drafts pay when the answer repeats its input, so these sets ask for exactly that: edits that return a
 whole function (short ones too, where a draft must pay from its first rounds), multi-turn chats about a pasted
-file, and answers that quote or extract from a passage. Everything is derived deterministically from
+file, answers that quote or extract from a passage, and extraction into a JSON record whose schema constrains
+the answer (each record's ``schema``). Everything is derived deterministically from
 humaneval.jsonl (function prompt + reference solution) and sum.jsonl (news articles), so rerunning this script
 rewrites the same files byte for byte. Every record carries a ``split``: "heldout" for every 4th record of each
 category, "tune" for the rest, so that settings tuned on a set can be checked on prompts tuning never saw.
@@ -42,6 +44,7 @@ TYPING_TO_BUILTIN = {"List": "list", "Dict": "dict", "Tuple": "tuple", "Set": "s
 N_SHORT = 24
 N_CHATS = 16
 N_EXTRACT = 32
+N_SCHEMA = 24
 
 
 class BuildError(Exception):
@@ -583,6 +586,57 @@ def build_extract(articles: list[dict], n: int) -> list[dict]:
                         lambda q, passage: (f"{q['text']}\n\nPassage:\n{' '.join(passage)}", q.get("reference")))
 
 
+# ---- extract_schema ----------------------------------------------------------------------------------------
+
+STRINGS = {"type": "array", "items": {"type": "string"}}
+# Two record shapes take turns; every field is required and nothing else is allowed, so a valid answer is
+# exactly the record asked for (5-6 fields, some copied from the passage, some written).
+SCHEMAS = {
+    "article": ("headline (a short title you write), people (the people named in the passage, spelled as "
+                "written), places (the place names, as written), numbers (every number written in digits, in "
+                "order), key_quote (the passage's most important sentence, copied exactly) and tone (positive, "
+                "neutral or negative)",
+                {"type": "object", "properties": {
+                    "headline": {"type": "string"}, "people": STRINGS, "places": STRINGS,
+                    "numbers": {"type": "array", "items": {"type": "number"}}, "key_quote": {"type": "string"},
+                    "tone": {"type": "string", "enum": ["positive", "neutral", "negative"]}},
+                 "required": ["headline", "people", "places", "numbers", "key_quote", "tone"],
+                 "additionalProperties": False}),
+    "event": ("event (what happened, in a few words), who (the people or organisations involved, as written), "
+              "where (the place, as written), when (the time given in the passage, as written, or an empty "
+              "string), first_sentence (the passage's first sentence, copied exactly), and confirmed (true if the "
+              "passage states it as fact, false if it reports claims or plans)",
+              {"type": "object", "properties": {
+                  "event": {"type": "string"}, "who": STRINGS, "where": {"type": "string"},
+                  "when": {"type": "string"}, "first_sentence": {"type": "string"},
+                  "confirmed": {"type": "boolean"}},
+               "required": ["event", "who", "where", "when", "first_sentence", "confirmed"],
+               "additionalProperties": False}),
+}
+
+
+def build_extract_schema(articles: list[dict], n: int) -> list[dict]:
+    """Passages of 120-250 words (articles extract has not used, so the two sets share no passage) turned into
+    one JSON record each; the record's ``schema`` is the JSON schema its answer must follow."""
+    passages = []
+    for rec in articles[::-1]:  # from the end of the file: extract takes passages from its start
+        text = rec["turns"][0]
+        text = text[len("Summarize:"):].strip() if text.startswith("Summarize:") else text.strip()
+        if (cut := cut_passage(text, low=120, high=250)) is not None:
+            passages.append((rec["question_id"], cut))
+    if len(passages) < n:
+        raise BuildError(f"extract_schema needs {n} passages of 120-250 words, the articles give {len(passages)}")
+    out = []
+    for i, (qid, passage) in enumerate(passages[:n]):
+        kind = list(SCHEMAS)[i % len(SCHEMAS)]
+        fields, schema = SCHEMAS[kind]
+        turn = (f"Read the passage below and answer with one JSON object with these fields: {fields}.\n\n"
+                f"Passage:\n{' '.join(passage)}")
+        out.append({"question_id": i, "category": f"extract_schema/{kind}", "turns": [turn],
+                    "source_question_id": qid, "schema": schema})
+    return with_splits(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE,
@@ -599,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
                 "code_edit_short": build_code_edit_short(humaneval, N_SHORT),
                 "edit_chat": build_edit_chat(humaneval, N_CHATS),
                 "qa_passage": build_qa_passage(articles, args.n),
-                "extract": build_extract(articles, N_EXTRACT)}
+                "extract": build_extract(articles, N_EXTRACT),
+                "extract_schema": build_extract_schema(articles, N_SCHEMA)}
         args.out.mkdir(parents=True, exist_ok=True)
         for name, records in sets.items():
             write_jsonl(args.out / f"{name}.jsonl", records)

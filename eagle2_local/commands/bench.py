@@ -50,7 +50,8 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
 
     Records with several turns run as chats: each turn follows the mode's own earlier answers, and the
-    record's tokens/s, tau and identical-output check cover every turn.
+    record's tokens/s, tau and identical-output check cover every turn. A record's "schema" (JSON schema) or
+    "grammar" (GBNF) constrains its answers in both modes.
 
     Both use the same llama.cpp context (build, model, threads, settings). Reports per set: tokens/s of each,
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
@@ -63,9 +64,9 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     llm = load(**rt, seed=seed)
-    if not llm.speculative:
+    if not llm.speculative and not any(ps.grammar(i) is not None for ps in sets for i in range(len(ps.prompts))):
         fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "
-             "uses its shipped head when there is one)")
+             "uses its shipped head when there is one), or prompts with a schema or grammar (forced tokens)")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     b = Bench(llm, sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance,
               seed=seed, chat=not no_chat)
@@ -83,7 +84,8 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     done = 0
     for ps in sets:
         for i, text in enumerate(ps.prompts):
-            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i), ps.split(i))
+            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i), split=ps.split(i),
+                             grammar=ps.grammar(i))
             done += 1
             click.echo(bench_prompt_line(done, total, ps.name, i, r, tie_tolerance), err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),

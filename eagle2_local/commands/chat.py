@@ -5,13 +5,15 @@ from __future__ import annotations
 import click
 
 from ..console import run_chat
-from .common import friendly_errors, load, runtime_options, sampling_options, sampling_params
+from .common import (chat_template_option, friendly_errors, load, runtime_options, sampling_options,
+                     sampling_params)
 
 
 @click.command("chat")
 @runtime_options
 @sampling_options
 @click.option("--system", "system_prompt", default=None, help="System message that starts the conversation.")
+@chat_template_option()
 @friendly_errors
 def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
     """Talk to the model in the terminal.

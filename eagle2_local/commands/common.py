@@ -53,6 +53,10 @@ verbose_option = shared_option("--verbose", "-v", is_flag=True, help="Show llama
 prompt_sets_option = shared_option("--prompts", "prompt_specs", multiple=True, required=True,
                                    help="Prompt set(s): .jsonl files or a folder of them.")
 json_flag_option = shared_option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+chat_template_option = shared_option(
+    "--chat-template-file", type=click.Path(dir_okay=False), default=None,
+    help="A Jinja chat template to use instead of the GGUF's (as llama-server's option), e.g. one that renders "
+         "tools (eagle2_local/data/templates/chatml-tools.jinja for ChatML models).")
 
 
 def runtime_options(fn):
@@ -145,15 +149,31 @@ def friendly_errors(fn):
 
 
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
-         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None, cache_prompt=False):
+         tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None, cache_prompt=False,
+         chat_template_file=None):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
+    chat_template = read_chat_template(chat_template_file)
     from ..api import Eagle2
     return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
                   n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
                   plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate, rpc_servers=rpc,
-                  draft=draft, lookup=lookup, cache_prompt=cache_prompt,
+                  draft=draft, lookup=lookup, cache_prompt=cache_prompt, chat_template=chat_template,
                   progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """The text of ``--chat-template-file``, checked before the model loads (a missing file or a template that
+    does not compile is one error line)."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not text.strip():
+        fail(f"the chat template file is empty: {path}")
+    from ..chat import check_template
+    check_template(text)
+    return text
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float):

@@ -9,7 +9,8 @@ import click
 
 from ..console import stats_line
 from ..grammar import Grammar, response_grammar
-from .common import fail, friendly_errors, load, runtime_options, sampling_options, sampling_params
+from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
+                     sampling_params)
 
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
@@ -39,16 +40,19 @@ def read_constraint(grammar_file: str | None, json_schema: str | None) -> Gramma
               help="Constrain the answer to a GBNF grammar (llama.cpp's format) read from this file.")
 @click.option("--json-schema", default=None, metavar="SCHEMA",
               help="Constrain the answer to JSON that follows this JSON schema (inline JSON, or @FILE).")
+@chat_template_option(help="With --chat: a Jinja chat template to use instead of the GGUF's (as llama-server's "
+                           "option).")
 @friendly_errors
 def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, temperature, top_k, top_p, min_p,
              repeat_penalty, seed, **rt):
     """Generate a continuation of PROMPT and print it (streamed) or as JSON."""
     constraint = read_constraint(grammar_file, json_schema)  # refused before the model loads
-    # answers under a grammar are decoded plainly for now: no draft to load or calibrate
-    llm = load(**{**rt, "plain": rt["plain"] or constraint is not None}, seed=seed)
+    if rt["chat_template_file"] is not None and not as_chat:
+        fail("--chat-template-file applies to --chat prompts (give --chat)")
     if constraint is not None:
-        constraint.state(llm.model).close()  # an invalid grammar is one error line before any output
-    elif not llm.speculative and not rt["plain"] and not as_json:
+        check_constraint(constraint, rt["model"], rt["verbose"])
+    llm = load(**rt, seed=seed)
+    if constraint is None and not llm.speculative and not rt["plain"] and not as_json:
         click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
     from ..chat import prompt_tokens
     tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)
@@ -71,3 +75,16 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
     else:
         click.echo()
         click.echo(stats_line(stats), err=True)
+
+
+def check_constraint(constraint, model: str | None, verbose: bool) -> None:
+    """Compile the grammar for the model's vocabulary before anything else loads (a draft, a calibration), so an
+    invalid one is one error line and nothing else."""
+    from ..llama import LlamaModel
+    from ..models import resolve_model
+
+    probe = LlamaModel(resolve_model(model), n_gpu_layers=0, verbose=verbose)
+    try:
+        constraint.state(probe).close()
+    finally:
+        probe.close()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import click
 
 from ..sampling import SamplingDefaults
-from .common import fail, friendly_errors, load, runtime_options, sampling_options
+from .common import (chat_template_option, fail, friendly_errors, load, read_chat_template, runtime_options,
+                     sampling_options)
 
 
 @click.command("serve")
@@ -20,6 +21,7 @@ from .common import fail, friendly_errors, load, runtime_options, sampling_optio
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
               help="Requests that may wait while one is answered; beyond that: 503 with Retry-After.")
 @click.option("--alias", default=None, help="The model name clients see [default: the GGUF file name].")
+@chat_template_option()
 @friendly_errors
 def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
           seed, **rt):
@@ -30,6 +32,7 @@ def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k,
     The sampling options are the defaults for fields a request leaves out. Needs `pip install
     "eagle2-local[server]"`.
     """
+    read_chat_template(rt["chat_template_file"])  # a bad template is an error before the port is bound
     try:
         from ..server import serve as run_server
     except ImportError as exc:

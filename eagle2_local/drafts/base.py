@@ -46,7 +46,12 @@ class DraftEngine(Protocol):
 
     name: str
     needs_features: bool
-    n_seen: int  # committed positions the draft has ingested; feature-fed engines lack the target feature from here on
+    # Tokens of the committed text the draft has read: its next ``catch_up`` ingests ``tokens[n_read:]`` (the
+    # catch-up a tree round would cost, what the tree policy charges for). The one count of it: the generator
+    # keeps no copy.
+    n_read: int
+    # Feature-fed engines (``needs_features``) only: the first position whose target feature the draft lacks.
+    n_features: int
     weights_path: Path | None  # the file the draft's weights came from (keys cached costs, named in reports)
     # A part of this draft that costs ~nothing to run (a merged draft's lookup branches), which a round may run
     # alone when the rest could not pay; None for a draft that is one piece (most of them).
@@ -81,20 +86,42 @@ class TreeSequences:
 
     Sequence 0 holds the committed text; a candidate's sequence then holds exactly its ancestors and itself, so
     a tree level can be decoded as one batch with one sequence id per node. Shared by the llama.cpp engines.
-    """
 
-    def __init__(self, ctx) -> None:
+    ``pool``: when given, the sequences of two levels back are reused (two pools of ``pool`` ids, alternating
+    by level): a level's nodes only need their parents' sequences, which hold every older ancestor too. An
+    engine that keeps no per-candidate state past the next level (EAGLE-3: its tree is dropped at commit) then
+    needs ``1 + 2 * pool`` sequences instead of one per candidate, which matters where llama.cpp does per-sequence
+    work on every decode (in-graph top-k samplers)."""
+
+    def __init__(self, ctx, pool: int | None = None) -> None:
         self.ctx = ctx
+        self.pool = pool
         self.seq_of: dict[int, int] = {}  # candidate id -> sequence holding its path
         self._next = 1
+        self._level = 0
+
+    @staticmethod
+    def needed(width: int, depth: int, recycle: bool) -> int:
+        """Sequences a tree of ``width`` frontier nodes and ``depth`` levels needs (sequence 0 included)."""
+        return 1 + (2 * width if recycle else width * max(1, depth - 1))
 
     def assign(self, cand_ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
         """Give each candidate a fresh sequence holding its parent's path (-1 = the root, sequence 0)."""
         k = len(cand_ids)
-        seqs = np.arange(self._next, self._next + k, dtype=np.int32)
-        if seqs[-1] >= self.ctx.n_seq_max:
-            raise TreeError("draft tree wider or deeper than the draft context was created for")
-        self._next += k
+        if self.pool is not None:
+            if k > self.pool:
+                raise TreeError(f"a tree level of {k} nodes is wider than the draft context's {self.pool}")
+            first = 1 + (self._level % 2) * self.pool
+            self._level += 1
+            seqs = np.arange(first, first + k, dtype=np.int32)
+            for seq in seqs.tolist():
+                self.ctx.seq_rm(seq)  # a node two levels up: its children copied what they need
+            self._next = max(self._next, first + k)
+        else:
+            seqs = np.arange(self._next, self._next + k, dtype=np.int32)
+            if seqs[-1] >= self.ctx.n_seq_max:
+                raise TreeError("draft tree wider or deeper than the draft context was created for")
+            self._next += k
         for cand, parent, seq in zip(np.asarray(cand_ids).tolist(), np.asarray(parent_ids).tolist(), seqs.tolist()):
             self.ctx.seq_cp(0 if parent < 0 else self.seq_of[parent], seq)
             self.seq_of[cand] = seq
@@ -106,3 +133,4 @@ class TreeSequences:
             self.ctx.seq_rm(seq)
         self.seq_of.clear()
         self._next = 1
+        self._level = 0

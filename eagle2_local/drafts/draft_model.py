@@ -14,6 +14,9 @@ import logging
 import numpy as np
 
 from ..errors import IncompatibleDraftError, TreeError
+from .. import backend_topk
+from ..backend_topk import BackendTopK
+from ..tree import Proposals
 from .base import TreeSequences
 from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 
@@ -43,9 +46,11 @@ class DraftModelEngine:
     free_part = None
 
     def __init__(self, model: LlamaModel, settings: ContextSettings, max_width: int, max_depth: int,
-                 owns_model: bool = False) -> None:
+                 owns_model: bool = False, in_graph_top_k: bool | None = None) -> None:
         """``settings``: the target's context settings (the draft context follows them); ``owns_model``: close
-        the model with the engine (False when the target drafts for itself and the weights are shared)."""
+        the model with the engine (False when the target drafts for itself and the weights are shared);
+        ``in_graph_top_k``: each row's top-k and log-normalizer inside llama.cpp's graph instead of dense rows
+        in numpy (default: :func:`backend_topk.in_graph_for` the draft's model)."""
         n_seq = 1 + max_width * max(1, max_depth - 1)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
@@ -59,8 +64,11 @@ class DraftModelEngine:
             n_ctx=settings.n_ctx + max_width * max(1, max_depth - 1), n_batch=max(settings.n_batch, max_width),
             n_seq_max=max(n_seq, 2),
             n_threads=settings.n_threads, embeddings=False))
-        self.n_seen = 0  # tokens in sequence 0
-        self.seqs = TreeSequences(self.ctx)
+        self.n_read = 0  # tokens in sequence 0
+        self.seqs = TreeSequences(self.ctx)  # not reused by level: commit reads an accepted node's sequence
+        in_graph = backend_topk.in_graph_for(model) if in_graph_top_k is None else in_graph_top_k
+        self.top_k = BackendTopK(self.ctx.ptr, model.n_vocab, max_width, range(self.ctx.n_seq_max)) \
+            if in_graph else None
 
     def reset(self) -> None:
         self.rollback(0)
@@ -70,12 +78,12 @@ class DraftModelEngine:
 
     def rollback(self, n_tokens: int) -> None:
         self._forget_tree()
-        n_tokens = min(n_tokens, self.n_seen)
+        n_tokens = min(n_tokens, self.n_read)
         self.ctx.seq_rm(0, n_tokens, -1)  # unconditional: also drops rows of an interrupted catch-up
-        self.n_seen = n_tokens
+        self.n_read = n_tokens
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> np.ndarray:
-        toks = np.asarray(tokens, dtype=np.int32)[self.n_seen:]
+        toks = np.asarray(tokens, dtype=np.int32)[self.n_read:]
         if len(toks) == 0:
             raise TreeError("catch_up needs at least the new root token")
         logits = None
@@ -83,26 +91,36 @@ class DraftModelEngine:
             chunk = toks[start:start + self.ctx.n_batch]
             out = np.zeros(len(chunk), dtype=np.int8)
             out[-1] = 1
-            pos = np.arange(self.n_seen, self.n_seen + len(chunk), dtype=np.int32)
+            pos = np.arange(self.n_read, self.n_read + len(chunk), dtype=np.int32)
+            if self.top_k is not None:
+                self.top_k.activate((0,), 1)
             self.ctx.decode(chunk, pos, out, seq=0)
-            self.n_seen += len(chunk)
-            logits = self.ctx.logits(1)[0]
-        return logits
+            self.n_read += len(chunk)
+        return self._rows(1)
+
+    def _rows(self, n: int):
+        """The last decode's n output rows: in-graph candidates, or dense logits (a view)."""
+        if self.top_k is not None:
+            return Proposals.trusted(*self.top_k.read(n))
+        logits = self.ctx.logits(n, copy=n == 1)
+        return logits[0] if n == 1 else logits
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         k = len(cand_ids)
         seqs = self.seqs.assign(cand_ids, parent_ids)
-        pos = np.full(k, self.n_seen - 1 + level, dtype=np.int32)
+        pos = np.full(k, self.n_read - 1 + level, dtype=np.int32)
+        if self.top_k is not None:
+            self.top_k.activate(seqs.tolist(), k)
         self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8),
                         seq_mask=np.eye(k, dtype=bool), seq_ids=seqs)
-        return self.ctx.logits(k, copy=False)  # consumed by the tree builder before the next decode
+        return self._rows(k)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self.seqs.seq_of]
         if decoded:
             seq = self.seqs.seq_of[decoded[-1]]
-            self.ctx.seq_cp(seq, 0, self.n_seen, self.n_seen + len(decoded))
-            self.n_seen += len(decoded)
+            self.ctx.seq_cp(seq, 0, self.n_read, self.n_read + len(decoded))
+            self.n_read += len(decoded)
         self._forget_tree()
 
     def _forget_tree(self) -> None:

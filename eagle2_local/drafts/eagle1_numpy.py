@@ -96,9 +96,14 @@ class Eagle1NumpyEngine:
         self._forget_tree()
 
     @property
-    def n_seen(self) -> int:
+    def n_features(self) -> int:
         """The first position whose target feature this engine lacks (what the generator must supply)."""
         return self._feats.n
+
+    @property
+    def n_read(self) -> int:
+        """The pair at t holds token t+1, so the pairs hold the text up to the root (none: nothing read)."""
+        return self.n_done + 1 if self.n_done else 0
 
     def begin_answer(self, prompt_tokens: int) -> None:
         pass  # the same draft for every answer

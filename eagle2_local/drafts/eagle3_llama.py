@@ -32,6 +32,9 @@ from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
 from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
 from ..models import GGUFInfo
+from .. import backend_topk
+from ..backend_topk import BackendTopK
+from ..tree import Proposals
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ REQUIRED_KEYS = (keys.EAGLE3_TARGET_LAYERS, keys.EAGLE3_TARGET_HIDDEN_SIZE, keys
 
 
 FEATURE_SOURCES = ("layer_inputs", "final_norm")
+ENCODE_CHUNK = 32  # rows per encoder pass when the in-graph top-k sizes llama.cpp's output buffers
 
 
 def feature_source(info: GGUFInfo) -> str:
@@ -111,9 +115,10 @@ class Eagle3Engine:
     free_part = None
 
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
-                 n_threads: int | None = None) -> None:
+                 n_threads: int | None = None, in_graph_top_k: bool | None = None) -> None:
         check_eagle3_fits(head.info, target_ctx.model)
-        n_seq = 1 + max_width * max(1, max_depth - 1)
+        in_graph_top_k = backend_topk.in_graph_for(head) if in_graph_top_k is None else in_graph_top_k
+        n_seq = TreeSequences.needed(max_width, max_depth, recycle=in_graph_top_k)
         if n_seq > MAX_SEQ:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
                             f"llama.cpp allows {MAX_SEQ}")
@@ -131,7 +136,19 @@ class Eagle3Engine:
         self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
         self._root_g = np.zeros(self.n_embd, dtype=np.float32)
         self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
-        self.seqs = TreeSequences(self.ctx)
+        # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
+        self.seqs = TreeSequences(self.ctx, pool=max_width if in_graph_top_k else None)
+        self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
+            if in_graph_top_k else None
+
+    @property
+    def n_read(self) -> int:
+        """Entry P holds token P+1, so the entries hold the text up to the root (none: nothing read)."""
+        return self.n_seen + 1 if self.n_seen else 0
+
+    @property
+    def n_features(self) -> int:
+        return self.n_seen
 
     # ------------------------------------------------------------ state
     def reset(self) -> None:
@@ -166,13 +183,25 @@ class Eagle3Engine:
         # the *first* rows' logits and pre-norm states. So the root entry goes alone in the last batch.
         last = len(g) - 1
         step = self.ctx.n_batch
+        self._activate((), 0)
         for start in range(0, last, step):
             self._process_entries(tokens, g, range(start, min(start + step, last)), output=False)
+        self._activate((0,), 1)
         self._process_entries(tokens, g, [last], output=True)
         self.n_seen = n_text
-        logits = self.ctx.logits(1)[0]
         self._root_g = self._prenorm(1)[0].copy()
-        return logits
+        return self._rows(1, copy=True)
+
+    def _activate(self, seqs, n_rows: int) -> None:
+        if self.top_k is not None:
+            self.top_k.activate(seqs, n_rows)
+
+    def _rows(self, n: int, copy: bool):
+        """The last decode's n output rows: in-graph candidates, or dense logits (a view unless ``copy``)."""
+        if self.top_k is not None:
+            return Proposals.trusted(*self.top_k.read(n))
+        logits = self.ctx.logits(n, copy=copy)
+        return logits[0] if copy and n == 1 else logits
 
     def _process_entries(self, tokens: np.ndarray, g: np.ndarray, rows, output: bool) -> None:
         self.batch.clear()
@@ -184,7 +213,10 @@ class Eagle3Engine:
     def _encode(self, feats: np.ndarray) -> np.ndarray:
         """The head's ``fc`` (encoder graph) over target features: one g row per position."""
         out = []
-        step = self.ctx.n_batch
+        # Every encoded row is an output, and llama.cpp sizes its output buffers by the largest output count;
+        # with the in-graph top-k those are four vocabulary-wide buffers per output (pinned memory on CUDA):
+        # 32-row chunks keep them at ~25 MB for a 49k vocabulary instead of ~400 MB at n_batch 512.
+        step = min(self.ctx.n_batch, ENCODE_CHUNK) if self.top_k is not None else self.ctx.n_batch
         # The encoder ignores positions, but llama.cpp wants every batch to start right after the last position
         # in the KV cache, which encoding does not advance: so each chunk starts at pos0 again.
         pos0 = max(self.ctx.seq_pos_max(0), -1) + 1
@@ -203,20 +235,18 @@ class Eagle3Engine:
             raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
-        seqs = self.seqs.assign(cand_ids, parent_ids)
-        pos = self.n_seen - 1 + level
+        seqs = self.seqs.assign(cand_ids, parent_ids).tolist()
+        g = np.stack([self._root_g if parent < 0 else self._g_of[parent] for parent in parent_ids.tolist()])
         self.batch.clear()
-        for tok, parent, seq in zip(np.asarray(tokens).tolist(), parent_ids.tolist(), seqs.tolist()):
-            g = self._root_g if parent < 0 else self._g_of[parent]
-            self.batch.add(int(tok), g, pos, seq, output=True)
+        self.batch.add_level(np.asarray(tokens).tolist(), g, self.n_seen - 1 + level, seqs)
+        self._activate(seqs, k)
         self.ctx.process(self.batch)
-        prenorm = self._prenorm(k)
-        for i, cand in enumerate(cand_ids.tolist()):
-            self._g_of[cand] = prenorm[i].copy()
-        return self.ctx.logits(k, copy=False)  # consumed by the tree builder before the next decode
+        prenorm = self._prenorm(k).copy()  # one copy per level; each candidate keeps a view of its row
+        self._g_of.update(zip(cand_ids.tolist(), prenorm))
+        return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Drop the tree; accepted tokens come back through ``catch_up`` with their real features."""

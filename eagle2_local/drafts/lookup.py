@@ -144,19 +144,22 @@ class NgramIndex:
             counts[tok] = counts.get(tok, 0) + 1
         return sorted(counts.items(), key=lambda item: -item[1])  # stable: recency breaks ties
 
-    def continuations(self, context: list[int], max_branches: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next tokens the text suggests after ``context`` and their probabilities (best first)."""
+    def continuations(self, context: list[int], max_branches: int) -> tuple[list[int], list[float]]:
+        """The next tokens the text suggests after ``context`` and their probabilities (best first), as Python
+        lists: this runs for every node of every tree level, where a few small numpy arrays per node cost more
+        than the lookup itself."""
         match = self.longest_match(context)
         if match is None:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
+            return [], []
         n, positions = match
         ranked = self._ranked(positions)[:max_branches]
-        top = ranked[0][1]
-        at = max(len(context), len(self.text))  # a draft predicts past the committed text
-        probs = self.confidence.rate(n, self.kind(at, positions)) * np.array([c for _, c in ranked], dtype=np.float64) / top
-        if probs.sum() > 1.0:
-            probs /= probs.sum()
-        return np.array([t for t, _ in ranked], dtype=np.int64), probs
+        # a draft predicts past the committed text, so the kind is the one of the text's next position
+        top, rate = ranked[0][1], self.confidence.rate(n, self.kind(len(self.text), positions))
+        probs = [rate * c / top for _, c in ranked]
+        total = sum(probs)
+        if total > 1.0:
+            probs = [p / total for p in probs]
+        return [t for t, _ in ranked], probs
 
 
 class LookupDraft:
@@ -173,7 +176,7 @@ class LookupDraft:
         self._path: dict[int, list[int]] = {}  # candidate id -> tokens from the root's child down to it
 
     @property
-    def n_seen(self) -> int:
+    def n_read(self) -> int:
         return len(self.index)
 
     def reset(self) -> None:
@@ -210,12 +213,12 @@ class LookupDraft:
         probs = np.zeros((len(contexts), width))  # 0 pads: its log, -inf, is a proposal's padding
         for row, context in enumerate(contexts):
             toks, p = self.index.continuations(context, width)
-            if len(toks):
+            if toks:
                 tokens[row, :len(toks)] = toks
                 probs[row, :len(toks)] = p
         with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
             log_probs = np.log(probs)
-        return Proposals(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
+        return Proposals.trusted(tokens, log_probs, np.full(tokens.shape, LOOKUP, dtype=np.int8))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""

@@ -40,9 +40,9 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
     width = max(1, int(keep.sum(axis=1).max(initial=0)))
     order = order[:, :width]
     kept = np.take_along_axis(keep, order, axis=1)
-    return Proposals(np.where(kept, np.take_along_axis(tokens, order, axis=1), 0),
-                     np.where(kept, np.take_along_axis(best, order, axis=1), -np.inf),
-                     np.where(kept, np.take_along_axis(sources, order, axis=1), 0).astype(np.int8))
+    return Proposals.trusted(np.where(kept, np.take_along_axis(tokens, order, axis=1), 0),
+                             np.where(kept, np.take_along_axis(best, order, axis=1), -np.inf),
+                             np.where(kept, np.take_along_axis(sources, order, axis=1), 0).astype(np.int8))
 
 
 class MergedDraft:
@@ -58,9 +58,13 @@ class MergedDraft:
         self.free_part = self.lookup  # costs ~nothing: runs alone in rounds the model draft cannot pay for
 
     @property
-    def n_seen(self) -> int:
-        """What the model has ingested: the lookup is always at least as far (it reads text, not features)."""
-        return self.model.n_seen
+    def n_read(self) -> int:
+        """What the model has read: the lookup is always at least as far (rounds may run it alone)."""
+        return self.model.n_read
+
+    @property
+    def n_features(self) -> int:
+        return self.model.n_features
 
     def _merge(self, model_out: DraftOutput, lookup_out: Proposals) -> Proposals:
         if not isinstance(model_out, Proposals):

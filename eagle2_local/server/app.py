@@ -21,6 +21,7 @@ from ..chat import prompt_tokens
 from ..errors import Eagle2Error
 from ..grammar import Grammar, GrammarError, response_grammar
 from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
+from ..tools import ToolError, ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
 from .guard import Guard
 from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
@@ -63,21 +64,26 @@ class Service:
     async def chat_completions(self, body: ChatRequest, request: Request):
         body.refuse_unsupported()
         messages = [m.as_dict() for m in body.messages]
-        prompt = await run_in_threadpool(self._guarded, self.llm.chat_tokens, messages)
+        plan = await run_in_threadpool(self._guarded, self.llm.tool_plan, body.tools, body.tool_choice,
+                                       body.parallel_tool_calls)
+        prompt = await run_in_threadpool(self._guarded, self.llm.chat_tokens, messages,
+                                         plan.tools if plan is not None else None)
         if body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
-        return await self._answer(body, prompt, ChatShape, request)
+        return await self._answer(body, prompt, ChatShape(plan), request, plan)
 
     async def completions(self, body: CompletionRequest, request: Request):
         body.refuse_unsupported()
         prompt = await run_in_threadpool(self._guarded, self._completion_tokens, body.prompt)
-        return await self._answer(body, prompt, CompletionShape, request)
+        return await self._answer(body, prompt, CompletionShape(), request)
 
     @staticmethod
     def _guarded(fn: Callable, *args):
-        """Template and tokenizer errors are the client's input: 400, not 500."""
+        """Template, tool and tokenizer errors are the client's input: 400, not 500."""
         try:
             return fn(*args)
+        except ToolError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
         except Eagle2Error as exc:
             raise APIError(400, str(exc)) from None
         except UnicodeError as exc:  # JSON can carry lone surrogates ("\ud800"), which have no UTF-8 form
@@ -98,15 +104,16 @@ class Service:
                            param="prompt")
         return list(prompt)
 
-    async def _answer(self, body: SamplingFields, prompt: list[int], shape, request: Request):
-        job = self._job(body, prompt)
+    async def _answer(self, body: SamplingFields, prompt: list[int], shape, request: Request,
+                      tools: ToolPlan | None = None):
+        job = self._job(body, prompt, tools)
         self.worker.admit(job)
         head = {"id": f"{shape.prefix}-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_name}
         if body.stream:
             return _JobStream(job, self._stream(job, shape, head, body.include_usage()), sep="\n")
         return await self._collect(job, shape, head, request)
 
-    def _job(self, body: SamplingFields, prompt: list[int]) -> Job:
+    def _job(self, body: SamplingFields, prompt: list[int], tools: ToolPlan | None = None) -> Job:
         """Check the prompt fits and the sampling values are valid, before the request takes a queue slot."""
         n_ctx = self.llm.n_ctx()
         if not prompt:
@@ -128,14 +135,17 @@ class Service:
         seed = _pick(body.seed, d.seed)
         if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
             seed = None
-        grammar = self._grammar(body)
+        grammar = self._grammar(body, tools)
         return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, grammar, asyncio.get_running_loop())
 
-    def _grammar(self, body: SamplingFields) -> Grammar | None:
-        """The request's constraint (``grammar``, ``json_schema`` or ``response_format``), compiled once against
-        the model here so that a bad one is a 400 before the request takes a queue slot."""
+    def _grammar(self, body: SamplingFields, tools: ToolPlan | None) -> Grammar | None:
+        """The request's constraint (``grammar``, ``json_schema``, ``response_format``, or the calls its
+        ``tool_choice`` requires), compiled once against the model here so that a bad one is a 400 before the
+        request takes a queue slot."""
         try:
             grammar = response_grammar(body.grammar, body.json_schema, body.response_format)
+            if tools is not None:
+                grammar = self._guarded(tools.constrain, grammar)
             if grammar is not None:
                 grammar.state(self.llm.model).close()
         except GrammarError as exc:
@@ -176,9 +186,13 @@ class Service:
                 yield event([shape.first()])
             async for kind, payload in job.events_until_done():
                 if kind == "chunk" and payload.text:
-                    yield event([shape.delta(payload.text)])
+                    for choice in shape.deltas(payload.text):
+                        yield event([choice])
                 elif kind == "done":
-                    yield event([shape.finish(payload["finish_reason"])], eagle=eagle_stats(payload))
+                    *owed, last = shape.finish(payload["finish_reason"])
+                    for choice in owed:
+                        yield event([choice])
+                    yield event([last], eagle=eagle_stats(payload))
                     if include_usage:
                         yield event([], usage=usage(payload["stats"]))
                 elif kind == "error":

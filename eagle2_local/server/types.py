@@ -4,8 +4,11 @@ than ignores) and the response objects of both endpoints. A field a request leav
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..tools import AnswerStream, ToolPlan, assistant_message
 from .errors import APIError
 
 MAX_STOPS = 16  # each stop string is checked at every token
@@ -53,12 +56,12 @@ class SamplingFields(BaseModel):
             "logprobs": bool(extra.get("logprobs")), "top_logprobs": bool(extra.get("top_logprobs")),
             "echo": bool(extra.get("echo")), "best_of": extra.get("best_of") not in (None, 1),
             "suffix": bool(extra.get("suffix")), "logit_bias": bool(extra.get("logit_bias")),
-            "tools": bool(extra.get("tools")), "functions": bool(extra.get("functions")),
+            "functions": bool(extra.get("functions")), "function_call": bool(extra.get("function_call")),
         }
         for name, bad in unsupported.items():
             if bad:
-                raise APIError(400, f"{name}: not supported by this server (only n=1, no logprobs or tools)",
-                               code="unsupported_parameter", param=name)
+                raise APIError(400, f"{name}: not supported by this server (only n=1, no logprobs; functions "
+                               "through tools)", code="unsupported_parameter", param=name)
 
 
 class CompletionRequest(SamplingFields):
@@ -76,42 +79,61 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
 
+    # what an assistant's calls and a tool's result carry besides role and content
+    TOOL_FIELDS: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_id", "name")
+
     def as_dict(self) -> dict:
-        """``{"role", "content": str}``; text parts are joined, other parts (images, audio) refused."""
+        """``{"role", "content": str}`` plus the tool fields given; text parts are joined, other parts (images,
+        audio) refused. An assistant message that only calls tools keeps its content None."""
         if isinstance(self.content, list):
             if any(p.type != "text" or p.text is None for p in self.content):
                 raise APIError(400, "messages: only text content parts are supported", param="messages")
-            return {"role": self.role, "content": "".join(p.text for p in self.content)}
-        return {"role": self.role, "content": self.content or ""}
+            content = "".join(p.text for p in self.content)
+        else:
+            extra = self.model_extra or {}
+            content = None if self.content is None and extra.get("tool_calls") else self.content or ""
+        return {"role": self.role, "content": content,
+                **{k: v for k, v in (self.model_extra or {}).items() if k in self.TOOL_FIELDS}}
 
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    tools: list[Any] | None = None  # OpenAI's function entries; checked by eagle2_local.tools
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # ---------------------------------------------------------------- responses
 class ChatShape:
-    """``chat.completion`` objects and their stream chunks."""
+    """``chat.completion`` objects and their stream chunks, for one answer: calls in it are read as the request's
+    tool ``plan`` says (:mod:`eagle2_local.tools`)."""
 
     prefix, final_object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, plan: ToolPlan | None = None) -> None:
+        self.plan = plan
+        self.answer = AnswerStream(plan)
 
     @staticmethod
     def first() -> dict | None:
         return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
     @staticmethod
-    def delta(text: str) -> dict:
-        return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+    def _choice(delta: dict, reason: str | None = None) -> dict:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
 
-    @staticmethod
-    def finish(reason: str) -> dict:
-        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+    def deltas(self, text: str) -> list[dict]:
+        return [self._choice(d) for d in self.answer.feed(text)]
 
-    @staticmethod
-    def whole(text: str, reason: str) -> dict:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": reason}
+    def finish(self, reason: str) -> list[dict]:
+        """The choices still owed (content held back, the calls) and the last one, with the finish reason."""
+        owed, reason = self.answer.finish(reason)
+        return [self._choice(d) for d in owed] + [self._choice({}, reason)]
+
+    def whole(self, text: str, reason: str) -> dict:
+        message, reason = assistant_message(text, reason, self.plan)
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
 
 
 class CompletionShape:
@@ -124,12 +146,12 @@ class CompletionShape:
         return None
 
     @staticmethod
-    def delta(text: str) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+    def deltas(text: str) -> list[dict]:
+        return [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]
 
     @staticmethod
-    def finish(reason: str) -> dict:
-        return {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+    def finish(reason: str) -> list[dict]:
+        return [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]
 
     @staticmethod
     def whole(text: str, reason: str) -> dict:

@@ -1,0 +1,134 @@
+"""Speculative decoding under a grammar is lossless: constrained greedy answers are bit-identical to plain
+constrained greedy ones (one thread) whatever drafts (the shipped head with lookups, lookups alone, a draft model,
+forced tokens alone), no tree node the grammar forbids is ever verified, and forced tokens are drafted and
+counted as their own source."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from eagle2_local import Eagle2
+from eagle2_local.drafts import constrained
+from eagle2_local.drafts.constrained import POOL_FACTOR
+from eagle2_local.drafts.forced import ForcedDraft, VocabForest
+from eagle2_local.grammar import Grammar
+from eagle2_local.tree import Proposals
+from helpers import first_divergence
+
+pytestmark = pytest.mark.smollm2
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "likes_tea": {"type": "boolean"},
+                                           "pets": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
+          "required": ["name", "age", "likes_tea", "pets"], "additionalProperties": False}
+VERDICT = 'root ::= "Verdict: " ("yes" | "no" | "maybe") ". Reason: " [a-z ,]+ "."'
+CASES = {"schema": (Grammar.from_json_schema(PERSON), "Describe Ann, 31, who likes tea and has a cat, as JSON."),
+         "gbnf": (Grammar(VERDICT), "Is tea better than coffee? Answer with a verdict and a reason.")}
+DRAFTS = ("head", "lookup", "draft-model", "forced")
+N_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def plain_answers(smollm2_path):
+    """Plain constrained greedy answers (the reference), one per case."""
+    with Eagle2(smollm2_path, plain=True, n_ctx=1024, n_threads=1, total_tokens=12, depth=4) as llm:
+        return {name: list(llm.generate(llm.chat_tokens([{"role": "user", "content": q}]), temp=0.0,
+                                        max_tokens=N_TOKENS, grammar=g))
+                for name, (g, q) in CASES.items()}
+
+
+def _open(smollm2_path, smollm2_head, draft: str) -> Eagle2:
+    """A fixed tree of 12 nodes with: the shipped head (and lookups, the default), lookups, SmolLM2 drafting
+    for itself, or nothing (the model alone: forced tokens are its only draft)."""
+    kwargs = {"head": {"head_path": smollm2_head}, "lookup": {"draft": "lookup"},
+              "draft-model": {"draft": f"draft-model:{smollm2_path}"}, "forced": {"lookup": False}}[draft]
+    return Eagle2(smollm2_path, n_ctx=1024, n_threads=1, total_tokens=12, depth=4, **kwargs)
+
+
+@pytest.mark.parametrize("draft", DRAFTS)
+def test_constrained_greedy_is_bit_identical_to_plain(smollm2_path, smollm2_head, plain_answers, draft):
+    with _open(smollm2_path, smollm2_head, draft) as llm:
+        for name, (grammar, question) in CASES.items():
+            out = list(llm.generate(llm.chat_tokens([{"role": "user", "content": question}]), temp=0.0,
+                                    max_tokens=N_TOKENS, grammar=grammar))
+            stats = llm.last_stats
+            assert stats.engine != "plain" and stats.tree_sizes, (draft, name)
+            assert out == plain_answers[name], f"{draft}/{name}: diverged at {first_divergence(out, plain_answers[name])}"
+            assert stats.accepted_by_source.get("forced", 0) >= 3, (draft, name, stats.accepted_by_source)
+            assert stats.tau > 1.0
+    text = llm.detokenize(plain_answers["schema"]).decode()
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_forbidden_children_are_never_verified(smollm2_path, smollm2_head, monkeypatch):
+    """Every node of every verified tree is allowed by the grammar state of its parent (replayed independently
+    from the answer so far), while the head did propose forbidden ones (dropped), so the check is not vacuous."""
+    grammar, question = CASES["schema"]
+    dropped = []
+
+    def counting(out, states, top_k):
+        rows, refused = real_filter(out, states, top_k)
+        before = Proposals.from_logits(out, POOL_FACTOR * top_k) if not isinstance(out, Proposals) else out
+        dropped.append(int(np.isfinite(before.log_probs).sum() - np.isfinite(rows.log_probs).sum()))
+        return rows, refused
+    real_filter = constrained.allowed_proposals
+    monkeypatch.setattr(constrained, "allowed_proposals", counting)
+    with _open(smollm2_path, smollm2_head, "head") as llm:
+        prompt = llm.chat_tokens([{"role": "user", "content": question}])
+        gen = llm.generator
+        trees = []
+        verify = gen.target.verify
+        monkeypatch.setattr(gen.target, "verify",
+                            lambda tree, copy=True: (trees.append((list(gen.tokens), tree)), verify(tree, copy))[1])
+        list(llm.generate(prompt, temp=0.0, max_tokens=N_TOKENS, grammar=grammar))
+        checked = 0
+        for tokens, tree in trees:
+            answer = tokens[len(prompt):] + [int(tree.tokens[0])]
+            for node in range(1, len(tree)):
+                path, up = [], node
+                while up > 0:
+                    path.append(int(tree.tokens[up]))
+                    up = int(tree.parents[up])
+                state = grammar.state(llm.model)
+                for tok in answer + path[:0:-1]:
+                    state.accept(tok)
+                assert state.allows(path[0]), (llm.detokenize(answer), node)
+                state.close()
+                checked += 1
+        assert checked >= 10 and sum(dropped) >= 10, (checked, dropped)
+
+
+def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
+    """The prefix-forest search returns the grammar's whole allowed set where it is small (the full mask says
+    the same), proposes a single allowed token with probability 1 and a chain as its longest token, and gives
+    up inside free text."""
+    from eagle2_local.llama import LlamaModel
+    model = LlamaModel(smollm2_path)
+    forest = VocabForest(model)
+    state = Grammar.from_json_schema(PERSON).state(model)
+    sizes = []
+    for tok in model.tokenize('{"name": "Ann", "age": 31, "likes_tea": true', add_special=False):
+        allowed, deepest = forest.allowed_set(state)
+        mask = np.flatnonzero(state.mask())
+        if allowed is None:
+            assert len(mask) > 6  # more first steps than a forced spot has
+        else:
+            assert allowed.tolist() == mask.tolist()
+            sizes.append(len(allowed))
+        state.accept(tok)
+    assert 1 in sizes and max(sizes) > 2
+    draft = ForcedDraft(forest)
+    fresh = Grammar('root ::= "likes_tea"').state(model)
+    row = draft.propose([fresh], [-1])
+    assert model.token_bytes(int(row.tokens[0, 0])) == b"likes" and 0 > row.log_probs[0, 0] > -1
+    fresh.accept(int(row.tokens[0, 0]))
+    row = draft.propose([fresh], [-1])
+    assert model.token_bytes(int(row.tokens[0, 0])) == b"_" and row.log_probs[0, 0] == 0.0
+    state.close()
+    fresh.close()
+    model.close()
