@@ -18,6 +18,7 @@ from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
 from .drafts.constrained import ConstrainedDraft
 from .drafts.forced import ForcedDraft, VocabForest
+from .drafts.lookup import LookupDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
@@ -353,6 +354,7 @@ class Generator:
         root = choose(sampling, grammar, logits, np.asarray(self.tokens), rng)
         if grammar is not None:
             grammar.accept(root)
+        lookup = _lookup_of(self.engine)
         yield _emit(emitter, [root])
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
@@ -365,7 +367,9 @@ class Generator:
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
             read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
             fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
-            plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
+            # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
+            lookup_rate = lookup.next_rate(self.tokens + [root]) if lookup is not None and room > 1 else 0.0
+            plan = self.policy.plan(fresh, lookup_rate) if room > 1 else PLAIN_STEP
             # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
             # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
             forced_round = (grammar is not None and not plan.drafts and room > 1
@@ -453,6 +457,14 @@ class Generator:
             grammar.accept(bonus)
         times.done, times.llama_done = self.clock(), llama_seconds()
         return RoundResult(PLAIN_STEP, times), [], bonus
+
+
+def _lookup_of(engine: DraftEngine | None) -> LookupDraft | None:
+    """The lookup of a draft (the draft itself, or its free part), whose evidence the policy weighs each round."""
+    if isinstance(engine, LookupDraft):
+        return engine
+    free = engine.free_part if engine is not None else None
+    return free if isinstance(free, LookupDraft) else None
 
 
 def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:

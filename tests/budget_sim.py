@@ -34,7 +34,8 @@ class World:
     now: float = 0.0
     # lookup branches (a merged draft's free part, or a lookup draft): in a round, with probability copy_rate
     # the text holds a match, proposed as a chain of max_depth tokens at the lookup's own confidence lookup_p
-    # each, each really right (given its parent) with probability copy_p; asking the lookup costs look_s
+    # each (also the evidence the budget's plan hears), each really right (given its parent) with probability
+    # copy_p; asking the lookup costs look_s
     copy_rate: float = 0.0
     lookup_p: float = 0.9
     copy_p: float = 0.95
@@ -101,7 +102,9 @@ def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator,
         if load_at is not None:
             world.load = load_at(i)
         t0 = world.now
-        plan = budget.plan(fresh)
+        # whether the text holds a match this round, known before the plan: the lookup's evidence (its rate)
+        chain, copied = lookup_chain(world, rng, budget.max_depth)
+        plan = budget.plan(fresh, world.lookup_p if len(chain) else 0.0)
         times = RoundTimes(start=world.now)
         if plan.drafts:
             world.now += world.look_s * world.load
@@ -118,7 +121,6 @@ def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator,
                     if not plan.go_deeper(cands, frontier, d, times):
                         break
                 sources = np.zeros(len(cands), dtype=np.int8)
-            chain, copied = lookup_chain(world, rng, budget.max_depth)
             cands = np.concatenate([cands, chain])
             sources = np.concatenate([sources, np.full(len(chain), LOOKUP, dtype=np.int8)])
             n = plan.nodes(cands, times, sources)

@@ -622,12 +622,13 @@ def answers(budget: TreeBudget, world: World, n_answers: int, rounds: int, seed:
 
 def test_a_sure_lookup_chain_is_drafted_from_the_first_rounds_of_a_short_answer():
     """A lookup draft on the Qwen-like CPU, copying text it is sure of: after the one plain step that measures
-    the unit, the first rounds draft chains (no round has run yet: the lookup's own confidence is the evidence),
-    and the 64-token answer runs well above plain speed."""
+    the unit, the first rounds draft chains (no round has run yet: the lookup's own confidence is the evidence;
+    the plain probes that measure the plain step and a round without a match aside), and the 64-token answer
+    runs well above plain speed."""
     world = World(**QWEN_CPU, copy_rate=0.9, lookup_p=0.9, copy_p=0.97)
     budget = TreeBudget(true_costs(world), max_nodes=16, max_depth=12, model_draft=False)
     tally = answers(budget, world, 1, 30, model_draft=False)
-    assert not tally.tree_rounds[0] and sum(tally.tree_rounds[1:4]) >= 2
+    assert not tally.tree_rounds[0] and sum(tally.tree_rounds[1:6]) >= 3
     assert 4 <= np.median([n for n in tally.sizes if n > 1]) <= 16  # chains of a few to 16 nodes
     assert tally.rate() > 1.5 / world.plain_s and sum(tally.tokens) >= 64
 
@@ -661,7 +662,7 @@ def test_lookups_that_lose_do_not_stop_a_winning_model_draft():
     assert budget.losing(LOOKUP_ROUND)
     tally = answers(budget, world, 4, 64)
     assert not budget.losing(MODEL_ROUND)
-    assert budget.lookup_only_rounds <= LOOKUP_MIN_ROUNDS + 4 * 2  # each answer judges lookups afresh: a round or two
+    assert budget.lookup_only_rounds <= LOOKUP_MIN_ROUNDS + 4 * 2  # a probe or two per answer at the most
     assert tally.tree_share(8) > 0.8 and tally.rate(8) > 2 / world.plain_s
 
 
@@ -709,14 +710,54 @@ def test_noisy_plain_decodes_of_root_only_rounds_do_not_judge_the_lookup():
 
 
 def test_a_copying_answer_after_prose_answers_drafts_from_its_first_rounds():
-    """Lookups that lost over prose answers (they found nothing and cost their looks) are judged afresh in a new
-    answer: one that copies its prompt drafts sure chains from its first rounds, however the earlier answers
-    went and whatever their failed chains cost the exploration account."""
-    prose = World(**QWEN_CPU, copy_rate=0.05, lookup_p=0.9, copy_p=0.3)
+    """Lookups that lost over prose answers (their rare, short matches were wrong and cost their looks) keep
+    that record, and a new answer that copies its prompt still drafts sure chains from its first rounds: its
+    long exact matches carry the high rate the lookup learned for such matches (per kind and length, from the
+    text), and that evidence alone makes a chain pay on the calibrated curve. Prose's matches carry the low
+    rates prose taught, so they are never evidence enough."""
+    prose = World(**QWEN_CPU, copy_rate=0.05, lookup_p=0.3, copy_p=0.3)
     budget = TreeBudget(true_costs(prose), max_nodes=16, max_depth=12, model_draft=False)
     answers(budget, prose, 6, 64, model_draft=False)
-    assert budget.losing(LOOKUP_ROUND)
+    assert budget.losing(LOOKUP_ROUND) and budget.evidence_rounds == 0
     copying = World(**QWEN_CPU, copy_rate=0.9, lookup_p=0.9, copy_p=0.97)
     copying.now = prose.now
     tally = answers(budget, copying, 1, 30, seed=50, model_draft=False)
     assert sum(tally.tree_rounds[:4]) >= 2 and tally.rate() > 1.5 / copying.plain_s
+    assert not budget.losing(LOOKUP_ROUND)  # the copied spans' rounds won: lookups are back for what follows
+
+
+def test_prose_answers_after_prose_answers_pay_nothing_for_lookups():
+    """The default model and head on this CPU (the head cannot pay; a look costs 4% of a plain step) over prose
+    whose matches are frequent but short and learned unsure. Once the first answers found lookups losing, the
+    record stays: later answers run no lookup round at all (a probe's smallest tree costs more than the
+    account holds, and no match is evidence enough), so they run at plain speed, not a few % below it as when
+    every answer judged lookups afresh."""
+    world = World(copy_rate=0.3, lookup_p=0.3, copy_p=0.3, look_s=0.0003)
+    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, free_lookup=True)
+    answers(budget, world, 4, 64)
+    assert budget.losing(LOOKUP_ROUND)
+    before = budget.lookup_only_rounds
+    later = answers(budget, world, 8, 64, seed=10)
+    assert budget.lookup_only_rounds - before <= 1 and budget.evidence_rounds == 0
+    assert later.rate() >= 0.999 / world.plain_s
+
+
+def test_rounds_that_verified_only_forced_tokens_judge_no_kind():
+    """Under a grammar a drafted round may verify only forced tokens (free and certain): it has its own
+    acceptance map and leaves the kind's record and exploration account alone, even where a forced guess
+    missed; a round with lookup nodes among them is judged as a lookup round."""
+    from eagle2_local.tree import FORCED, LOOKUP
+
+    budget = TreeBudget(steep(), max_nodes=16, max_depth=6, model_draft=False)
+    observe_plain(budget, 0.009)
+    before = (budget._gain[LOOKUP_ROUND], len(budget.guard.tree), budget.accounts[LOOKUP_ROUND].left)
+    plan = budget.tree_plan(kind=LOOKUP_ROUND)
+    forced = RoundResult(plan, RoundTimes(0.0, levels=[0.0], drafted=0.0, verified=0.05, done=0.05), 1,
+                         np.array([0.0, 0.0]), np.full(2, FORCED, dtype=np.int8), np.array([False, False]))
+    budget.observe(forced)
+    assert (budget._gain[LOOKUP_ROUND], len(budget.guard.tree), budget.accounts[LOOKUP_ROUND].left) == before
+    assert budget.acceptance.maps[FORCED].n_observed == 2 and budget.acceptance.maps[LOOKUP].n_observed == 0
+    mixed = RoundResult(plan, RoundTimes(0.0, levels=[0.0], drafted=0.0, verified=0.05, done=0.05), 1,
+                        np.array([0.0, -0.1]), np.array([FORCED, LOOKUP], dtype=np.int8), np.array([False, False]))
+    budget.observe(mixed)
+    assert len(budget.guard.tree) == 1 and budget._gain[LOOKUP_ROUND] is not None

@@ -250,7 +250,7 @@ def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
 
         asked = 0
 
-        def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+        def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
             self.asked += 1
             return super().plan(fresh_tokens) if self.asked % 8 == 0 else PLAIN_STEP
 

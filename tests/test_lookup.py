@@ -87,6 +87,24 @@ def test_confidence_tells_copying_the_prompt_from_repeating_the_answer():
     assert engine.index.kind(len(engine.index.text), positions) == REPEAT
 
 
+def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():
+    """The evidence a round's plan hears: the learned rate of the longest match at the end of the text (root
+    included), 0.0 without one; the tail it indexes is the one the round's catch-up would, so that catch-up
+    finds nothing new to index and proposes what the rate promised."""
+    prompt = np.random.default_rng(3).integers(0, 50, 60).tolist()
+    engine = LookupDraft(max_branches=4, max_n=4)
+    engine.catch_up(np.array(prompt))
+    engine.begin_answer(len(prompt))
+    assert engine.next_rate(prompt + [99]) == 0.0  # a token never seen: no match
+    text = prompt + [99] + prompt[10:20]  # the answer copies a span of the prompt
+    rate = engine.next_rate(text)
+    assert len(engine.index) == len(text)
+    assert rate == pytest.approx(engine.index.confidence.rate(4, COPY)) and rate > 0.9
+    out = engine.catch_up(np.array(text))
+    assert len(engine.index) == len(text) and out.tokens[0, 0] == prompt[20]
+    assert np.exp(out.log_probs[0, 0]) == pytest.approx(rate)
+
+
 def test_lookup_draft_grows_the_copied_span_as_a_chain():
     text = [3, 10, 11, 12, 13, 14, 15, 16, 4, 10, 11]
     engine = LookupDraft(max_branches=4)
@@ -196,7 +214,7 @@ class Alternating(FixedTree):
         super().__init__(max_nodes)
         self.asked = 0
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         self.asked += 1
         return replace(super().plan(fresh_tokens), free_only=self.asked % 2 == 1)
 

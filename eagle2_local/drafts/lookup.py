@@ -197,6 +197,14 @@ class LookupDraft:
         self.index.extend(np.asarray(tokens)[len(self.index):].tolist())
         return self._propose([self.index.text])
 
+    def next_rate(self, tokens: list[int]) -> float:
+        """How sure the text is of the token after ``tokens`` (root included): the learned rate of its longest
+        match's kind and length, 0.0 without a match. A round's evidence before any tree is drafted, at the
+        price of indexing the tail that the round's own catch-up would index anyway."""
+        self.index.extend(tokens[len(self.index):])
+        _, probs = self.index.continuations(self.index.text, 1)
+        return probs[0] if probs else 0.0
+
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
         contexts = []
         tail = self.index.text[-self.index.max_n:]

@@ -140,8 +140,9 @@ class TreePolicy(Protocol):
 
     max_nodes: int  # the most nodes (root included) a round may verify
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
-        """This round's plan. ``fresh_tokens``: the text the draft would first catch up on, root included."""
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+        """This round's plan. ``fresh_tokens``: the text the draft would first catch up on, root included;
+        ``lookup_rate``: how sure the draft's lookup is of the root's next token (0.0: no match, or no lookup)."""
 
     def observe(self, result: RoundResult) -> None:
         """What the planned round did."""
@@ -160,7 +161,7 @@ class FixedTree:
         self.max_nodes = max_nodes
         self.max_depth = max_depth  # the generator caps it at the tree's depth
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth)
 
     def observe(self, result: RoundResult) -> None:

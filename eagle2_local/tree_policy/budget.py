@@ -20,9 +20,14 @@ whose best tree is the root alone is decoded as a plain step). A kind whose roun
 steps (modelled and realised for the model draft; realised, by its own :class:`RateGuard`, for lookups) drafts
 only while its :class:`Exploration` account allows: an allowance per answer plus a share of the decoding, paid
 by its losses, so exploring costs a bounded share of every answer however short, and a losing model draft does
-not stop sure lookups, nor the reverse. A draft that could not beat plain decoding even if every drafted token
-were accepted (a chain of L tokens emits at most L + 1 per round) is never run at all: probing it would only pay
-its catch-up. And while trees are not known to win, a draft whose first catch-up would ingest a long backlog (a
+not stop sure lookups, nor the reverse. The kinds' records last across answers; what brings lookups back into an
+answer that copies is that answer's own evidence: before each round the lookup says how sure it is of the root's
+next token (its learned rate for that kind and length of match), and a rate at which a chain alone beats plain
+steps on the calibrated curve makes the round a lookup round whatever lookups realised before. Drafted rounds
+that verified only forced tokens (a grammar's, free and certain) judge no kind.
+
+A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
+at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not known to win, a draft whose first catch-up would ingest a long backlog (a
 new prompt) waits until that catch-up is a small share of the plain decoding done since: a short answer to a
 long prompt on a slow machine stays plain decoding.
 
@@ -32,7 +37,7 @@ sizing maths is in sizing.py, the draft-or-plain schedule in schedule.py, the re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -40,7 +45,7 @@ from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
 from .costs import CostModel
 from .guard import RateGuard
 from .schedule import Exploration, ProbeSchedule
-from ..tree import LOOKUP
+from ..tree import FORCED
 from .sizing import SourceAcceptance, best_size, deeper_can_pay
 
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
@@ -57,10 +62,6 @@ class TreeBudget:
     ``model_draft`` False: the draft *is* a lookup (every drafted round is a lookup round). ``guard`` judges the
     main kind (model rounds, or lookup rounds for a lookup draft), ``free_guard`` a merged draft's lookup rounds.
     """
-    # Judge lookups afresh in every answer (restart their record). It lets a copying answer after prose answers
-    # copy from its first rounds, and costs prose answers of the default model ~5-10% (NOTES, "Tree budget per
-    # source"): the lever to rework before this budget can be merged.
-    lookups_afresh = True
 
     costs: CostModel
     max_nodes: int
@@ -90,6 +91,7 @@ class TreeBudget:
         self._kind = self._main
         self._exploring = False  # the current round runs while its kind loses (paid from its account)
         self.lookup_only_rounds = 0
+        self.evidence_rounds = 0  # lookup rounds run on the lookup's sure evidence (sure_lookup)
         self.root_only_rounds = 0  # lookup rounds whose best tree was the root alone (decoded plainly)
         self._fresh = 1  # tokens the current round's catch-up ingests
 
@@ -137,49 +139,92 @@ class TreeBudget:
         return self.losing(self._main)
 
     def begin_answer(self) -> None:
-        """A new answer: each kind's exploration account gets this answer's allowance, and lookups are judged
-        afresh (their rounds' record and their acceptance map). Whether an answer copies is a property of its
-        prompt, not of the answers before it, and a look costs next to nothing; what the text taught still counts
-        through the lookup's own rates per kind of match. The model draft's record stays: it is the same draft on
-        the same machine."""
+        """A new answer: each kind's exploration account gets this answer's allowance. The kinds' records stay:
+        re-judging lookups in every answer made every prose answer pay their exploration again. A new answer
+        that copies is found by its own evidence instead (:meth:`sure_lookup`)."""
         for account in self.accounts:
             account.begin_answer()
-        if self.free_lookup and self.lookups_afresh:
-            self._gain[LOOKUP_ROUND] = None
-            self.guard_of(LOOKUP_ROUND).restart()
-            self.accounts[LOOKUP_ROUND] = self.schedule.account()
-            self.acceptance.restart(LOOKUP)
+
+    def evidence_gain(self, rate: float) -> float:
+        """Tokens/s over plain steps' of the best lookup round that a match with the lookup's learned ``rate``
+        per token promises on the calibrated curve (a path of depth k at rate**k; 0.0 when no chain pays). A
+        long exact match of a copied span is sure before any round has run, and the lookup learned that rate
+        from this text, per kind and length of match."""
+        if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape(2):
+            return 0.0  # even an endless chain at this rate would not pay for verifying one node
+        chain = rate ** np.arange(1, self.max_depth + 1)
+        _, best = best_size(chain, 0.0, self.costs, self.max_nodes)
+        return best / self.costs.plain_rate
+
+    def sure_lookup(self, rate: float) -> bool:
+        """Does the lookup's evidence for this round (its learned ``rate`` for the root's next token) make a
+        lookup round the best round now, whatever lookups realised before? It must beat plain steps, and the
+        model rounds' modelled gain where those win: a sure copied span is drafted alone, for free, in the first
+        rounds of an answer that copies after answers that did not."""
+        if not (self.free_lookup and self._kind_can_pay(LOOKUP_ROUND)):
+            return False
+        gain = self.evidence_gain(rate)
+        if gain <= 1.0:
+            return False
+        model = self._gain[MODEL_ROUND]
+        return not self.model_draft or model is None or self.losing(MODEL_ROUND) or gain > model
 
     # ------------------------------------------------------------ the plan
-    def _kinds(self) -> list[int]:
-        """The kinds that could pay at all, best first: an untried one (one round says what it does), then the
-        one whose rounds realise most over plain steps now, a losing kind last."""
+    def _kind_can_pay(self, kind: int) -> bool:
+        """Could rounds of this kind beat plain steps at all (every drafted token accepted)?"""
         if self._can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
             rate = self.costs.plain_rate
             self._can_pay = [self.model_draft and self.ceiling_rate() >= rate,
                              self.free_lookup and self.ceiling_rate(free=True) >= rate]
-        kinds = [k for k in (MODEL_ROUND, LOOKUP_ROUND) if self._can_pay[k]]
+        return self._can_pay[kind]
+
+    def _kinds(self) -> list[int]:
+        """The kinds that could pay at all, best first: an untried one (one round says what it does), then the
+        one whose rounds realise most over plain steps now, a losing kind last."""
+        kinds = [k for k in (MODEL_ROUND, LOOKUP_ROUND) if self._kind_can_pay(k)]
         return sorted(kinds, key=lambda k: (-np.inf if self._gain[k] is None else 0.0 if self.losing(k)
                                             else -self.guard_gain(k)))
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         """This round's plan: a round of the best kind that may draft now, else a plain step.
 
         ``fresh_tokens``: how much text the draft would first have to catch up on. While that backlog is long
         (a new prompt, many plain steps) and no model round has proved it wins, the model draft waits for
-        :meth:`ProbeSchedule.catch_up_too_dear`; a lookup's catch-up costs nothing."""
+        :meth:`ProbeSchedule.catch_up_too_dear`; a lookup's catch-up costs nothing. ``lookup_rate``: the
+        lookup's evidence for the root's next token: when it is sure (:meth:`sure_lookup`) the round is a lookup
+        round whatever lookups realised before (judged by their guard, not paid from their account); while
+        lookups lose, they otherwise run only as exploration probes sized to what their account holds."""
         self.rounds += 1
         self.schedule.note_backlog(fresh_tokens)
+        if self.sure_lookup(lookup_rate):
+            if self.schedule.plain_probe_due(self.costs):
+                return PLAIN_STEP
+            self.evidence_rounds += 1
+            return self.tree_plan(fresh_tokens, LOOKUP_ROUND)
         for kind in self._kinds():
-            free = kind == LOOKUP_ROUND
-            if self.schedule.draft_now(fresh_tokens, self.costs, self.losing(kind), self._gain[kind] is not None,
-                                       free, self.max_depth + 1, self.accounts[kind]):
+            losing = self.losing(kind)
+            probe_nodes = self.max_nodes
+            if kind == LOOKUP_ROUND and losing:
+                probe_nodes = self._probe_nodes()
+                if probe_nodes < 2:  # the account cannot pay for one node: not even a look
+                    continue
+            if self.schedule.draft_now(fresh_tokens, self.costs, losing, self._gain[kind] is not None,
+                                       kind == LOOKUP_ROUND, self.max_depth + 1, self.accounts[kind]):
                 if self.schedule.plain_probe_due(self.costs):
                     return PLAIN_STEP
-                plan = self.tree_plan(fresh_tokens, kind)
-                self._exploring = self.losing(kind)
+                plan = replace(self.tree_plan(fresh_tokens, kind), max_nodes=probe_nodes)
+                self._exploring = losing
                 return plan
         return PLAIN_STEP
+
+    def _probe_nodes(self) -> int:
+        """The largest tree a lookup probe may verify: one whose verification, every node rejected, loses at most
+        what the lookups' account holds (in plain steps, on the calibrated curve), so one failed chain cannot
+        overdraw it for many answers (1: not even one node). A model probe pays its draft whatever it verifies,
+        so it is sized as any round."""
+        sizes = np.arange(1, self.max_nodes + 1)
+        fits = sizes[self.costs.shape(sizes) - 1.0 <= self.accounts[LOOKUP_ROUND].left]
+        return int(fits[-1]) if len(fits) else 1
 
     def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None) -> RoundPlan:
         """The plan of a drafted round of ``kind`` (default: the main kind) whose catch-up ingests
@@ -255,6 +300,11 @@ class TreeBudget:
             realised_s = float(self.costs.verify_s(1)) + max(realised_s - times.verify_s, 0.0)
         else:
             self.costs.observe_verify(result.n_nodes, times.verify_s)
+        if len(result.node_sources) and (np.asarray(result.node_sources) == FORCED).all():
+            # only forced tokens were verified: free and certain, like the grammar's forced-only rounds, so
+            # they neither judge the round's kind nor spend its exploration account
+            self._earn(realised_s * self.costs.plain_rate)
+            return
         # the guard sees times at calibration speed (divided by today's load: the plain step now over the
         # calibrated one), so a change of load between its windows does not pass for a draft winning or losing
         self.guard_of(kind).add_tree(result.n_emitted, realised_s / self.costs.load)
@@ -328,6 +378,7 @@ class TreeBudget:
                 "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
                 "realised": self.guard.summary(), "kinds": kinds, "plain_probes": self.plain_probes,
                 "lookup_only_rounds": self.lookup_only_rounds, "root_only_rounds": self.root_only_rounds,
+                "evidence_rounds": self.evidence_rounds,
                 "catch_up_postponed": self.catch_up_postponed,
                 "acceptance_by_score": {f"{e:.1f}": round(float(r), 3)
                                         for e, r in zip(main.edges, main.rates()[1:])},

@@ -54,11 +54,6 @@ class RateGuard:
         elif self.tripped and not losing:
             self.tripped = False
 
-    def restart(self) -> None:
-        """Judge afresh: forget the drafted rounds (and a trip); the plain steps stay."""
-        self.tree.clear()
-        self.tripped = False
-
     def summary(self) -> dict:
         rt, rp = self.tree_rate(), self.plain_rate()
         return {"tripped": self.tripped, "trips": self.trips,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import LOOKUP
+from ..tree import LOOKUP, SOURCE_NAMES
 from .costs import CostModel
 
 
@@ -52,12 +52,12 @@ class AcceptanceMap:
 
 
 class SourceAcceptance:
-    """One :class:`AcceptanceMap` per drafter (``SOURCE_NAMES``: the model draft, the lookup, both), so evidence
-    about one never moves the other: a model draft that misses must not make sure lookups look unsure, and the
-    reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path confidence is already its own
+    """One :class:`AcceptanceMap` per drafter (``SOURCE_NAMES``: the model draft, the lookup, both, forced
+    tokens), so evidence about one never moves the other: a model draft that misses must not make sure lookups
+    look unsure, and the reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path confidence is already its own
     learned rate per match length and place (drafts/lookup.py)."""
 
-    def __init__(self, n_sources: int = 3, lookup_prior_weight: float = 16.0, **map_kw) -> None:
+    def __init__(self, n_sources: int = len(SOURCE_NAMES), lookup_prior_weight: float = 16.0, **map_kw) -> None:
         # a lookup's path confidence is already learned from the text (its hit rates per kind of match), so its
         # map trusts it more: a few chains that miss at an edit point must not talk the budget out of copying
         self._map_kw = map_kw
@@ -68,10 +68,6 @@ class SourceAcceptance:
         weight = self._weights.get(source)
         return AcceptanceMap(**self._map_kw) if weight is None else AcceptanceMap(**{**self._map_kw,
                                                                                     "prior_weight": weight})
-
-    def restart(self, source: int) -> None:
-        """Forget what was observed of one drafter: its map starts again at path confidence."""
-        self.maps[source] = self._new_map(source)
 
     def prob(self, scores: np.ndarray, sources: np.ndarray | None = None) -> np.ndarray:
         """Acceptance probability of each node (``sources`` None: all from the model draft, source 0)."""
