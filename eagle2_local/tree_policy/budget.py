@@ -45,7 +45,7 @@ from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
 from .costs import CostModel
 from .guard import RateGuard
 from .schedule import Exploration, ProbeSchedule
-from ..tree import FORCED
+from ..tree import FORCED, LOOKUP
 from .sizing import SourceAcceptance, best_size, deeper_can_pay
 
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
@@ -147,12 +147,15 @@ class TreeBudget:
 
     def evidence_gain(self, rate: float) -> float:
         """Tokens/s over plain steps' of the best lookup round that a match with the lookup's learned ``rate``
-        per token promises on the calibrated curve (a path of depth k at rate**k; 0.0 when no chain pays). A
-        long exact match of a copied span is sure before any round has run, and the lookup learned that rate
-        from this text, per kind and length of match."""
+        per token promises on the calibrated curve (0.0 when no chain pays): a chain whose node at depth k has
+        path confidence k * log(rate), valued through the lookups' acceptance map as the round's own nodes will
+        be, so a round taken on this evidence drafts more than its root. A long exact match of a copied span is
+        sure before any round has run, and the lookup learned that rate from this text, per kind and length of
+        match."""
         if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape(2):
             return 0.0  # even an endless chain at this rate would not pay for verifying one node
-        chain = rate ** np.arange(1, self.max_depth + 1)
+        scores = np.log(rate) * np.arange(1, self.max_depth + 1)
+        chain = self.acceptance.prob(scores, np.full(len(scores), LOOKUP, dtype=np.int8))
         _, best = best_size(chain, 0.0, self.costs, self.max_nodes)
         return best / self.costs.plain_rate
 
