@@ -15,16 +15,18 @@ ranking score) through a binned reliability map per drafter (model draft, lookup
 exp(score) and learns the observed acceptance rate per bin.
 
 Rounds come in two kinds, judged apart: model rounds (the model draft runs, lookup branches merged in) and lookup
-rounds (the lookup alone, which costs next to nothing to ask, so it is asked every round it may be, and a round
-whose best tree is the root alone is decoded as a plain step). A kind whose rounds stop beating plain decoding
-steps (modelled and realised for the model draft; realised, by its own :class:`RateGuard`, for lookups) drafts
-only while its :class:`Exploration` account allows: an allowance per answer plus a share of the decoding, paid
-by its losses, so exploring costs a bounded share of every answer however short, and a losing model draft does
-not stop sure lookups, nor the reverse. The kinds' records last across answers; what brings lookups back into an
-answer that copies is that answer's own evidence: before each round the lookup says how sure it is of the root's
-next token (its learned rate for that kind and length of match), and a rate at which a chain alone beats plain
-steps on the calibrated curve makes the round a lookup round whatever lookups realised before. Drafted rounds
-that verified only forced tokens (a grammar's, free and certain) judge no kind.
+rounds (the lookup alone). Before each round the lookup says how sure it is of the root's next token (its rate
+learned from this text for that kind and length of match, which costs a few dictionary lookups); a lookup round
+runs exactly when a chain at that rate, valued through the lookups' acceptance map, beats plain steps on the
+calibrated curve (and the model rounds where those win). So lookups cost nothing where the text does not repeat,
+and an answer that copies drafts its sure spans from its first rounds, whatever earlier answers did: the lookup
+needs no exploration, and a record of looks that found nothing cannot keep it out. Model rounds whose rounds
+stop beating plain decoding steps (modelled and realised, by their :class:`RateGuard`) draft only while their
+:class:`Exploration` account allows: an allowance per answer plus a share of the decoding, paid by their
+losses, so exploring costs a bounded share of every answer however short; a losing model draft does not stop
+sure lookups, nor the reverse. The records last across answers. A round whose best tree is the root alone is
+decoded as a plain step; a drafted round that verified only forced tokens (a grammar's, free and certain)
+judges no kind.
 
 A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
 at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not known to win, a draft whose first catch-up would ingest a long backlog (a
@@ -37,7 +39,7 @@ sizing maths is in sizing.py, the draft-or-plain schedule in schedule.py, the re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -181,22 +183,16 @@ class TreeBudget:
                              self.free_lookup and self.ceiling_rate(free=True) >= rate]
         return self._can_pay[kind]
 
-    def _kinds(self) -> list[int]:
-        """The kinds that could pay at all, best first: an untried one (one round says what it does), then the
-        one whose rounds realise most over plain steps now, a losing kind last."""
-        kinds = [k for k in (MODEL_ROUND, LOOKUP_ROUND) if self._kind_can_pay(k)]
-        return sorted(kinds, key=lambda k: (-np.inf if self._gain[k] is None else 0.0 if self.losing(k)
-                                            else -self.guard_gain(k)))
-
     def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
-        """This round's plan: a round of the best kind that may draft now, else a plain step.
+        """This round's plan: a lookup round where the lookup's evidence is sure, else a model round where the
+        model draft may draft now, else a plain step.
 
-        ``fresh_tokens``: how much text the draft would first have to catch up on. While that backlog is long
-        (a new prompt, many plain steps) and no model round has proved it wins, the model draft waits for
-        :meth:`ProbeSchedule.catch_up_too_dear`; a lookup's catch-up costs nothing. ``lookup_rate``: the
-        lookup's evidence for the root's next token: when it is sure (:meth:`sure_lookup`) the round is a lookup
-        round whatever lookups realised before (judged by their guard, not paid from their account); while
-        lookups lose, they otherwise run only as exploration probes sized to what their account holds."""
+        ``lookup_rate``: the lookup's evidence for the root's next token. A lookup round runs only when it is
+        sure (:meth:`sure_lookup`), whatever lookups realised before: a lookup round without such evidence would
+        verify its root alone or a chain that does not pay, a look bought for nothing, and a record of such
+        looks must not keep an answer that copies from drafting. ``fresh_tokens``: how much text the draft would
+        first have to catch up on. While that backlog is long (a new prompt, many plain steps) and no model
+        round has proved it wins, the model draft waits for :meth:`ProbeSchedule.catch_up_too_dear`."""
         self.rounds += 1
         self.schedule.note_backlog(fresh_tokens)
         if self.sure_lookup(lookup_rate):
@@ -204,30 +200,17 @@ class TreeBudget:
                 return PLAIN_STEP
             self.evidence_rounds += 1
             return self.tree_plan(fresh_tokens, LOOKUP_ROUND)
-        for kind in self._kinds():
-            losing = self.losing(kind)
-            probe_nodes = self.max_nodes
-            if kind == LOOKUP_ROUND and losing:
-                probe_nodes = self._probe_nodes()
-                if probe_nodes < 2:  # the account cannot pay for one node: not even a look
-                    continue
-            if self.schedule.draft_now(fresh_tokens, self.costs, losing, self._gain[kind] is not None,
-                                       kind == LOOKUP_ROUND, self.max_depth + 1, self.accounts[kind]):
-                if self.schedule.plain_probe_due(self.costs):
-                    return PLAIN_STEP
-                plan = replace(self.tree_plan(fresh_tokens, kind), max_nodes=probe_nodes)
-                self._exploring = losing
-                return plan
+        if not self._kind_can_pay(MODEL_ROUND):
+            return PLAIN_STEP
+        losing = self.losing(MODEL_ROUND)
+        if self.schedule.draft_now(fresh_tokens, self.costs, losing, self._gain[MODEL_ROUND] is not None, False,
+                                   self.max_depth + 1, self.accounts[MODEL_ROUND]):
+            if self.schedule.plain_probe_due(self.costs):
+                return PLAIN_STEP
+            plan = self.tree_plan(fresh_tokens, MODEL_ROUND)
+            self._exploring = losing
+            return plan
         return PLAIN_STEP
-
-    def _probe_nodes(self) -> int:
-        """The largest tree a lookup probe may verify: one whose verification, every node rejected, loses at most
-        what the lookups' account holds (in plain steps, on the calibrated curve), so one failed chain cannot
-        overdraw it for many answers (1: not even one node). A model probe pays its draft whatever it verifies,
-        so it is sized as any round."""
-        sizes = np.arange(1, self.max_nodes + 1)
-        fits = sizes[self.costs.shape(sizes) - 1.0 <= self.accounts[LOOKUP_ROUND].left]
-        return int(fits[-1]) if len(fits) else 1
 
     def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None) -> RoundPlan:
         """The plan of a drafted round of ``kind`` (default: the main kind) whose catch-up ingests
