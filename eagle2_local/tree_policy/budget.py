@@ -29,9 +29,10 @@ decoded as a plain step; a drafted round that verified only forced tokens (a gra
 judges no kind.
 
 A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
-at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not known to win, a draft whose first catch-up would ingest a long backlog (a
-new prompt) waits until that catch-up is a small share of the plain decoding done since: a short answer to a
-long prompt on a slow machine stays plain decoding.
+at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not
+known to win, a draft whose first catch-up would ingest a long backlog (a new prompt) waits until that catch-up
+is a small share of the plain decoding done since: a short answer to a long prompt on a slow machine stays plain
+decoding.
 
 Pure: the round's plan out, what it did (its clock readings included) in; unit-testable without llama.cpp. The
 sizing maths is in sizing.py, the draft-or-plain schedule in schedule.py, the realised-rate guard in guard.py.

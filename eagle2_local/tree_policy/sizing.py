@@ -54,8 +54,8 @@ class AcceptanceMap:
 class SourceAcceptance:
     """One :class:`AcceptanceMap` per drafter (``SOURCE_NAMES``: the model draft, the lookup, both, forced
     tokens), so evidence about one never moves the other: a model draft that misses must not make sure lookups
-    look unsure, and the reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path confidence is already its own
-    learned rate per match length and place (drafts/lookup.py)."""
+    look unsure, and the reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path
+    confidence is already its own learned rate per match length and place (drafts/lookup.py)."""
 
     def __init__(self, n_sources: int = len(SOURCE_NAMES), lookup_prior_weight: float = 16.0, **map_kw) -> None:
         # a lookup's path confidence is already learned from the text (its hit rates per kind of match), so its
