@@ -18,6 +18,7 @@ from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
 from .drafts.constrained import ConstrainedDraft
 from .drafts.forced import ForcedDraft, VocabForest
+from .drafts.lookup import LookupDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
@@ -363,21 +364,20 @@ class Generator:
             read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
             fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
             plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
-            # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
-            # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
+            # Under a grammar a plain step whose root the grammar forces on becomes a round of the free drafts
+            # (forced tokens, lookups): they cost no draft, and forced ones are accepted with certainty. The
+            # policy sizes it by what verifying costs and learns only its acceptance from it.
             forced_round = (grammar is not None and not plan.drafts and room > 1
                             and self._forced_draft().proposes_at(grammar))
             if forced_round:
-                plan = RoundPlan(drafts=True, max_nodes=self.policy.max_nodes, max_depth=self.tree_params.depth,
-                                 free_only=True)
+                plan = self.policy.free_plan()
             if plan.drafts:
                 result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng, grammar)
             else:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
                 if grammar is not None and room > 1:
                     self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
-            if not forced_round:
-                self.policy.observe(result)
+            self.policy.observe(result)
             stats.add_round(result)
             if self.timer is not None and plan.drafts and not forced_round:
                 self.timer.catch_up(result.times.catch_up_s)
@@ -400,7 +400,7 @@ class Generator:
         forced tokens are the whole tree."""
         free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
                                                                or grammar is not None)
-        engine = self.engine if not free_only else self.engine.free_part if self.engine is not None else None
+        engine = self.engine if not free_only else self._free_draft()
         if grammar is not None:
             engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
@@ -434,6 +434,15 @@ class Generator:
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
+
+    def _free_draft(self) -> DraftEngine | None:
+        """The part of the draft a free-only round runs: a merged draft's lookup, a lookup draft whole (it costs
+        nothing either), or nothing (forced tokens alone)."""
+        if self.engine is None:
+            return None
+        if self.engine.free_part is not None:
+            return self.engine.free_part
+        return self.engine if isinstance(self.engine, LookupDraft) else None
 
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
                     grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:

@@ -123,6 +123,23 @@ class TreeBudget:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=self._free,
                          go_deeper=self.go_deeper, size=self.best_nodes)
 
+    def free_plan(self) -> RoundPlan:
+        """A round of free drafts where :meth:`plan` said plain: levels and size chosen as for a lookup-only
+        round (no draft time), by the acceptance map and today's verify costs."""
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
+                         go_deeper=self._free_go_deeper, size=self._free_nodes, unasked=True)
+
+    def _free_go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
+                        times: RoundTimes) -> bool:
+        if levels_done >= self.max_depth:
+            return False
+        p = np.sort(self.acceptance.prob(cand_scores))[::-1]
+        return deeper_can_pay(p, float(self.acceptance.prob(frontier_scores).sum()), 0.0,
+                              self.max_depth - levels_done, self.costs, self.max_nodes, level_s=0.0)
+
+    def _free_nodes(self, cand_scores: np.ndarray, times: RoundTimes) -> int:
+        return best_size(np.sort(self.acceptance.prob(cand_scores))[::-1], 0.0, self.costs, self.max_nodes)[0]
+
     def _root_s(self) -> float:
         """The steady draft time of a round's root: none when only lookups draft."""
         return 0.0 if self._free else self.costs.draft_root_now
@@ -158,6 +175,10 @@ class TreeBudget:
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
         times = result.times
+        if result.plan.unasked:  # in place of a plain step: the schedule counts that step
+            self.schedule.plain_taken()
+            self.acceptance.observe(result.node_scores, result.accepted)
+            return
         if not result.plan.drafts:
             self.schedule.plain_taken()
             self.costs.observe_plain(times.verify_s)
