@@ -130,8 +130,14 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
     fresh.accept(int(row.tokens[0, 0]))
     row = draft.propose([fresh], [-1])
     assert model.token_bytes(int(row.tokens[0, 0])) == b"_" and row.log_probs[0, 0] == 0.0
-    state.close()
-    fresh.close()
+    branching = Grammar('root ::= ("x" | "y") "z"').state(model)  # two allowed tokens, not a chain
+    assert not draft.proposes_at(branching)  # a set not met before: no guess
+    draft.chose(model.tokenize("y", add_special=False)[0])  # the target picked "y" where it just looked
+    draft.reset()  # a new generation keeps the model's habits
+    picked = draft.propose([branching], [-1])
+    assert model.token_bytes(int(picked.tokens[0, 0])) == b"y" and picked.log_probs[0, 0] > -1
+    for s in (state, fresh, branching):
+        s.close()
     model.close()
 
 
