@@ -157,6 +157,8 @@ def test_lookups_join_the_rounds_a_grammar_forces(smollm2_path):
     messages = [{"role": "user", "content": question}]
     with Eagle2(smollm2_path, plain=True, n_ctx=1024, n_threads=1) as llm:
         plain = list(llm.generate(llm.chat_tokens(messages), temp=0.0, max_tokens=N_TOKENS, grammar=grammar))
+        assert llm.last_stats.engine == "plain"  # plain means no speculation, not even on forced tokens
+        assert llm.last_stats.target_passes == len(plain)
     with Eagle2(smollm2_path, draft="lookup", n_ctx=1024, n_threads=1, total_tokens=12, depth=6) as llm:
         llm.generator.policy = PlainAlways(12)
         out = list(llm.generate(llm.chat_tokens(messages), temp=0.0, max_tokens=N_TOKENS, grammar=grammar))
