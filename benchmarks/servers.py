@@ -1,7 +1,7 @@
 """llama-server and eagle2-local's server side by side: the same requests over the same HTTP API, one run.
 
-    python benchmarks/servers.py --bin DIR --model GGUF --prompts benchmarks/prompts/extract_schema.jsonl
-        [--split tune] [--n 8] [--max-tokens 128] [--threads 2] [--eagle "--draft lookup"]
+    python benchmarks/servers.py --bin "$(benchmarks/build_llama_cpp.sh)" --model GGUF
+        [--prompts benchmarks/prompts/extract_schema.jsonl] [--split tune] [--n 8] [--max-tokens 128] [--threads 2] [--eagle "--draft lookup"]
         [--llama-spec "--spec-type ngram-simple"] [--json OUT]
 
 Every server starts first and stays up; then each prompt goes to every server in turn, in an order that rotates
@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8391, help="first port (one per server)")
     ap.add_argument("--eagle", default="--draft lookup", help="eagle2-local serve options of the speculative run")
     ap.add_argument("--llama-spec", default="", help="also run llama-server with these options (its n-gram drafting)")
-    ap.add_argument("--json", type=Path, help="write per-prompt results and the summary here")
+    ap.add_argument("--json", type=Path, help="write per-prompt results and the summary here "
+                                              "(benchmarks/results/servers-*.json: make_record.py shows it)")
+    ap.add_argument("--note", default=None, help="a remark stored in the JSON (e.g. the machine's load)")
     args = ap.parse_args(argv)
     missing = [str(p) for p in (args.bin / "llama-server", args.model, Path(args.prompts)) if not p.is_file()]
     if missing:
@@ -202,10 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results)
     print(json.dumps(summary, indent=1))
     if args.json:
+        def portable(cmd: list[str]) -> str:
+            """A command as a reader can run it: no paths of this machine's folders."""
+            return " ".join(c.replace(str(args.bin), "$LLAMA_CPP_BIN").replace(
+                str(Path(sys.executable).parent / "eagle2-local"), "eagle2-local") for c in cmd)
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                         "command": shlex.join(["benchmarks/servers.py", *(argv or sys.argv[1:])]),
-                                         "servers": {s.name: shlex.join(s.cmd) for s in servers},
-                                         "summary": summary, "results": results}, indent=1))
+                                         "command": portable(["python", "benchmarks/servers.py",
+                                                              *map(shlex.quote, argv or sys.argv[1:])]),
+                                         "servers": {s.name: portable(list(map(shlex.quote, s.cmd)))
+                                                     for s in servers},
+                                         "summary": summary, "results": results,
+                                         **({"note": args.note} if args.note else {})}, indent=1))
     return 0
 
 
