@@ -370,21 +370,20 @@ class Generator:
             # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
             lookup_rate = lookup.next_rate(self.tokens + [root]) if lookup is not None and room > 1 else 0.0
             plan = self.policy.plan(fresh, lookup_rate) if room > 1 else PLAIN_STEP
-            # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
-            # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
+            # Under a grammar a plain step whose root the grammar forces on becomes a round of the free drafts
+            # (forced tokens, lookups): they cost no draft, and forced ones are accepted with certainty. The
+            # policy sizes it by what verifying costs and learns only its acceptance from it.
             forced_round = (grammar is not None and not plan.drafts and room > 1
                             and self._forced_draft().proposes_at(grammar))
             if forced_round:
-                plan = RoundPlan(drafts=True, max_nodes=self.policy.max_nodes, max_depth=self.tree_params.depth,
-                                 free_only=True)
+                plan = self.policy.free_plan()
             if plan.drafts:
                 result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng, grammar)
             else:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
                 if grammar is not None and room > 1:
                     self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
-            if not forced_round:
-                self.policy.observe(result)
+            self.policy.observe(result)
             stats.add_round(result)
             if self.timer is not None and plan.drafts and not forced_round:
                 self.timer.catch_up(result.times.catch_up_s)
@@ -407,7 +406,7 @@ class Generator:
         forced tokens are the whole tree."""
         free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
                                                                or grammar is not None)
-        engine = self.engine if not free_only else self.engine.free_part if self.engine is not None else None
+        engine = self.engine if not free_only else self._free_draft()
         if grammar is not None:
             engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
@@ -442,6 +441,15 @@ class Generator:
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
+
+    def _free_draft(self) -> DraftEngine | None:
+        """The part of the draft a free-only round runs: a merged draft's lookup, a lookup draft whole (it costs
+        nothing either), or nothing (forced tokens alone)."""
+        if self.engine is None:
+            return None
+        if self.engine.free_part is not None:
+            return self.engine.free_part
+        return self.engine if isinstance(self.engine, LookupDraft) else None
 
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
                     grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:

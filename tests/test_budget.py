@@ -137,6 +137,26 @@ def test_free_lookup_branches_draft_alone_where_the_model_draft_cannot_pay():
     assert plan.drafts and not plan.free_only  # a draft that can pay drafts with its lookups
 
 
+def test_free_rounds_where_the_budget_said_plain_are_sized_and_teach_only_acceptance():
+    """Where the budget says plain but a grammar forces the root, the loop runs a round of the free drafts:
+    the budget sizes it on today's verify costs with no draft time (a sure forced chain is verified, a doubtful
+    tail is not), and learns its nodes' acceptance from it, while its guard and probe schedule only count the
+    plain step it replaced."""
+    budget = TreeBudget(steep(), max_nodes=60, max_depth=6)
+    plan = budget.free_plan()
+    assert plan.drafts and plan.free_only and plan.unasked
+    times = RoundTimes(0.0)
+    chain = np.concatenate([np.zeros(4), np.log(np.full(6, 0.05)).cumsum()])  # 4 forced tokens, then guesses
+    assert plan.go_deeper(chain[:1], chain[:1], 1, times)
+    assert plan.nodes(chain, times) == 5
+    observed = budget.acceptance.n_observed
+    guard = budget.guard.summary()
+    observe_tree(budget, plan, times, chain[:4], np.ones(4, dtype=bool), budget.costs.verify_s(5), 5)
+    assert budget.acceptance.n_observed == observed + 4
+    assert budget.guard.summary() == guard and budget.tree_rate is None
+    assert budget.plain_steps == 1
+
+
 def test_losing_trees_explore_only_as_their_account_allows():
     """Once trees lose, a probe comes only while the model rounds' exploration account is positive: a quarter of
     a plain step per answer plus 1% of the decoding, paid by each probe's loss. So exploring costs a bounded share of
@@ -227,7 +247,11 @@ def test_cost_model_interpolates_and_learns_load_and_shape_online():
     with pytest.raises(ValueError):
         CostModel([2, 4], [0.1, 0.2], 0.0, 0.0)  # no n=1 anchor: no plain rate
     spoiled = CostModel([1, 2, 8, 16], [0.010, 0.011, 3.0, 0.1], 0.0, 0.0)  # one pass stalled by other load
-    assert spoiled.verify_s(8) == pytest.approx(0.080) and spoiled.verify_s(16) == pytest.approx(0.160)
+    assert spoiled.verify_s(8) == pytest.approx(0.080)  # capped at decoding the 8 nodes one by one
+    assert spoiled.verify_s(16) == pytest.approx(0.1)  # a larger tree may cost less: kernels batch in groups
+    teeth = CostModel([1, 2, 3, 4, 5], [0.010, 0.016, 0.025, 0.017, 0.027], 0.0, 0.0)  # repacked Q4_0 on a CPU
+    assert teeth.verify_s(4) < teeth.verify_s(3)
+    assert best_size(np.array([1.0, 1.0, 0.2]), 0.0, teeth, 60)[0] == 4  # the cheap batch of four is chosen
     frozen = CostModel(SIZES, [0.009 * c for c in STEEP], 0.001, 0.002, frozen=True)
     frozen.observe_plain(1.0)
     frozen.observe_verify(8, 1.0)

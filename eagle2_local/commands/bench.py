@@ -63,6 +63,8 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     from ..sampling import SamplingParams
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
+    if rt["plain"]:
+        fail("bench runs plain decoding beside speculation by itself: drop --plain")
     llm = load(**rt, seed=seed)
     if not llm.speculative and not any(ps.grammar(i) is not None for ps in sets for i in range(len(ps.prompts))):
         fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "

@@ -105,6 +105,9 @@ class RoundPlan:
     max_nodes: int = 1
     max_depth: int = 0
     free_only: bool = False  # only the draft's free part (lookup branches) runs; the model draft sits out
+    # a round of free drafts the loop runs where plan() said plain (tokens a grammar forces): the policy sizes
+    # it (free_plan) and learns only its acceptance from it; its schedule and guards never hear of it
+    unasked: bool = False
     go_deeper: GoDeeperFn = _always
     size: SizeFn | None = None  # None: max_nodes
 
@@ -144,8 +147,12 @@ class TreePolicy(Protocol):
         """This round's plan. ``fresh_tokens``: the text the draft would first catch up on, root included;
         ``lookup_rate``: how sure the draft's lookup is of the root's next token (0.0: no match, or no lookup)."""
 
+    def free_plan(self) -> RoundPlan:
+        """A round of the free drafts alone (forced tokens, lookups) where :meth:`plan` said plain, sized by
+        what verifying costs (drafting them costs ~nothing); ``unasked``."""
+
     def observe(self, result: RoundResult) -> None:
-        """What the planned round did."""
+        """What the round did (a planned one, or a :meth:`free_plan` one)."""
 
     def begin_answer(self) -> None:
         """A new answer starts (a policy that bounds its exploration per answer renews its allowance)."""
@@ -163,6 +170,10 @@ class FixedTree:
 
     def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth)
+
+    def free_plan(self) -> RoundPlan:
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
+                         unasked=True)
 
     def observe(self, result: RoundResult) -> None:
         pass

@@ -227,6 +227,29 @@ class TreeBudget:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=free,
                          go_deeper=self.go_deeper, size=self.best_nodes)
 
+    def free_plan(self) -> RoundPlan:
+        """A round of free drafts where :meth:`plan` said plain (tokens a grammar forces, lookups): levels and
+        size chosen as for a lookup round (no draft time), each node valued by its own drafter's acceptance map
+        on today's verify costs."""
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
+                         go_deeper=self._free_go_deeper, size=self._free_nodes, unasked=True)
+
+    def _free_go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
+                        times: RoundTimes) -> bool:
+        if levels_done >= self.max_depth:
+            return False
+        lookup = np.int8(LOOKUP)  # sources are unknown while growing: the lookups' map (forced: its score-0 bin)
+        p = np.sort(self.acceptance.prob(cand_scores, np.full(len(cand_scores), lookup)))[::-1]
+        mass = float(self.acceptance.prob(frontier_scores, np.full(len(frontier_scores), lookup)).sum())
+        return deeper_can_pay(p, mass, 0.0, self.max_depth - levels_done, self.costs, self.max_nodes, level_s=0.0)
+
+    def _free_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
+        scores = np.asarray(cand_scores)
+        order = np.lexsort((np.arange(len(scores)), -scores))
+        srcs = (np.full(len(scores), LOOKUP, dtype=np.int8) if sources is None or len(sources) != len(scores)
+                else np.asarray(sources)[order])
+        return best_size(self.acceptance.prob(scores[order], srcs), 0.0, self.costs, self.max_nodes)[0]
+
     def _root_s(self) -> float:
         """The steady draft time of a round's root: none when only lookups draft."""
         return 0.0 if self._kind == LOOKUP_ROUND else self.costs.draft_root_now
@@ -272,6 +295,10 @@ class TreeBudget:
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
         times = result.times
+        if result.plan.unasked:  # in place of a plain step: the schedule counts that step
+            self.schedule.plain_taken()
+            self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
+            return
         if not result.plan.drafts:
             self._plain(times.verify_s)
             self._earn(1.0)
