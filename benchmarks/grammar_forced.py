@@ -58,6 +58,7 @@ def main() -> None:
         forced = llm.generator._forced_draft()
         for rule, (prior, learn) in RULES.items():
             forced.chain_prior, forced.learn = prior, learn
+            forced.chosen.clear()  # each rule starts cold (the drafter keeps its picks across generations)
             passes = produced = nodes = accepted = same = 0
             for p, g, ref in zip(prompts, grammars, plain):
                 out = list(llm.generate(p, temp=0.0, max_tokens=args.max_tokens, grammar=g))

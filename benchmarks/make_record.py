@@ -40,15 +40,18 @@ def bench_section(path: Path, rep: dict) -> list[str]:
                      f"{s['speedup']:.2f}x | {s['tau']:.2f} | {s['identical_outputs']} | "
                      f"{s['near_tie_divergences']} | {s['mean_tree_size']:.1f} |")
     tools = {k: s["llama_cpp"] for k, s in rep["sets"].items() if "llama_cpp" in s}
-    if tools:
+    simple = {k: t for k, t in tools.items() if "tokens_per_s_draft_simple" in t}
+    if simple:
         lines += ["", f"llama.cpp's own tools on the same prompts (`draft-simple`, --spec-draft-n-max "
                       f"{st.get('spec_draft_n_max')}):", "",
                   "| set | llama-completion tok/s | draft-simple tok/s | draft-simple accept | draft-simple speedup | eagle2-local / llama-completion |",
                   "|---|---|---|---|---|---|"]
-        for name, t in tools.items():
+        for name, t in simple.items():
             lines.append(f"| {name} | {t['tokens_per_s_completion']:.1f} | {t['tokens_per_s_draft_simple']:.1f} | "
                          f"{t['draft_simple_accept_rate']:.0%} | {t['speedup_draft_simple']:.2f}x | "
                          f"{t['speedup_eagle_vs_completion']:.2f}x |")
+    lines += ngram_lines(rep)
+    lines += split_lines(rep)
     sources = {k: s["accepted_by_source"] for k, s in rep["sets"].items()
                if set(s.get("accepted_by_source") or {}) - {"model"}}
     if sources:
@@ -60,6 +63,40 @@ def bench_section(path: Path, rep: dict) -> list[str]:
               "; ".join(f"{k}: draft {v['draft_s']:.1f}, verify {v['verify_s']:.1f}, other {v['other_s']:.1f}"
                         for k, v in split.items()), ""]
     return lines
+
+
+def ngram_lines(rep: dict) -> list[str]:
+    """llama.cpp's n-gram modes timed in the same run (bench --llama-cpp-ngram): per set and mode, the median
+    speed-up over llama-completion (decode-only and end to end) and acceptance, and eagle2-local against the best
+    mode; end-to-end speed-ups (prompt evaluation included) of eagle2-local over plain beside them."""
+    rows = [(k, s) for k, s in rep["sets"].items() if s.get("llama_cpp", {}).get("ngram")]
+    if not rows:
+        return []
+    modes = rep["settings"].get("llama_cpp_ngram") or {}
+    lines = ["", "llama.cpp's n-gram drafting (`llama-speculative-simple`) against `llama-completion` on the same "
+             "prompts, alternating: " + "; ".join(f"{m}: `{' '.join(a)}`" for m, a in modes.items()), "",
+             "| set | completion tok/s | mode | tok/s | speedup | end to end | accept |", "|---|---|---|---|---|---|---|"]
+    for name, s in rows:
+        t = s["llama_cpp"]
+        for mode, m in t["ngram"].items():
+            lines.append(f"| {name} | {t['tokens_per_s_completion']:.1f} | {mode} | {m['tokens_per_s']:.1f} | "
+                         f"{m['speedup']:.2f}x | {m['speedup_e2e']:.2f}x | {m['accept_rate']:.0%} |")
+    lines += [""] + [f"- {name}: eagle2-local {s['speedup']:.2f}x plain ({s['speedup_e2e']:.2f}x end to end), "
+                     f"{s['llama_cpp']['speedup_eagle_vs_best_ngram']:.2f}x the best n-gram mode "
+                     f"({s['llama_cpp']['best_ngram']})" for name, s in rows]
+    return lines
+
+
+def split_lines(rep: dict) -> list[str]:
+    """Held-out records (bench --split all on a set with a held-out split) reported apart."""
+    rows = [(k, s["heldout"]) for k, s in rep["sets"].items() if s.get("heldout")]
+    out = []
+    for name, h in rows:
+        vs = (f", {h['llama_cpp']['speedup_eagle_vs_best_ngram']:.2f}x the best n-gram mode "
+              f"({h['llama_cpp']['best_ngram']})" if h.get("llama_cpp", {}).get("ngram") else "")
+        out.append(f"- {name}, held-out records only ({h['n_prompts']}): {h['speedup']:.2f}x plain "
+                   f"({h['speedup_e2e']:.2f}x end to end), tau {h['tau']:.2f}, identical {h['identical_outputs']}{vs}")
+    return [""] + out if out else []
 
 
 def verify_section(path: Path, rep: dict) -> list[str]:
@@ -211,6 +248,26 @@ def llamacpp_ngram_section(path: Path, rep: dict) -> list[str]:
             f"{sm['speedup_median']:.2f}x | {sm['drafted']} | {sm['accepted']} | {sm['identical_outputs']} |", ""]
 
 
+def servers_section(path: Path, rep: dict) -> list[str]:
+    """llama-server and eagle2-local's server on the same requests: each server's median decode speed, its
+    median speed-up over llama-server's plain run, and its answers equal to that run's."""
+    lines = [f"### {path.stem}", "", f"- date: {rep['date']}", f"- command: `{rep['command']}`"]
+    lines += [f"- {name}: `{cmd}`" for name, cmd in rep["servers"].items()]
+    lines += ([f"- note: {rep['note']}"] if rep.get("note") else []) + ["",
+              "| server | tok/s (median) | vs llama-server (median) | identical to llama-server | tau |",
+              "|---|---|---|---|---|"]
+    n = len(next(iter(rep["results"].values())))
+    for name, s in rep["summary"].items():
+        tau = f"{s['tau_median']:.2f}" if "tau_median" in s else ""
+        lines.append(f"| {name} | {s['tokens_per_s_median']:.1f} | {s['speedup_vs_llama_server_median']:.2f}x | "
+                     f"{s['identical_to_llama_server']}/{n} | {tau} |")
+    e = rep["summary"].get("eagle2-local", {})
+    if "speedup_vs_eagle2_local_plain_median" in e:
+        lines += ["", f"eagle2-local vs its own plain decoding: {e['speedup_vs_eagle2_local_plain_median']:.2f}x "
+                      f"(median), identical {e['identical_to_eagle2_local_plain']}/{n}."]
+    return lines + [""]
+
+
 def main() -> None:
     out = ["# Benchmark record", "",
            "Generated by `python benchmarks/make_record.py` from `benchmarks/results/*.json`. Each table names the",
@@ -248,6 +305,11 @@ def main() -> None:
         out += ["## llama.cpp's own n-gram drafting (llama-server, same prompts)", ""]
         for p in ngram:
             out += llamacpp_ngram_section(p, json.loads(p.read_text()))
+    servers = sorted(RESULTS.glob("servers-*.json"))
+    if servers:
+        out += ["## Side by side with llama-server (same HTTP requests, `benchmarks/servers.py`)", ""]
+        for p in servers:
+            out += servers_section(p, json.loads(p.read_text()))
     constrained = sorted(RESULTS.glob("grammar-*.json"))
     if constrained:
         out += ["## Under a grammar: plain constrained vs speculative constrained decoding", ""]

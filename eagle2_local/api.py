@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .chat import check_template, prompt_tokens, render_for_model
-from .drafts import DraftEngine, DraftModelEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
+from .drafts import DraftEngine, DraftModelEngine, DraftSpec, LookupDraft, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .grammar import Grammar, response_grammar
 from .generator import Chunk, DraftTimer, GenerationStats, Generator
@@ -64,7 +64,8 @@ class Eagle2:
 
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
         :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
-        ``plain``: none. ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
+        ``plain``: none, and no speculation at all (not even on the tokens a grammar forces): the baseline.
+        ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
         into a head's or draft model's trees; True: also alone when no other draft is named; False: never).
         ``draft_timer`` hears how long each draft call takes (benchmarks). ``cache_prompt``: the default of
@@ -77,6 +78,7 @@ class Eagle2:
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
         total_tokens = 60 if total_tokens is None else total_tokens
         self.budget_mode = mode
+        self.plain = plain
         spec = _draft_of(model_path, head_path, draft_model_path, draft)
         if spec is None and lookup:
             spec = DraftSpec("lookup")
@@ -129,7 +131,8 @@ class Eagle2:
         costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
-                          calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None)
+                          calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None,
+                          model_draft=not isinstance(engine, LookupDraft))
 
     # ------------------------------------------------------------------ info
     @property
@@ -204,8 +207,8 @@ class Eagle2:
         finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
 
         ``max_tokens`` None: up to the context's end; ``sampling`` None: greedy; ``seed`` None: the
-        model's seed; ``speculative`` None: draft when a draft is attached. Closing the stream early trims
-        the KV cache to what was yielded.
+        model's seed; ``speculative`` None: draft when a draft is attached or a grammar given (never for a
+        model opened ``plain``). Closing the stream early trims the KV cache to what was yielded.
 
         ``cache_prompt`` (None: the model's default, False unless set): as llama-server's option of that name,
         True reuses every cached token the prompt starts with and evaluates the rest in full batches, the
@@ -219,6 +222,8 @@ class Eagle2:
         with or without a draft (see :meth:`Generator.generate`)."""
         if max_tokens is None:
             max_tokens = self.target.n_ctx - len(tokens)
+        if speculative is None and self.plain:
+            speculative = False
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         return self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
                                        stop=stops, seed=self.seed if seed is None else seed, speculative=speculative,

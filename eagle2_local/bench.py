@@ -54,7 +54,11 @@ class PromptSet:
     name: str
     prompts: list[str]
     chats: list[list[str]] = field(default_factory=list)
+    splits: list[str] = field(default_factory=list)  # each record's split (empty: all "tune")
     grammars: list[Grammar | None] = field(default_factory=list)
+
+    def split(self, index: int) -> str:
+        return self.splits[index] if self.splits else "tune"
 
     def turns(self, index: int) -> list[str]:
         """The user turns of record ``index``, in order."""
@@ -99,6 +103,7 @@ def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> lis
             raise Eagle2Error(f"no prompt set at {spec} (give a .jsonl file or a folder of them)")
         for f in files:
             chats: list[list[str]] = []
+            splits: list[str] = []
             grammars: list[Grammar | None] = []
             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
                 if not line.strip():
@@ -125,10 +130,11 @@ def load_prompt_sets(specs: list[str], n: int | None, split: str = "all") -> lis
                     raise Eagle2Error(f"{f}:{i + 1}: {exc}") from None
                 if split in ("all", rec_split):
                     chats.append(turns)
+                    splits.append(rec_split)
                     grammars.append(grammar)
-            chats, grammars = (chats[:n], grammars[:n]) if n else (chats, grammars)
+            chats, splits, grammars = (chats[:n], splits[:n], grammars[:n]) if n else (chats, splits, grammars)
             if chats or split == "all":
-                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats,
+                sets.append(PromptSet(f.stem, [c[0] for c in chats], chats, splits,
                                       grammars if any(g is not None for g in grammars) else []))
     if not sets:
         raise Eagle2Error(f"no {split} records in {', '.join(specs)}")
@@ -167,6 +173,7 @@ class PromptResult:
     llama_cpp: dict | None = None
     turns: int = 1
     divergence_turn: int | None = None
+    split: str = "tune"
     constrained: bool = False  # a schema or grammar constrained the answers
 
     @property
@@ -228,7 +235,7 @@ class Bench:
             messages.append({"role": "assistant", "content": "".join(text)})
         return run
 
-    def run_prompt(self, set_name: str, index: int, text: str | list[str],
+    def run_prompt(self, set_name: str, index: int, text: str | list[str], split: str = "tune",
                    grammar: Grammar | None = None) -> PromptResult:
         """Run one record (one user turn, or a chat's turns in order) in both modes, ``repeat`` times each,
         its answers constrained by ``grammar`` if given.
@@ -243,7 +250,7 @@ class Bench:
                 runs[mode].append(self._chat(mode, turns, grammar))
         plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
-                           identical=plain.answers == eagle.answers, turns=len(turns),
+                           identical=plain.answers == eagle.answers, turns=len(turns), split=split,
                            constrained=grammar is not None)
         if not res.identical and self.sampling.greedy:
             t = next(i for i, (a, b) in enumerate(zip(plain.answers, eagle.answers)) if a != b)
@@ -287,6 +294,9 @@ class Bench:
                 "speedup": round(statistics.median(r.speedup for r in rs), 4),
                 "tokens_per_s_plain": round(statistics.median(r.plain["tokens_per_s"] for r in rs), 3),
                 "tokens_per_s_eagle": round(statistics.median(r.eagle["tokens_per_s"] for r in rs), 3),
+                "speedup_e2e": round(statistics.median(_e2e(r.eagle) / max(_e2e(r.plain), 1e-9) for r in rs), 4),
+                "tokens_per_s_e2e_plain": round(statistics.median(_e2e(r.plain) for r in rs), 3),
+                "tokens_per_s_e2e_eagle": round(statistics.median(_e2e(r.eagle) for r in rs), 3),
                 "tau": round(sum(r.eagle["pass_tokens"] for r in rs) / n_rounds, 4),
                 "acceptance_per_depth": [round(d / n_rounds, 4) for d in depth],
                 "mean_tree_size": round(statistics.mean(r.eagle["mean_tree_size"] for r in rs), 2),
@@ -302,27 +312,80 @@ class Bench:
             }
             tools = [r.llama_cpp for r in rs if r.llama_cpp]
             if tools:
-                out[name]["llama_cpp"] = {
-                    "tokens_per_s_completion": round(statistics.median(t["completion_tokens_per_s"] for t in tools), 3),
-                    "tokens_per_s_draft_simple": round(statistics.median(t["draft_simple_tokens_per_s"] for t in tools), 3),
-                    "draft_simple_accept_rate": round(sum(t["accepted"] for t in tools) / max(1, sum(t["drafted"] for t in tools)), 4),
-                    "speedup_draft_simple": round(statistics.median(
-                        t["draft_simple_tokens_per_s"] / t["completion_tokens_per_s"] for t in tools), 4),
-                    "speedup_eagle_vs_completion": round(statistics.median(
-                        r.eagle["tokens_per_s"] / r.llama_cpp["completion_tokens_per_s"] for r in rs if r.llama_cpp), 4),
-                }
+                out[name]["llama_cpp"] = _tools_summary([r for r in rs if r.llama_cpp])
+            held = [r for r in rs if r.split == "heldout"]
+            if held and len(held) < len(rs):  # held-out records reported apart: tuning never saw them
+                out[name]["heldout"] = _split_summary(held)
         return out
 
     def report(self, settings: dict) -> dict:
         return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine_info(), "settings": settings, "sets": self.summary(),
                 "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
-                             "identical": r.identical, "divergence_at": r.divergence_at,
+                             "identical": r.identical, "split": r.split, "divergence_at": r.divergence_at,
                              "divergence_gap": r.divergence_gap, "turns": r.turns,
                              "divergence_turn": r.divergence_turn, "constrained": r.constrained,
                              "plain": r.plain, "eagle": r.eagle,
                              "llama_cpp": r.llama_cpp}
                             for r in self.results]}
+
+
+def _e2e(stats: dict) -> float:
+    """End-to-end tokens/s of one run: generated tokens over the whole time, prompt evaluation included."""
+    return stats["n_tokens"] / stats["total_s"] if stats.get("total_s") else 0.0
+
+
+def _median_ratio(pairs) -> float:
+    """Median of a / b over (a, b) pairs with b > 0 (0.0 without any)."""
+    ratios = [a / b for a, b in pairs if b > 0]
+    return round(statistics.median(ratios), 4) if ratios else 0.0
+
+
+def _split_summary(rs: list[PromptResult]) -> dict:
+    """A subset of a set's records (the held-out ones): medians of speed-ups (decode-only and end to end), tau,
+    and eagle2-local against the best n-gram mode of the whole set when llama.cpp's tools ran."""
+    passes = sum(r.eagle["target_passes"] for r in rs) or 1
+    out = {"n_prompts": len(rs), "speedup": round(statistics.median(r.speedup for r in rs), 4),
+           "speedup_e2e": round(statistics.median(_e2e(r.eagle) / max(_e2e(r.plain), 1e-9) for r in rs), 4),
+           "tau": round(sum(r.eagle["pass_tokens"] for r in rs) / passes, 4),
+           "identical_outputs": sum(r.identical for r in rs)}
+    if all(r.llama_cpp and "ngram" in r.llama_cpp for r in rs):
+        out["llama_cpp"] = _tools_summary(rs)
+    return out
+
+
+def _tools_summary(rs: list[PromptResult]) -> dict:
+    """llama.cpp's tools over a set: medians of their tokens/s and of per-prompt speedups over llama-completion
+    (decode-only and end-to-end), acceptance rates, and eagle2-local against the best n-gram mode."""
+    tools = [r.llama_cpp for r in rs]
+    med = lambda key: round(statistics.median(t[key] for t in tools), 3)  # noqa: E731
+    out = {"tokens_per_s_completion": med("completion_tokens_per_s"),
+           "tokens_per_s_e2e_completion": med("completion_e2e_tokens_per_s"),
+           "speedup_eagle_vs_completion": _median_ratio((r.eagle["tokens_per_s"], r.llama_cpp["completion_tokens_per_s"])
+                                                        for r in rs)}
+    if "draft_simple_tokens_per_s" in tools[0]:
+        out.update({"tokens_per_s_draft_simple": med("draft_simple_tokens_per_s"),
+                    "draft_simple_accept_rate": round(sum(t["accepted"] for t in tools)
+                                                      / max(1, sum(t["drafted"] for t in tools)), 4),
+                    "speedup_draft_simple": _median_ratio((t["draft_simple_tokens_per_s"], t["completion_tokens_per_s"])
+                                                          for t in tools)})
+    modes = list(tools[0].get("ngram", {}))
+    if modes:
+        ngram = {}
+        for mode in modes:
+            runs = [t["ngram"][mode] for t in tools]
+            ngram[mode] = {
+                "tokens_per_s": round(statistics.median(m["tokens_per_s"] for m in runs), 3),
+                "speedup": _median_ratio((m["tokens_per_s"], t["completion_tokens_per_s"]) for m, t in zip(runs, tools)),
+                "speedup_e2e": _median_ratio((m["e2e_tokens_per_s"], t["completion_e2e_tokens_per_s"])
+                                             for m, t in zip(runs, tools)),
+                "accept_rate": round(sum(m["accepted"] for m in runs) / max(1, sum(m["drafted"] for m in runs)), 4)}
+        best = max(modes, key=lambda m: ngram[m]["speedup"])
+        out["ngram"] = ngram
+        out["best_ngram"] = best
+        out["speedup_eagle_vs_best_ngram"] = _median_ratio((r.eagle["tokens_per_s"], r.llama_cpp["ngram"][best]["tokens_per_s"])
+                                                           for r in rs)
+    return out
 
 
 PROJECTION_STEPS_MS = (5.0, 10.0, 20.0, 40.0)  # target step times of GPU / Apple-silicon class devices
@@ -393,29 +456,53 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
 
 @dataclass
 class LlamaCppTools:
-    """llama.cpp's own binaries timed on the same rendered prompts (what users would run instead)."""
+    """llama.cpp's own binaries timed on the same rendered prompts (what users would run instead): plain
+    ``llama-completion``, draft-simple with ``draft`` (None: not run) and each of ``ngram`` (names in
+    llamacpp_tools.NGRAM_MODES), one after another in an order that alternates per prompt, as bench's own modes
+    do."""
 
     bin_dir: Path
     model: Path
-    draft: Path
+    draft: Path | None
     threads: int
     n_ctx: int
     n_draft: int = 4
+    ngram: tuple[str, ...] = ()
+    calls: int = 0
 
     def run(self, rendered: str | list[str], max_tokens: int) -> dict:
-        """Time llama-completion and llama-speculative-simple on a prompt, or on each turn's prompt of a chat
-        (tokens and seconds summed over the turns)."""
-        from .llamacpp_tools import run_completion, run_speculative
+        """Time every tool on a prompt, or on each turn's prompt of a chat (tokens and seconds summed over the
+        turns): decode-only and end-to-end (prompt included) tokens/s, drafted and accepted counts."""
+        from .llamacpp_tools import NGRAM_MODES, run_completion, run_speculative
         prompts = [rendered] if isinstance(rendered, str) else rendered
-        plain = [run_completion(self.bin_dir, self.model, p, max_tokens, self.threads, self.n_ctx) for p in prompts]
-        spec = [run_speculative(self.bin_dir, self.model, self.draft, p, max_tokens, self.threads, self.n_ctx,
-                                self.n_draft) for p in prompts]
-        return {"completion_tokens_per_s": round(_rate(plain), 3),
-                "draft_simple_tokens_per_s": round(_rate(spec), 3),
-                "drafted": sum(r.drafted or 0 for r in spec), "accepted": sum(r.accepted or 0 for r in spec)}
+        tools = {"completion": lambda p: run_completion(self.bin_dir, self.model, p, max_tokens, self.threads,
+                                                        self.n_ctx)}
+        if self.draft is not None:
+            tools["draft_simple"] = lambda p: run_speculative(self.bin_dir, self.model, self.draft, p, max_tokens,
+                                                              self.threads, self.n_ctx, self.n_draft)
+        for mode in self.ngram:
+            tools[mode] = (lambda spec: lambda p: run_speculative(self.bin_dir, self.model, None, p, max_tokens,
+                                                                  self.threads, self.n_ctx, spec=spec))(NGRAM_MODES[mode])
+        order = list(tools) if self.calls % 2 == 0 else list(reversed(tools))
+        self.calls += 1
+        runs = {name: [tools[name](p) for p in prompts] for name in order}
+        out = {"completion_tokens_per_s": round(_rate(runs["completion"]), 3),
+               "completion_e2e_tokens_per_s": round(_rate(runs["completion"], e2e=True), 3)}
+        if "draft_simple" in runs:
+            spec = runs["draft_simple"]
+            out.update({"draft_simple_tokens_per_s": round(_rate(spec), 3),
+                        "drafted": sum(r.drafted or 0 for r in spec), "accepted": sum(r.accepted or 0 for r in spec)})
+        if self.ngram:
+            out["ngram"] = {mode: {"tokens_per_s": round(_rate(runs[mode]), 3),
+                                   "e2e_tokens_per_s": round(_rate(runs[mode], e2e=True), 3),
+                                   "tokens": sum(r.tokens for r in runs[mode]),
+                                   "drafted": sum(r.drafted or 0 for r in runs[mode]),
+                                   "accepted": sum(r.accepted or 0 for r in runs[mode])} for mode in self.ngram}
+        return out
 
 
-def _rate(runs: list["ToolRun"]) -> float:
-    """Tokens per second over several llama.cpp tool runs (ToolRun)."""
-    seconds = sum(r.seconds for r in runs)
+def _rate(runs: list["ToolRun"], e2e: bool = False) -> float:
+    """Tokens per second over several llama.cpp tool runs (ToolRun): decoding alone, or with the prompts'
+    evaluation (``e2e``)."""
+    seconds = sum(r.seconds + (r.prompt_seconds if e2e else 0.0) for r in runs)
     return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0

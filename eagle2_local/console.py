@@ -135,10 +135,27 @@ def bench_table(report: dict) -> list[str]:
             lines.append(f"{'':<12} accepted draft tokens by source: "
                          + ", ".join(f"{k} {v}" for k, v in sorted(by_source.items())))
         if "llama_cpp" in s:
-            t = s["llama_cpp"]
-            lines.append(f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s, draft-simple "
-                         f"{t['tokens_per_s_draft_simple']:.1f} tok/s (accept {t['draft_simple_accept_rate']:.0%})")
+            lines += _tools_lines(s)
     return lines + projection_lines(report)
+
+
+def _tools_lines(s: dict) -> list[str]:
+    """A set's llama.cpp tool figures: plain, draft-simple, each n-gram mode (speed-ups over llama-completion,
+    decode-only and end-to-end) and eagle2-local against the best of them."""
+    t = s["llama_cpp"]
+    line = (f"{'':<12} llama.cpp: completion {t['tokens_per_s_completion']:.1f} tok/s "
+            f"(end to end {t['tokens_per_s_e2e_completion']:.1f})")
+    if "tokens_per_s_draft_simple" in t:
+        line += (f", draft-simple {t['tokens_per_s_draft_simple']:.1f} tok/s "
+                 f"(accept {t['draft_simple_accept_rate']:.0%})")
+    lines = [line]
+    for mode, m in t.get("ngram", {}).items():
+        lines.append(f"{'':<12}   {mode}: {m['tokens_per_s']:.1f} tok/s, x{m['speedup']:.2f} "
+                     f"(end to end x{m['speedup_e2e']:.2f}), accept {m['accept_rate']:.0%}")
+    if "best_ngram" in t:
+        lines.append(f"{'':<12} eagle2-local x{t['speedup_eagle_vs_best_ngram']:.2f} against {t['best_ngram']}, "
+                     f"x{s['speedup_e2e']:.2f} end to end against plain")
+    return lines
 
 
 def projection_lines(report: dict) -> list[str]:

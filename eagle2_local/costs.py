@@ -18,8 +18,9 @@ from .atomic_write import atomic_path
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # 2: calibrations checked for disturbance (version-1 caches may hold a poisoned curve);
-# 3: the draft's catch-up cost per backlog token is measured (version-2 caches lack it)
+CACHE_VERSION = 4  # 2: calibrations checked for disturbance (version-1 caches may hold a poisoned curve);
+# 3: the draft's catch-up cost per backlog token is measured (version-2 caches lack it); 4: every size up to 16
+# is measured (version-3 curves skip 5, 7, 9-15 and could not show the cheap multiples of four)
 
 
 # ---------------------------------------------------------------- disk cache

@@ -18,6 +18,7 @@ from .backlog import FeatureBacklog
 from .drafts.base import DraftEngine
 from .drafts.constrained import ConstrainedDraft
 from .drafts.forced import ForcedDraft, VocabForest
+from .drafts.lookup import LookupDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
@@ -347,9 +348,13 @@ class Generator:
         ``grammar``: the committed text's state (the root's included), advanced by every round."""
         if grammar is not None and self.engine is None:
             self._check_tree_fits()
+        if self.engine is not None:
+            self.engine.begin_answer(len(self._prompt))
+        self.policy.begin_answer()
         root = choose(sampling, grammar, logits, np.asarray(self.tokens), rng)
         if grammar is not None:
             grammar.accept(root)
+        lookup = _lookup_of(self.engine)
         yield _emit(emitter, [root])
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
@@ -362,22 +367,23 @@ class Generator:
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
             read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
             fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
-            plan = self.policy.plan(fresh) if room > 1 else PLAIN_STEP
-            # Under a grammar a plain step whose root the grammar forces on becomes a round of forced tokens
-            # alone: they cost no draft and are accepted with certainty. The policy neither planned nor hears it.
+            # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
+            lookup_rate = lookup.next_rate(self.tokens + [root]) if lookup is not None and room > 1 else 0.0
+            plan = self.policy.plan(fresh, lookup_rate) if room > 1 else PLAIN_STEP
+            # Under a grammar a plain step whose root the grammar forces on becomes a round of the free drafts
+            # (forced tokens, lookups): they cost no draft, and forced ones are accepted with certainty. The
+            # policy sizes it by what verifying costs and learns only its acceptance from it.
             forced_round = (grammar is not None and not plan.drafts and room > 1
                             and self._forced_draft().proposes_at(grammar))
             if forced_round:
-                plan = RoundPlan(drafts=True, max_nodes=self.policy.max_nodes, max_depth=self.tree_params.depth,
-                                 free_only=True)
+                plan = self.policy.free_plan()
             if plan.drafts:
                 result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng, grammar)
             else:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
                 if grammar is not None and room > 1:
                     self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
-            if not forced_round:
-                self.policy.observe(result)
+            self.policy.observe(result)
             stats.add_round(result)
             if self.timer is not None and plan.drafts and not forced_round:
                 self.timer.catch_up(result.times.catch_up_s)
@@ -400,7 +406,7 @@ class Generator:
         forced tokens are the whole tree."""
         free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
                                                                or grammar is not None)
-        engine = self.engine if not free_only else self.engine.free_part if self.engine is not None else None
+        engine = self.engine if not free_only else self._free_draft()
         if grammar is not None:
             engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
@@ -414,17 +420,21 @@ class Generator:
                                 should_expand=lambda scores, frontier, levels: plan.go_deeper(scores, frontier,
                                                                                               levels, times),
                                 level_done=lambda levels: times.levels.append(self.clock()))
-        n_nodes = min(plan.nodes(cands.scores, times), params.total_tokens)
+        n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()
-        # verify every node in one target pass
-        ver = self.target.verify(tree, copy=False, features=False)
+        # verify every node in one target pass; the root alone is a plain step (cheaper than a one-node tree)
+        one_pass = len(tree) > 1
+        ver = self.target.verify(tree, copy=False, features=False) if one_pass else self.target.decode_one(root)
         times.verified = self.clock()
         # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
         acc = (accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng) if grammar is None
                else accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng, grammar))
-        rows = self.target.verified_features(acc.path)  # the accepted path's rows alone
-        self.target.commit(acc.path)
+        if one_pass:
+            rows = self.target.verified_features(acc.path)  # the accepted path's rows alone
+            self.target.commit(acc.path)
+        else:
+            rows = ver.features[acc.path] if ver.features is not None else None
         engine.commit(tree.cand_ids[acc.path[1:]])
         if free_only:  # the model draft has read nothing new: these rows join its backlog
             self.backlog.extend(rows)
@@ -434,6 +444,15 @@ class Generator:
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
+
+    def _free_draft(self) -> DraftEngine | None:
+        """The part of the draft a free-only round runs: a merged draft's lookup, a lookup draft whole (it costs
+        nothing either), or nothing (forced tokens alone)."""
+        if self.engine is None:
+            return None
+        if self.engine.free_part is not None:
+            return self.engine.free_part
+        return self.engine if isinstance(self.engine, LookupDraft) else None
 
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
                     grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:
@@ -449,6 +468,14 @@ class Generator:
             grammar.accept(bonus)
         times.done, times.llama_done = self.clock(), llama_seconds()
         return RoundResult(PLAIN_STEP, times), [], bonus
+
+
+def _lookup_of(engine: DraftEngine | None) -> LookupDraft | None:
+    """The lookup of a draft (the draft itself, or its free part), whose evidence the policy weighs each round."""
+    if isinstance(engine, LookupDraft):
+        return engine
+    free = engine.free_part if engine is not None else None
+    return free if isinstance(free, LookupDraft) else None
 
 
 def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:

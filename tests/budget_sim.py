@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from eagle2_local.tree import LOOKUP, MODEL
 from eagle2_local.tree_policy import RoundResult, RoundTimes, TreeBudget
 
 # SmolLM2-135M with the default head on this 2-core CPU, 2 threads (NOTES.md, tree budget): verify of n nodes
@@ -31,6 +32,14 @@ class World:
     accept_power: float = 1.0  # acceptance = exp(score) ** power: 1 = a calibrated draft
     load: float = 1.0
     now: float = 0.0
+    # lookup branches (a merged draft's free part, or a lookup draft): in a round, with probability copy_rate
+    # the text holds a match, proposed as a chain of max_depth tokens at the lookup's own confidence lookup_p
+    # each (also the evidence the budget's plan hears), each really right (given its parent) with probability
+    # copy_p; asking the lookup costs look_s
+    copy_rate: float = 0.0
+    lookup_p: float = 0.9
+    copy_p: float = 0.95
+    look_s: float = 0.0
 
     def clock(self) -> float:
         return self.now
@@ -73,38 +82,61 @@ def level_scores(rng: np.random.Generator, k: int = 10, depth: int = 6) -> list[
     return out
 
 
+def lookup_chain(world: World, rng: np.random.Generator, depth: int) -> tuple[np.ndarray, int]:
+    """One round's lookup proposals (a chain's path scores; empty without a match) and how many of its tokens
+    the target would accept."""
+    if world.copy_rate <= 0 or rng.random() >= world.copy_rate:
+        return np.zeros(0), 0
+    right = rng.random(depth) < world.copy_p
+    return np.log(world.lookup_p) * np.arange(1, depth + 1), int(np.argmin(right)) if not right.all() else depth
+
+
 def run(budget: TreeBudget, world: World, rounds: int, rng: np.random.Generator, tally: Tally | None = None,
-        load_at=None, prompt: int = 1) -> Tally:
+        load_at=None, prompt: int = 1, model_draft: bool = True) -> Tally:
     """``rounds`` rounds of the speculative loop on ``world``; ``load_at(i)`` may set the load per round;
-    ``prompt``: the tokens the draft has not read when the loop starts (a new prompt's length)."""
+    ``prompt``: the tokens the draft has not read when the loop starts (a new prompt's length);
+    ``model_draft`` False: the draft is a lookup alone."""
     tally = tally or Tally()
     fresh = prompt
     for i in range(rounds):
         if load_at is not None:
             world.load = load_at(i)
         t0 = world.now
-        plan = budget.plan(fresh)
+        # whether the text holds a match this round, known before the plan: the lookup's evidence (its rate)
+        chain, copied = lookup_chain(world, rng, budget.max_depth)
+        plan = budget.plan(fresh, world.lookup_p if len(chain) else 0.0)
         times = RoundTimes(start=world.now)
         if plan.drafts:
-            world.now += world.catch_up_time(fresh)  # grows with the backlog
-            levels = level_scores(rng, depth=budget.max_depth)
-            cands = np.zeros(0)
-            for d, (scores, frontier) in enumerate(levels, start=1):
-                if d > 1:
-                    world.now += world.load * world.level_s
-                cands = np.concatenate([cands, scores])
+            world.now += world.look_s * world.load
+            cands, sources, d = np.zeros(0), np.zeros(0, dtype=np.int8), 0
+            if plan.free_only or not model_draft:  # the lookup alone: its catch-up costs nothing
                 times.levels.append(world.now)
-                if not plan.go_deeper(cands, frontier, d, times):
-                    break
-            n = plan.nodes(cands, times)
-            chosen = np.sort(cands)[::-1][:n - 1]
+            else:
+                world.now += world.catch_up_time(fresh)  # grows with the backlog
+                for d, (scores, frontier) in enumerate(level_scores(rng, depth=budget.max_depth), start=1):
+                    if d > 1:
+                        world.now += world.load * world.level_s
+                    cands = np.concatenate([cands, scores])
+                    times.levels.append(world.now)
+                    if not plan.go_deeper(cands, frontier, d, times):
+                        break
+                sources = np.zeros(len(cands), dtype=np.int8)
+            cands = np.concatenate([cands, chain])
+            sources = np.concatenate([sources, np.full(len(chain), LOOKUP, dtype=np.int8)])
+            n = plan.nodes(cands, times, sources)
+            order = np.lexsort((np.arange(len(cands)), -cands))[:n - 1]
+            chosen, chosen_src = cands[order], sources[order]
             times.drafted = world.now
-            world.now += world.verify_time(n)
+            world.now += world.verify_time(n) if n > 1 else world.plain_time()
             times.verified = times.done = world.now
-            accepted = rng.random(len(chosen)) < np.exp(chosen) ** world.accept_power
-            emitted = 1 + min(int(accepted.sum()), d)
-            budget.observe(RoundResult(plan, times, emitted, chosen, accepted=accepted))
-            tally.tree_rounds.append(True)
+            model = chosen_src == MODEL
+            accepted = np.zeros(len(chosen), dtype=bool)
+            accepted[model] = rng.random(int(model.sum())) < np.exp(chosen[model]) ** world.accept_power
+            in_chain = np.flatnonzero(~model)  # the chain's kept nodes, best (shallowest) first
+            accepted[in_chain[:copied]] = True
+            emitted = 1 + max(min(int(accepted[model].sum()), d), min(copied, len(in_chain)))
+            budget.observe(RoundResult(plan, times, emitted, chosen, chosen_src, accepted))
+            tally.tree_rounds.append(n > 1)
             tally.sizes.append(n)
             fresh = 1
         else:

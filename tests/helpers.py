@@ -73,7 +73,7 @@ def forced_budget(max_nodes: int, depth: int):
     sizes = [1, 2, 4, 8, 16, 32]
     costs = CostModel(sizes, [0.010 * (1 + 0.3 * (n - 1)) for n in sizes], 0.001, 0.002, draft_token_s=1e-5,
                       frozen=True)
-    return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, schedule=ProbeSchedule(probe_every=2),
+    return TreeBudget(costs, max_nodes=max_nodes, max_depth=depth, schedule=ProbeSchedule(explore_allowance=2.0),
                       guard=RateGuard(min_rounds=2**62))
 
 

@@ -151,6 +151,8 @@ def test_cli_zero_max_tokens_means_up_to_the_context(synth_f32):
     (['"just a string"'], (), ":1: a record must be a JSON object"),
     (['{"turns": 5}'], (), ":1: record has neither 'turns' nor 'prompt'"),
     (['{"turns": ["hello"]}'], ("--repeat", "0"), "--repeat must be 1 or more, got 0"),
+    (['{"turns": ["hello"], "schema": {"type": "object"}}'], ("--plain",),
+     "bench runs plain decoding beside speculation by itself: drop --plain"),
 ])
 def test_cli_bench_bad_prompts_and_repeat(synth_f32, tmp_path, lines, args, needle):
     prompts = tmp_path / "set.jsonl"

@@ -109,6 +109,12 @@ def test_bench_split_selects_the_records_of_that_split(tmp_path, synth_q8):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert [p["turns"] for p in report["prompts"]] == [1] and report["settings"]["split"] == "heldout"
+    proc = _bench(_chat_set(tmp_path), synth_q8, out)  # all records: the held-out ones are also reported apart
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [p["split"] for p in report["prompts"]] == ["tune", "heldout"]
+    held = report["sets"]["chats"]["heldout"]
+    assert held["n_prompts"] == 1 and held["speedup"] == report["prompts"][1]["speedup"]
 
 
 def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
@@ -129,6 +135,33 @@ def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "split": "test"}\n')
     with pytest.raises(Eagle2Error, match="bad.jsonl:1: split must be tune or heldout"):
         load_prompt_sets([str(tmp_path / "bad.jsonl")], None)
+
+
+def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
+    """Per set: each n-gram mode's median speed-up over llama-completion (decode-only and end to end), its
+    acceptance, which mode was best and eagle2-local against it; the table prints them. Needs
+    --llama-cpp-bin to run for real (llama.cpp's binaries), so only the bookkeeping is tested here."""
+    from eagle2_local.bench import PromptResult, _tools_summary
+    from eagle2_local.console import _tools_lines
+
+    def tools(simple: float, mod: float) -> dict:
+        return {"completion_tokens_per_s": 10.0, "completion_e2e_tokens_per_s": 8.0,
+                "ngram": {"ngram-simple": {"tokens_per_s": simple, "e2e_tokens_per_s": simple * 0.8, "tokens": 64,
+                                           "drafted": 40, "accepted": 30},
+                          "ngram-mod": {"tokens_per_s": mod, "e2e_tokens_per_s": mod * 0.8, "tokens": 64,
+                                        "drafted": 10, "accepted": 2}}}
+
+    rs = [PromptResult("s", i, {"tokens_per_s": 10.0}, {"tokens_per_s": 14.0}, True, llama_cpp=tools(s, m))
+          for i, (s, m) in enumerate([(12.0, 9.0), (11.0, 9.5), (13.0, 8.0)])]
+    t = _tools_summary(rs)
+    assert t["best_ngram"] == "ngram-simple" and t["ngram"]["ngram-simple"]["speedup"] == pytest.approx(1.2)
+    assert t["ngram"]["ngram-simple"]["speedup_e2e"] == pytest.approx(1.2)
+    assert t["ngram"]["ngram-mod"]["accept_rate"] == pytest.approx(0.2)
+    assert t["speedup_eagle_vs_best_ngram"] == pytest.approx(14 / 12, abs=1e-4)
+    assert "tokens_per_s_draft_simple" not in t  # no draft model: draft-simple was not run
+    lines = _tools_lines({"llama_cpp": t, "speedup_e2e": 1.3})
+    assert any("ngram-simple: 12.0 tok/s, x1.20" in line for line in lines)
+    assert "x1.17 against ngram-simple" in lines[-1]
 
 
 def test_load_prompt_sets_reads_each_records_schema_or_grammar(tmp_path):

@@ -64,6 +64,9 @@ class ProposingEngine:
     def rollback(self, n_tokens: int) -> None:
         self.inner.rollback(n_tokens)
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        self.inner.begin_answer(prompt_tokens)
+
     def commit(self, accepted_cand_ids) -> None:
         self.inner.commit(accepted_cand_ids)
 

@@ -16,6 +16,7 @@ from eagle2_local.generator import Generator
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import PROMPT_CHUNK, Target
 from eagle2_local.tree import TreeParams
+from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget, make,
                      random_prompts, run)
 
@@ -244,9 +245,17 @@ def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
             assert features is not None and len(features) == len(tokens) - 1 - features_from
             return super().catch_up(tokens, features, features_from)
 
+    class EveryEighth(FixedTree):
+        """Plain steps, a tree every eighth round: the draft sits out seven rounds in eight."""
+
+        asked = 0
+
+        def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+            self.asked += 1
+            return super().plan(fresh_tokens) if self.asked % 8 == 0 else PLAIN_STEP
+
     weak = FeatureCheckingEngine(model, ONE_THREAD, params.top_k, params.depth)
-    spec = Generator(Target(model, settings), weak, params, policy=forced_budget(24, 6))
-    spec.policy.tree_rate = 0.0  # trees "lose": plain steps with periodic probes
+    spec = Generator(Target(model, settings), weak, params, policy=EveryEighth(24))
     run(spec, [1, 50, 60, 70], 60)
     assert spec.last_stats.plain_steps > 20 and len(seen) >= 2
     assert max(np.diff(seen)) > params.depth + 1  # some catch-up came after plain steps

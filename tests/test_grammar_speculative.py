@@ -17,6 +17,7 @@ from eagle2_local.drafts.constrained import POOL_FACTOR
 from eagle2_local.drafts.forced import ForcedDraft, VocabForest
 from eagle2_local.grammar import Grammar
 from eagle2_local.tree import Proposals
+from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from helpers import first_divergence
 
 pytestmark = pytest.mark.smollm2
@@ -130,6 +131,38 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
     fresh.accept(int(row.tokens[0, 0]))
     row = draft.propose([fresh], [-1])
     assert model.token_bytes(int(row.tokens[0, 0])) == b"_" and row.log_probs[0, 0] == 0.0
-    state.close()
-    fresh.close()
+    branching = Grammar('root ::= ("x" | "y") "z"').state(model)  # two allowed tokens, not a chain
+    assert not draft.proposes_at(branching)  # a set not met before: no guess
+    draft.chose(model.tokenize("y", add_special=False)[0])  # the target picked "y" where it just looked
+    draft.reset()  # a new generation keeps the model's habits
+    picked = draft.propose([branching], [-1])
+    assert model.token_bytes(int(picked.tokens[0, 0])) == b"y" and picked.log_probs[0, 0] > -1
+    for s in (state, fresh, branching):
+        s.close()
     model.close()
+
+
+class PlainAlways(FixedTree):
+    """A policy that never plans a tree: every drafted round is one the loop runs where the grammar forces."""
+
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+        return PLAIN_STEP
+
+
+def test_lookups_join_the_rounds_a_grammar_forces(smollm2_path):
+    """With lookups as the only draft and a policy that never drafts, every tree is a round of free drafts where
+    the grammar forces the root: lookup branches (the answer copies the prompt) join the forced tokens there,
+    and the answer stays bit-identical to plain constrained greedy."""
+    grammar = Grammar.from_json_schema(PERSON)
+    question = 'Repeat this JSON exactly: {"name": "Ann Smith", "age": 31, "likes_tea": true, "pets": ["cat"]}'
+    messages = [{"role": "user", "content": question}]
+    with Eagle2(smollm2_path, plain=True, n_ctx=1024, n_threads=1) as llm:
+        plain = list(llm.generate(llm.chat_tokens(messages), temp=0.0, max_tokens=N_TOKENS, grammar=grammar))
+        assert llm.last_stats.engine == "plain"  # plain means no speculation, not even on forced tokens
+        assert llm.last_stats.target_passes == len(plain)
+    with Eagle2(smollm2_path, draft="lookup", n_ctx=1024, n_threads=1, total_tokens=12, depth=6) as llm:
+        llm.generator.policy = PlainAlways(12)
+        out = list(llm.generate(llm.chat_tokens(messages), temp=0.0, max_tokens=N_TOKENS, grammar=grammar))
+        stats = llm.last_stats
+    assert out == plain, f"diverged at {first_divergence(out, plain)}"
+    assert stats.tree_sizes and stats.accepted_by_source.get("lookup", 0) >= 10, stats.accepted_by_source

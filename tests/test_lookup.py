@@ -10,6 +10,7 @@ import pytest
 
 from eagle2_local.api import Eagle2
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
+from eagle2_local.drafts.lookup import COPY, PROMPT, REPEAT, MatchConfidence
 from eagle2_local.drafts.merged import merge_lookup_rows, merge_proposals
 from eagle2_local.generator import Generator
 from eagle2_local.llama import LlamaModel
@@ -60,6 +61,48 @@ def test_confidence_learns_from_the_text():
     noisy = rebuilt(np.random.default_rng(1).integers(0, 3, 120).tolist(), max_n=4)  # matches say nothing
     assert copying.confidence.rate(4) > 0.9
     assert noisy.confidence.rate(4) < 0.6
+
+
+def test_confidence_tells_copying_the_prompt_from_repeating_the_answer():
+    """Rates are learned per match length and per kind of match: an answer copying its prompt teaches the
+    COPY rates only (not the prompt's own, nor the answer repeating itself); before any evidence a match of two
+    or more tokens in the prompt is sure (a new answer drafts a chain from its first rounds), a one-token match
+    in the prompt's own text unsure."""
+    fresh = MatchConfidence(8)
+    assert fresh.rate(3, COPY) > 0.9 and fresh.rate(8, REPEAT) > 0.8 and fresh.rate(1, PROMPT) < 0.2
+    assert fresh.rate(2, COPY) > fresh.rate(2, REPEAT) > fresh.rate(2, PROMPT)
+    prompt = np.random.default_rng(2).integers(0, 50, 60).tolist()
+    engine = LookupDraft(max_branches=4, max_n=4)
+    engine.catch_up(np.array(prompt))
+    engine.begin_answer(len(prompt))
+    conf = engine.index.confidence
+    before = conf.trials.copy()
+    engine.catch_up(np.array(prompt + prompt[10:40]))  # the answer copies a span of the prompt
+    assert conf.rate(4, COPY) > 0.95 and (conf.trials[COPY] > before[COPY]).any()
+    assert (conf.trials[[PROMPT, REPEAT]] == before[[PROMPT, REPEAT]]).all()
+    toks, probs = engine.index.continuations(prompt + prompt[10:40], 4)
+    assert toks[0] == prompt[40] and probs[0] == pytest.approx(conf.rate(4, COPY))
+    engine.catch_up(np.array(prompt + prompt[10:40] + prompt[10:20]))  # now it repeats its own answer
+    n, positions = engine.index.longest_match(engine.index.text)
+    assert engine.index.kind(len(engine.index.text), positions) == REPEAT
+
+
+def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():
+    """The evidence a round's plan hears: the learned rate of the longest match at the end of the text (root
+    included), 0.0 without one; the tail it indexes is the one the round's catch-up would, so that catch-up
+    finds nothing new to index and proposes what the rate promised."""
+    prompt = np.random.default_rng(3).integers(0, 50, 60).tolist()
+    engine = LookupDraft(max_branches=4, max_n=4)
+    engine.catch_up(np.array(prompt))
+    engine.begin_answer(len(prompt))
+    assert engine.next_rate(prompt + [99]) == 0.0  # a token never seen: no match
+    text = prompt + [99] + prompt[10:20]  # the answer copies a span of the prompt
+    rate = engine.next_rate(text)
+    assert len(engine.index) == len(text)
+    assert rate == pytest.approx(engine.index.confidence.rate(4, COPY)) and rate > 0.9
+    out = engine.catch_up(np.array(text))
+    assert len(engine.index) == len(text) and out.tokens[0, 0] == prompt[20]
+    assert np.exp(out.log_probs[0, 0]) == pytest.approx(rate)
 
 
 def test_lookup_draft_grows_the_copied_span_as_a_chain():
@@ -171,7 +214,7 @@ class Alternating(FixedTree):
         super().__init__(max_nodes)
         self.asked = 0
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         self.asked += 1
         return replace(super().plan(fresh_tokens), free_only=self.asked % 2 == 1)
 

@@ -39,10 +39,14 @@ from .common import (at_least_one, draft_model_option, fail, friendly_errors, he
               help="Folder with llama.cpp's llama-completion and llama-speculative-simple: time them too.")
 @click.option("--spec-draft-n-max", type=int, default=4, show_default=True,
               help="Draft length for llama.cpp's draft-simple (with --llama-cpp-bin).")
+@click.option("--llama-cpp-ngram", "ngram_modes", multiple=True,
+              type=click.Choice(["all", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]),
+              help="llama.cpp's n-gram drafting modes to time too (with --llama-cpp-bin; repeatable; 'all'), each "
+                   "at the settings llama.cpp's docs show.")
 @click.option("--note", default=None, help="A remark stored in the JSON report (e.g. what else loaded the machine).")
 @friendly_errors
 def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
-          json_out, llama_cpp_bin, spec_draft_n_max, note, **rt):
+          json_out, llama_cpp_bin, spec_draft_n_max, ngram_modes, note, **rt):
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
 
     Records with several turns run as chats: each turn follows the mode's own earlier answers, and the
@@ -54,10 +58,13 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
     from ..bench import Bench, LlamaCppTools, load_prompt_sets
+    from ..llamacpp_tools import NGRAM_MODES
     from ..models import file_sha256
     from ..sampling import SamplingParams
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
+    if rt["plain"]:
+        fail("bench runs plain decoding beside speculation by itself: drop --plain")
     llm = load(**rt, seed=seed)
     if not llm.speculative and not any(ps.grammar(i) is not None for ps in sets for i in range(len(ps.prompts))):
         fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "
@@ -65,16 +72,22 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     b = Bench(llm, sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance,
               seed=seed, chat=not no_chat)
+    ngram = tuple(NGRAM_MODES) if "all" in ngram_modes else tuple(dict.fromkeys(ngram_modes))
+    if ngram and not llama_cpp_bin:
+        fail("--llama-cpp-ngram runs llama.cpp's own binaries: give --llama-cpp-bin too")
     if llama_cpp_bin:
-        if llm.draft_model is None:
-            fail("--llama-cpp-bin compares against llama.cpp's draft-simple and needs --draft-model")
-        b.tools = LlamaCppTools(Path(llama_cpp_bin), llm.model_path, llm.draft_model.path, llm.settings.threads(),
-                                rt["n_ctx"], spec_draft_n_max)
+        if llm.draft_model is None and not ngram:
+            fail("--llama-cpp-bin compares against llama.cpp's draft-simple (needs --draft-model) or its n-gram "
+                 "drafting (give --llama-cpp-ngram)")
+        b.tools = LlamaCppTools(Path(llama_cpp_bin), llm.model_path,
+                                llm.draft_model.path if llm.draft_model is not None else None,
+                                llm.settings.threads(), rt["n_ctx"], spec_draft_n_max, ngram)
     total = sum(len(s.prompts) for s in sets)
     done = 0
     for ps in sets:
         for i, text in enumerate(ps.prompts):
-            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i), ps.grammar(i))
+            r = b.run_prompt(ps.name, i, text if first_turn else ps.turns(i), split=ps.split(i),
+                             grammar=ps.grammar(i))
             done += 1
             click.echo(bench_prompt_line(done, total, ps.name, i, r, tie_tolerance), err=True)
     settings = {"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(llm.model_path),
@@ -86,7 +99,8 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
                 "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": llm.tree_params.depth,
                          "top_k": rt["tree_top_k"], "budget": llm.budget_mode, "engine": llm.engine_name},
                 "tie_tolerance": tie_tolerance, "chat_template": not no_chat,
-                "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None}
+                "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None,
+                "llama_cpp_ngram": {m: NGRAM_MODES[m] for m in ngram}}
     report = b.report(settings)
     if note:
         report["note"] = note

@@ -63,6 +63,10 @@ class DraftEngine(Protocol):
     def rollback(self, n_tokens: int) -> None:
         """Forget everything after the first ``n_tokens`` committed tokens."""
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        """A speculative answer starts after a prompt of ``prompt_tokens`` tokens (a lookup tells matches in the
+        prompt from matches in the answer by it; drafts that do not care ignore it)."""
+
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> DraftOutput:
         """Ingest the unseen tail of ``tokens`` (the last one is the tree root); return the root's output:
         logits (V,) or one row of :class:`Proposals`."""

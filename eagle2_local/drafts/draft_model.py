@@ -73,6 +73,9 @@ class DraftModelEngine:
     def reset(self) -> None:
         self.rollback(0)
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        pass  # the same draft for every answer
+
     def rollback(self, n_tokens: int) -> None:
         self._forget_tree()
         n_tokens = min(n_tokens, self.n_read)

@@ -105,6 +105,9 @@ class Eagle1NumpyEngine:
         """The pair at t holds token t+1, so the pairs hold the text up to the root (none: nothing read)."""
         return self.n_done + 1 if self.n_done else 0
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        pass  # the same draft for every answer
+
     def rollback(self, n_tokens: int) -> None:
         """Keep features of positions < n_tokens and head K/V of pairs whose token is still committed."""
         self._forget_tree()

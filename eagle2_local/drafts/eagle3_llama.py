@@ -157,6 +157,9 @@ class Eagle3Engine:
     def reset(self) -> None:
         self.rollback(0)
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        pass  # the same draft for every answer
+
     def rollback(self, n_tokens: int) -> None:
         """Keep entries whose token is among the first ``n_tokens`` (entry P holds token P+1)."""
         self._forget_tree()

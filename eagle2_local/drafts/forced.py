@@ -10,11 +10,11 @@ forces nothing and the search stops after that first call.
 
 A single allowed token is proposed with probability 1. Several (tokenizers merge text: inside a key the grammar
 allows ``n``, ``na``, ``nam``, ``name``; after it ``"``, ``":``, ``":"``) are proposed with the rates at which
-the target chose among the same allowed set earlier in this generation (a JSON answer meets the same sets at
-every key). A set not met before is proposed only when it is a chain (each token a prefix of the longest), as
-its longest token with :data:`CHAIN_PRIOR`: the canonical tokenization of forced text, which the target picks
-inside keys and keywords; a guess among branching sets (optional whitespace) would cost verify nodes on a CPU
-where nodes are not free (NOTES.md has the measurements).
+the target chose among the same allowed set before, in this generation or an earlier one (a JSON answer meets
+the same sets at every key, and the choice is the model's habit). A set not met before is proposed only when it
+is a chain (each token a prefix of the longest), as its longest token with :data:`CHAIN_PRIOR`: the canonical
+tokenization of forced text, which the target picks inside keys and keywords; a guess among branching sets
+(optional whitespace) would cost verify nodes on a CPU where nodes are not free (NOTES.md has the measurements).
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def _prefix_parent(piece: bytes, tok: int, first: dict[bytes, int]) -> int:
 
 
 class ForcedDraft:
-    """Proposes the grammar's forced continuation at each tree node; learns, within one generation, which token
-    the target picks among a small allowed set."""
+    """Proposes the grammar's forced continuation at each tree node; learns which token the target picks among a
+    small allowed set (one drafter per target model, kept across generations)."""
 
     def __init__(self, forest: VocabForest, max_branches: int = 4, chain_prior: float = CHAIN_PRIOR,
                  learn: bool = True) -> None:
@@ -120,8 +120,9 @@ class ForcedDraft:
         self._length = 0
 
     def reset(self) -> None:
-        """A new generation: forget what the target chose."""
-        self.chosen.clear()
+        """A new generation: forget the last round, keep what the target chose. Which token a model writes
+        among the same allowed set (``": "`` or ``":"`` after a key) is a habit of the model, not of one answer,
+        so a script asking again with a schema drafts its keys from the first round on."""
         self._key_of.clear()
         self._pending = None
 

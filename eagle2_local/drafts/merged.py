@@ -163,6 +163,10 @@ class MergedDraft:
         self.model.rollback(n_tokens)
         self.lookup.rollback(n_tokens)
 
+    def begin_answer(self, prompt_tokens: int) -> None:
+        self.model.begin_answer(prompt_tokens)
+        self.lookup.begin_answer(prompt_tokens)
+
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> Proposals:
         return self._merge(self.model.catch_up(tokens, features, features_from), self.lookup.catch_up_rows(tokens))
 

@@ -6,8 +6,9 @@ from .base import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, Tre
 from .budget import TreeBudget
 from .costs import CostModel
 from .guard import RateGuard
-from .schedule import ProbeSchedule
-from .sizing import AcceptanceMap, best_size, deeper_can_pay
+from .schedule import Exploration, ProbeSchedule
+from .sizing import AcceptanceMap, SourceAcceptance, best_size, deeper_can_pay
 
-__all__ = ["PLAIN_STEP", "AcceptanceMap", "CostModel", "FixedTree", "ProbeSchedule", "RateGuard", "RoundPlan", "RoundResult",
-           "RoundTimes", "TreeBudget", "TreePolicy", "best_size", "deeper_can_pay"]
+__all__ = ["PLAIN_STEP", "AcceptanceMap", "CostModel", "Exploration", "FixedTree", "ProbeSchedule", "RateGuard",
+           "RoundPlan", "RoundResult", "RoundTimes", "SourceAcceptance", "TreeBudget", "TreePolicy", "best_size",
+           "deeper_can_pay"]

@@ -89,8 +89,8 @@ class RoundTimes:
 
 # go_deeper(candidate scores so far, frontier scores, levels grown, the round's times) -> grow another level?
 GoDeeperFn = Callable[[np.ndarray, np.ndarray, int, RoundTimes], bool]
-# size(candidate scores, the round's times) -> nodes to verify, root included
-SizeFn = Callable[[np.ndarray, RoundTimes], int]
+# size(candidate scores, the round's times, their sources or None) -> nodes to verify, root included
+SizeFn = Callable[[np.ndarray, RoundTimes, "np.ndarray | None"], int]
 
 
 def _always(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels: int, times: RoundTimes) -> bool:
@@ -105,12 +105,16 @@ class RoundPlan:
     max_nodes: int = 1
     max_depth: int = 0
     free_only: bool = False  # only the draft's free part (lookup branches) runs; the model draft sits out
+    # a round of free drafts the loop runs where plan() said plain (tokens a grammar forces): the policy sizes
+    # it (free_plan) and learns only its acceptance from it; its schedule and guards never hear of it
+    unasked: bool = False
     go_deeper: GoDeeperFn = _always
     size: SizeFn | None = None  # None: max_nodes
 
-    def nodes(self, cand_scores: np.ndarray, times: RoundTimes) -> int:
-        """Nodes to verify (root included) among the ranked candidates, within ``max_nodes``."""
-        return self.max_nodes if self.size is None else min(self.size(cand_scores, times), self.max_nodes)
+    def nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
+        """Nodes to verify (root included) among the ranked candidates, within ``max_nodes``; ``sources``: which
+        drafter proposed each candidate (tree.SOURCE_NAMES), so each is valued by its own evidence."""
+        return self.max_nodes if self.size is None else min(self.size(cand_scores, times, sources), self.max_nodes)
 
 
 PLAIN_STEP = RoundPlan(drafts=False)
@@ -139,11 +143,19 @@ class TreePolicy(Protocol):
 
     max_nodes: int  # the most nodes (root included) a round may verify
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
-        """This round's plan. ``fresh_tokens``: the text the draft would first catch up on, root included."""
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+        """This round's plan. ``fresh_tokens``: the text the draft would first catch up on, root included;
+        ``lookup_rate``: how sure the draft's lookup is of the root's next token (0.0: no match, or no lookup)."""
+
+    def free_plan(self) -> RoundPlan:
+        """A round of the free drafts alone (forced tokens, lookups) where :meth:`plan` said plain, sized by
+        what verifying costs (drafting them costs ~nothing); ``unasked``."""
 
     def observe(self, result: RoundResult) -> None:
-        """What the planned round did."""
+        """What the round did (a planned one, or a :meth:`free_plan` one)."""
+
+    def begin_answer(self) -> None:
+        """A new answer starts (a policy that bounds its exploration per answer renews its allowance)."""
 
     def summary(self) -> dict | None:
         """The policy's state for the generation statistics (None: nothing to report)."""
@@ -156,10 +168,17 @@ class FixedTree:
         self.max_nodes = max_nodes
         self.max_depth = max_depth  # the generator caps it at the tree's depth
 
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth)
 
+    def free_plan(self) -> RoundPlan:
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
+                         unasked=True)
+
     def observe(self, result: RoundResult) -> None:
+        pass
+
+    def begin_answer(self) -> None:
         pass
 
     def summary(self) -> None:

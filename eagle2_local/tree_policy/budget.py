@@ -9,15 +9,30 @@ slower than plain decoding. Here each round picks the number of nodes n that max
 
 and stops growing levels once no deeper level could pay for itself. Times are steady-state times: a round's
 draft time counts the calibrated cost of a one-token catch-up, not the catch-up of a backlog (the prompt, or
-tokens decoded plainly), which is paid once whatever the tree and must not skew the choice of its size. The acceptance probability of a node is
-read from its path confidence (cumulative draft log-probability, EAGLE-2's ranking score) through a binned
-reliability map that starts at exp(score) and learns the observed acceptance rate per bin. When trees stop
-beating a plain decoding step, rounds become plain steps (the draft is not even run) and a tree is tried again
-after a while, with exponential backoff, so a losing draft costs little. A draft that could not beat plain
-decoding even if every drafted token were accepted (a chain of L tokens emits at most L + 1 per round) is
-never run at all: probing it would only pay its catch-up. And while trees are not known to win, a draft whose
-first catch-up would ingest a long backlog (a new prompt) waits until that catch-up is a small share of the
-plain decoding done since: a short answer to a long prompt on a slow machine stays plain decoding.
+tokens decoded plainly), which is paid once whatever the tree and must not skew the choice of its size. The
+acceptance probability of a node is read from its path confidence (cumulative draft log-probability, EAGLE-2's
+ranking score) through a binned reliability map per drafter (model draft, lookup, both) that starts at
+exp(score) and learns the observed acceptance rate per bin.
+
+Rounds come in two kinds, judged apart: model rounds (the model draft runs, lookup branches merged in) and lookup
+rounds (the lookup alone). Before each round the lookup says how sure it is of the root's next token (its rate
+learned from this text for that kind and length of match, which costs a few dictionary lookups); a lookup round
+runs exactly when a chain at that rate, valued through the lookups' acceptance map, beats plain steps on the
+calibrated curve (and the model rounds where those win). So lookups cost nothing where the text does not repeat,
+and an answer that copies drafts its sure spans from its first rounds, whatever earlier answers did: the lookup
+needs no exploration, and a record of looks that found nothing cannot keep it out. Model rounds whose rounds
+stop beating plain decoding steps (modelled and realised, by their :class:`RateGuard`) draft only while their
+:class:`Exploration` account allows: an allowance per answer plus a share of the decoding, paid by their
+losses, so exploring costs a bounded share of every answer however short; a losing model draft does not stop
+sure lookups, nor the reverse. The records last across answers. A round whose best tree is the root alone is
+decoded as a plain step; a drafted round that verified only forced tokens (a grammar's, free and certain)
+judges no kind.
+
+A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
+at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not
+known to win, a draft whose first catch-up would ingest a long backlog (a new prompt) waits until that catch-up
+is a small share of the plain decoding done since: a short answer to a long prompt on a slow machine stays plain
+decoding.
 
 Pure: the round's plan out, what it did (its clock readings included) in; unit-testable without llama.cpp. The
 sizing maths is in sizing.py, the draft-or-plain schedule in schedule.py, the realised-rate guard in guard.py.
@@ -29,51 +44,70 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import CostModel
 from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
+from .costs import CostModel
 from .guard import RateGuard
-from .schedule import ProbeSchedule
-from .sizing import AcceptanceMap, best_size, deeper_can_pay
+from .schedule import Exploration, ProbeSchedule
+from ..tree import FORCED, LOOKUP
+from .sizing import SourceAcceptance, best_size, deeper_can_pay
+
+MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
+ROUND_KINDS = ("model", "lookup")
+LOOKUP_MIN_ROUNDS = 8  # lookup rounds the guard needs before it may find lookups losing
 
 
 @dataclass
 class TreeBudget:
-    """The auto tree policy (a :class:`~eagle2_local.tree_policy.base.TreePolicy`): whether to draft, how deep,
-    and how many nodes to verify, by expected tokens per second.
+    """The auto tree policy (a :class:`~eagle2_local.tree_policy.base.TreePolicy`): whether to draft, which kind
+    of round, how deep, and how many nodes to verify, by expected tokens per second on the calibrated costs.
 
-    Trees stop (plain steps, with tree probes after exponentially growing gaps: the :class:`ProbeSchedule`)
-    when the modelled tree rate falls below the plain rate, or when the :class:`RateGuard` sees realised tree
-    rounds slower than realised plain steps.
+    ``free_lookup``: the draft has lookup branches that cost ~nothing (lookup rounds may run them alone);
+    ``model_draft`` False: the draft *is* a lookup (every drafted round is a lookup round). ``guard`` judges the
+    main kind (model rounds, or lookup rounds for a lookup draft), ``free_guard`` a merged draft's lookup rounds.
     """
 
     costs: CostModel
     max_nodes: int
     max_depth: int
-    acceptance: AcceptanceMap = field(default_factory=AcceptanceMap)
+    acceptance: SourceAcceptance = field(default_factory=SourceAcceptance)
     schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
     rate_alpha: float = 0.3
-    free_lookup: bool = False  # the draft has free lookup branches, which cost ~nothing: rounds may run them alone
+    free_lookup: bool = False
+    model_draft: bool = True
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
     guard: RateGuard = field(default_factory=RateGuard)
+    free_guard: RateGuard = field(default_factory=RateGuard)
 
     def __post_init__(self) -> None:
-        self._gain: float | None = None  # EMA of modelled tree rounds' tokens/s over the plain rate at the time
+        if not self.model_draft:
+            self.free_lookup = True
+        self._main = MODEL_ROUND if self.model_draft else LOOKUP_ROUND
+        # lookups are judged on more rounds than the model draft: most of theirs are root-only looks, and a
+        # copying answer's first chains may all miss at the edit point
+        lookups = self.guard_of(LOOKUP_ROUND)
+        lookups.min_rounds = max(lookups.min_rounds, LOOKUP_MIN_ROUNDS)
+        self._gain: list[float | None] = [None, None]  # EMA of modelled rounds' tokens/s over the plain rate
+        self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
         self._steady = True
         self.rounds = 0
-        self._draft_can_pay: bool | None = None
-        self._lookup_can_pay = False
-        self._free = False  # this round runs only the free lookup branches (the model draft sits out)
+        self._can_pay: list[bool] | None = None
+        self._kind = self._main
+        self._exploring = False  # the current round runs while its kind loses (paid from its account)
         self.lookup_only_rounds = 0
+        self.evidence_rounds = 0  # lookup rounds run on the lookup's sure evidence (sure_lookup)
+        self.root_only_rounds = 0  # lookup rounds whose best tree was the root alone (decoded plainly)
         self._fresh = 1  # tokens the current round's catch-up ingests
 
+    # ------------------------------------------------------------ state
     @property
     def tree_rate(self) -> float | None:
-        """Tokens/s the tree rounds realise by the cost model, at today's plain speed (None: no tree yet)."""
-        return None if self._gain is None else self._gain * self.costs.plain_rate
+        """Tokens/s the main kind's rounds realise by the cost model, at today's plain speed (None: none yet)."""
+        gain = self._gain[self._main]
+        return None if gain is None else gain * self.costs.plain_rate
 
     @tree_rate.setter
     def tree_rate(self, rate: float | None) -> None:
-        self._gain = None if rate is None else rate / self.costs.plain_rate
+        self._gain[self._main] = None if rate is None else rate / self.costs.plain_rate
 
     @property
     def plain_steps(self) -> int:
@@ -87,45 +121,138 @@ class TreeBudget:
     def catch_up_postponed(self) -> int:
         return self.schedule.catch_up_postponed
 
+    def guard_of(self, kind: int) -> RateGuard:
+        return self.guard if kind == self._main else self.free_guard
+
+    def losing(self, kind: int) -> bool:
+        """Do rounds of this kind lose to plain steps now? Only when both measures say so: the modelled rounds
+        (tokens over the cost curve's time, drafting included) and the realised ones (its guard tripped, or its
+        rounds so far slower than plain steps). Each alone is fooled: the model by a curve still learning, the
+        realised rates by a burst of load in one window."""
+        gain = self._gain[kind]
+        if gain is None or gain >= 1.0:
+            return False
+        if self.guard_of(kind).tripped:
+            return True
+        # a model round costs its draft whatever comes of it: what its rounds realised so far is enough; lookups
+        # wait for the guard's verdict over several rounds, so one unlucky chain does not stop a copying answer
+        return kind == MODEL_ROUND and self.guard_gain(kind) < 1.0
+
     def trees_losing(self) -> bool:
-        return self.guard.tripped or (self._gain is not None and self._gain < 1.0)
+        return self.losing(self._main)
+
+    def begin_answer(self) -> None:
+        """A new answer: each kind's exploration account gets this answer's allowance. The kinds' records stay:
+        re-judging lookups in every answer made every prose answer pay their exploration again. A new answer
+        that copies is found by its own evidence instead (:meth:`sure_lookup`)."""
+        for account in self.accounts:
+            account.begin_answer()
+
+    def evidence_gain(self, rate: float) -> float:
+        """Tokens/s over plain steps' of the best lookup round that a match with the lookup's learned ``rate``
+        per token promises on the calibrated curve (0.0 when no chain pays): a chain whose node at depth k has
+        path confidence k * log(rate), valued through the lookups' acceptance map as the round's own nodes will
+        be, so a round taken on this evidence drafts more than its root. A long exact match of a copied span is
+        sure before any round has run, and the lookup learned that rate from this text, per kind and length of
+        match."""
+        if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape(2):
+            return 0.0  # even an endless chain at this rate would not pay for verifying one node
+        scores = np.log(rate) * np.arange(1, self.max_depth + 1)
+        chain = self.acceptance.prob(scores, np.full(len(scores), LOOKUP, dtype=np.int8))
+        _, best = best_size(chain, 0.0, self.costs, self.max_nodes)
+        return best / self.costs.plain_rate
+
+    def sure_lookup(self, rate: float) -> bool:
+        """Does the lookup's evidence for this round (its learned ``rate`` for the root's next token) make a
+        lookup round the best round now, whatever lookups realised before? It must beat plain steps, and the
+        model rounds' modelled gain where those win: a sure copied span is drafted alone, for free, in the first
+        rounds of an answer that copies after answers that did not."""
+        if not (self.free_lookup and self._kind_can_pay(LOOKUP_ROUND)):
+            return False
+        gain = self.evidence_gain(rate)
+        if gain <= 1.0:
+            return False
+        model = self._gain[MODEL_ROUND]
+        return not self.model_draft or model is None or self.losing(MODEL_ROUND) or gain > model
 
     # ------------------------------------------------------------ the plan
-    def plan(self, fresh_tokens: int = 1) -> RoundPlan:
-        """This round's plan: a plain step while trees lose to plain decoding (except for a periodic probe),
-        else a tree, of only the free lookup branches when the model draft could not pay even with every token
-        accepted but they could.
+    def _kind_can_pay(self, kind: int) -> bool:
+        """Could rounds of this kind beat plain steps at all (every drafted token accepted)?"""
+        if self._can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
+            rate = self.costs.plain_rate
+            self._can_pay = [self.model_draft and self.ceiling_rate() >= rate,
+                             self.free_lookup and self.ceiling_rate(free=True) >= rate]
+        return self._can_pay[kind]
 
-        ``fresh_tokens``: how much text the draft would first have to catch up on. A probe is postponed while
-        that backlog is long (a new prompt, many plain steps): catching a head up on hundreds of tokens costs
-        more than a probe can win, and is the main way probing would make plain-speed generation slower. The
-        same backlog, while no tree has proved it wins, waits for :meth:`ProbeSchedule.catch_up_too_dear`."""
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+        """This round's plan: a lookup round where the lookup's evidence is sure, else a model round where the
+        model draft may draft now, else a plain step.
+
+        ``lookup_rate``: the lookup's evidence for the root's next token. A lookup round runs only when it is
+        sure (:meth:`sure_lookup`), whatever lookups realised before: a lookup round without such evidence would
+        verify its root alone or a chain that does not pay, a look bought for nothing, and a record of such
+        looks must not keep an answer that copies from drafting. ``fresh_tokens``: how much text the draft would
+        first have to catch up on. While that backlog is long (a new prompt, many plain steps) and no model
+        round has proved it wins, the model draft waits for :meth:`ProbeSchedule.catch_up_too_dear`."""
         self.rounds += 1
         self.schedule.note_backlog(fresh_tokens)
-        if self._draft_can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
-            self._draft_can_pay = self.ceiling_rate() >= self.costs.plain_rate
-            self._lookup_can_pay = self.free_lookup and self.ceiling_rate(free=True) >= self.costs.plain_rate
-        self._free = self.free_lookup and not self._draft_can_pay
-        if not self._draft_can_pay and not (self._free and self._lookup_can_pay):
+        if self.sure_lookup(lookup_rate):
+            if self.schedule.plain_probe_due(self.costs):
+                return PLAIN_STEP
+            self.evidence_rounds += 1
+            return self.tree_plan(fresh_tokens, LOOKUP_ROUND)
+        if not self._kind_can_pay(MODEL_ROUND):
             return PLAIN_STEP
-        if not self.schedule.draft_now(fresh_tokens, self.costs, self.trees_losing(), self._gain is not None,
-                                       self._free, self.max_depth + 1):
-            return PLAIN_STEP
-        return self.tree_plan(1 if self._free else fresh_tokens)
+        losing = self.losing(MODEL_ROUND)
+        if self.schedule.draft_now(fresh_tokens, self.costs, losing, self._gain[MODEL_ROUND] is not None, False,
+                                   self.max_depth + 1, self.accounts[MODEL_ROUND]):
+            if self.schedule.plain_probe_due(self.costs):
+                return PLAIN_STEP
+            plan = self.tree_plan(fresh_tokens, MODEL_ROUND)
+            self._exploring = losing
+            return plan
+        return PLAIN_STEP
 
-    def tree_plan(self, fresh_tokens: int = 1) -> RoundPlan:
-        """The plan of a drafted round whose catch-up ingests ``fresh_tokens`` (what :meth:`plan` returns when
-        it drafts; called alone, a tree round forced whatever the schedule says)."""
-        self._fresh = fresh_tokens
+    def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None) -> RoundPlan:
+        """The plan of a drafted round of ``kind`` (default: the main kind) whose catch-up ingests
+        ``fresh_tokens`` (what :meth:`plan` returns when it drafts; called alone, a round forced whatever the
+        schedule says)."""
+        self._kind = kind = self._main if kind is None else kind
+        self._exploring = False
+        free = kind == LOOKUP_ROUND
+        self._fresh = 1 if free else fresh_tokens
         self.schedule.round_started()
-        self._steady = fresh_tokens <= self.max_depth + 1  # a normal round, not a backlog catch-up
-        self.lookup_only_rounds += self._free
-        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=self._free,
+        self._steady = self._fresh <= self.max_depth + 1  # a normal round, not a backlog catch-up
+        self.lookup_only_rounds += free and self.model_draft
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=free,
                          go_deeper=self.go_deeper, size=self.best_nodes)
+
+    def free_plan(self) -> RoundPlan:
+        """A round of free drafts where :meth:`plan` said plain (tokens a grammar forces, lookups): levels and
+        size chosen as for a lookup round (no draft time), each node valued by its own drafter's acceptance map
+        on today's verify costs."""
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
+                         go_deeper=self._free_go_deeper, size=self._free_nodes, unasked=True)
+
+    def _free_go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
+                        times: RoundTimes) -> bool:
+        if levels_done >= self.max_depth:
+            return False
+        lookup = np.int8(LOOKUP)  # sources are unknown while growing: the lookups' map (forced: its score-0 bin)
+        p = np.sort(self.acceptance.prob(cand_scores, np.full(len(cand_scores), lookup)))[::-1]
+        mass = float(self.acceptance.prob(frontier_scores, np.full(len(frontier_scores), lookup)).sum())
+        return deeper_can_pay(p, mass, 0.0, self.max_depth - levels_done, self.costs, self.max_nodes, level_s=0.0)
+
+    def _free_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
+        scores = np.asarray(cand_scores)
+        order = np.lexsort((np.arange(len(scores)), -scores))
+        srcs = (np.full(len(scores), LOOKUP, dtype=np.int8) if sources is None or len(sources) != len(scores)
+                else np.asarray(sources)[order])
+        return best_size(self.acceptance.prob(scores[order], srcs), 0.0, self.costs, self.max_nodes)[0]
 
     def _root_s(self) -> float:
         """The steady draft time of a round's root: none when only lookups draft."""
-        return 0.0 if self._free else self.costs.draft_root_now
+        return 0.0 if self._kind == LOOKUP_ROUND else self.costs.draft_root_now
 
     def ceiling_rate(self, free: bool = False) -> float:
         """Tokens/s of the best conceivable round: a chain of L drafted tokens, all accepted (L + 1 emitted)."""
@@ -139,82 +266,134 @@ class TreeBudget:
         return self._root_s() + times.deeper_s
 
     # ------------------------------------------------------------ while drafting (the plan's callables)
+    def _probs(self, scores: np.ndarray, sources: np.ndarray | None) -> np.ndarray:
+        """Acceptance probabilities of nodes (``sources`` None: all the round kind's own drafter's)."""
+        scores = np.asarray(scores)
+        if sources is None or len(sources) != len(scores):
+            sources = np.full(len(scores), self._kind, dtype=np.int8)
+        return self.acceptance.prob(scores, sources)
+
     def go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
                   times: RoundTimes) -> bool:
         """Is another level worth its cost? A question: asking changes nothing."""
         if levels_done >= self.max_depth:
             return False
-        p = np.sort(self.acceptance.prob(cand_scores))[::-1]
-        frontier_mass = float(self.acceptance.prob(frontier_scores).sum())
+        p = np.sort(self._probs(cand_scores, None))[::-1]
+        frontier_mass = float(self._probs(frontier_scores, None).sum())
         return deeper_can_pay(p, frontier_mass, self._draft_so_far(times), self.max_depth - levels_done,
-                              self.costs, self.max_nodes, level_s=0.0 if self._free else None)
+                              self.costs, self.max_nodes, level_s=0.0 if self._kind == LOOKUP_ROUND else None)
 
-    def best_nodes(self, cand_scores: np.ndarray, times: RoundTimes) -> int:
-        """Nodes to verify (root included) among the ranked candidates."""
-        p = np.sort(self.acceptance.prob(cand_scores))[::-1]
+    def best_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
+        """Nodes to verify (root included) among the candidates, taken in the tree's order (best score first),
+        each valued by its own drafter's acceptance map."""
+        scores = np.asarray(cand_scores)
+        order = np.lexsort((np.arange(len(scores)), -scores))
+        p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order])
         n, _ = best_size(p, self._draft_so_far(times), self.costs, self.max_nodes)
         return n
 
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
         times = result.times
-        if not result.plan.drafts:
+        if result.plan.unasked:  # in place of a plain step: the schedule counts that step
             self.schedule.plain_taken()
-            self.costs.observe_plain(times.verify_s)
-            self.guard.add_plain(times.verify_s)
+            self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
             return
-        self.acceptance.observe(result.node_scores, result.accepted)
-        realised_s = self._realised_s(times)
-        self.guard.add_tree(result.n_emitted, realised_s)
-        self.costs.observe_verify(result.n_nodes, times.verify_s)
-        if times.levels and not self._free:  # a lookup-only round says nothing of the model draft's costs
+        if not result.plan.drafts:
+            self._plain(times.verify_s)
+            self._earn(1.0)
+            return
+        kind = LOOKUP_ROUND if result.plan.free_only else MODEL_ROUND
+        self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
+        realised_s = self._realised_s(times, kind)
+        if result.n_nodes == 1:  # only the root: the generator decoded it as a plain step
+            self.root_only_rounds += 1
+            self._plain(times.verify_s)
+            # judged as what it is, a plain step (at today's median, not this one's noise) plus the cost of
+            # drafting: a slow decode must not count against the draft, nor a fast one for it
+            realised_s = float(self.costs.verify_s(1)) + max(realised_s - times.verify_s, 0.0)
+        else:
+            self.costs.observe_verify(result.n_nodes, times.verify_s)
+        if len(result.node_sources) and (np.asarray(result.node_sources) == FORCED).all():
+            # only forced tokens were verified: free and certain, like the grammar's forced-only rounds, so
+            # they neither judge the round's kind nor spend its exploration account
+            self._earn(realised_s * self.costs.plain_rate)
+            return
+        # the guard sees times at calibration speed (divided by today's load: the plain step now over the
+        # calibrated one), so a change of load between its windows does not pass for a draft winning or losing
+        self.guard_of(kind).add_tree(result.n_emitted, realised_s / self.costs.load)
+        if times.levels and kind == MODEL_ROUND:  # a lookup round says nothing of the model draft's costs
             if self._steady:
                 self.costs.observe_draft(times.catch_up_s, times.level_s)
             else:
                 self.costs.observe_catch_up(self._fresh, times.catch_up_s)
-        self._draft_can_pay = None  # the learned shape moved
+        self._can_pay = None  # the learned shape moved
         # steady-state rate: the tokens really emitted over the round's modelled cost, which the lines above just
         # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
         # kept relative to the plain rate, so a change of load between rounds does not skew the comparison
         levels_grown = max(len(times.levels), 1)
-        draft_s = 0.0 if self._free else self.costs.draft_s(levels_grown)
+        # a lookup's draft time is its host time (the model's cost curve says nothing of it): measured
+        draft_s = max(times.draft_s, 0.0) if kind == LOOKUP_ROUND else self.costs.draft_s(levels_grown)
         round_s = draft_s + float(self.costs.verify_s(result.n_nodes))
         gain = result.n_emitted / max(round_s, 1e-12) / self.costs.plain_rate
-        a = self.rate_alpha
-        self._gain = gain if self._gain is None else (1 - a) * self._gain + a * gain
-        if self.schedule.probing:
-            # a probe while trees lose costs about (1 - tree gain) x its length in plain steps (the smoothed gain,
-            # not this probe's luck)
-            gain = min(self._gain, self.guard_gain())
-            self.schedule.after_probe(realised_s * self.costs.plain_rate * (1.0 - gain))
+        a, old = self.rate_alpha, self._gain[kind]
+        self._gain[kind] = gain if old is None else (1 - a) * old + a * gain
+        steps = realised_s * self.costs.plain_rate  # the round in plain steps at today's speed
+        if self._exploring:  # rounds of a kind that wins are the guard's to judge, not exploration
+            self.accounts[kind].pay(steps - result.n_emitted)
+        self._earn(steps)
 
-    def guard_gain(self) -> float:
-        """Realised tree rounds' tokens/s over plain steps' (1.0 while either is unknown)."""
-        rt, rp = self.guard.tree_rate(), self.guard.plain_rate()
+    def _plain(self, seconds: float) -> None:
+        """A plain decoding step was taken (a plain round, or a lookup round that verified only its root)."""
+        self.schedule.plain_taken()
+        self.costs.observe_plain(seconds)
+        self.guard.add_plain(seconds / self.costs.load)
+        self.free_guard.add_plain(seconds / self.costs.load)
+
+    def _earn(self, steps: float) -> None:
+        for account in self.accounts:
+            account.earn(steps)
+
+    def guard_gain(self, kind: int | None = None) -> float:
+        """Realised rounds' tokens/s of a kind (default: the main one) over plain steps' (1.0 while either is
+        unknown)."""
+        guard = self.guard_of(self._main if kind is None else kind)
+        rt, rp = guard.tree_rate(), guard.plain_rate()
         return 1.0 if rt is None or rp is None or not np.isfinite(rt) or not np.isfinite(rp) else rt / rp
 
-    def _realised_s(self, times: RoundTimes) -> float:
+    def _realised_s(self, times: RoundTimes, kind: int) -> float:
         """The round's measured time (drafting, verifying, accepting, committing), with a backlog catch-up
         counted at the steady root cost (paid once whatever the tree, and the tree is what the guard judges); at
         least the draft levels plus the verification."""
         if not times.levels:
             return max(times.done - times.start, self._root_s() + times.verify_s)
         root = times.catch_up_s
-        steady_root = root if self._steady else self._root_s()
+        steady_root = root if self._steady or kind == LOOKUP_ROUND else self._root_s()
         return max(times.done - times.start - root, times.deeper_s + times.verify_s) + steady_root
 
     def summary(self) -> dict:
-        """The budget's state for GenerationStats: costs now, how they were calibrated, acceptance map, guard."""
-        rates = self.acceptance.rates()
+        """The budget's state for GenerationStats: costs now, how they were calibrated, acceptance maps, guards,
+        and per kind of round its realised rates and exploration account."""
+        main = self.acceptance.maps[self._main]
         tree_rate = self.tree_rate
+        kinds = {}
+        for kind, name in enumerate(ROUND_KINDS):
+            if (kind == MODEL_ROUND and not self.model_draft) or (kind == LOOKUP_ROUND and not self.free_lookup):
+                continue
+            gain = self._gain[kind]
+            kinds[name] = {"realised": self.guard_of(kind).summary(), "losing": self.losing(kind),
+                           "modelled_gain": round(gain, 3) if gain is not None else None,
+                           "explore_left_steps": round(self.accounts[kind].left, 3),
+                           "explore_spent_steps": round(self.accounts[kind].spent, 3)}
         return {"mode": "auto", "max_nodes": self.max_nodes, "calibration": dict(self.calibration),
                 "costs_now": self.costs.summary(),
                 "plain_tokens_per_s": round(self.costs.plain_rate, 2),
                 "ceiling_tokens_per_s": round(self.ceiling_rate(), 2),
                 "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
-                "realised": self.guard.summary(), "plain_probes": self.plain_probes,
-                "lookup_only_rounds": self.lookup_only_rounds,
+                "realised": self.guard.summary(), "kinds": kinds, "plain_probes": self.plain_probes,
+                "lookup_only_rounds": self.lookup_only_rounds, "root_only_rounds": self.root_only_rounds,
+                "evidence_rounds": self.evidence_rounds,
                 "catch_up_postponed": self.catch_up_postponed,
                 "acceptance_by_score": {f"{e:.1f}": round(float(r), 3)
-                                        for e, r in zip(self.acceptance.edges, rates[1:])},
+                                        for e, r in zip(main.edges, main.rates()[1:])},
                 "nodes_observed": self.acceptance.n_observed}

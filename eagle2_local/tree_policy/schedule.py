@@ -1,48 +1,80 @@
-"""When the auto budget drafts at all: probes with exponential backoff while trees lose, periodic plain steps
-while they win, and postponement while the draft's first catch-up would cost more than it can win back.
+"""When the auto budget drafts at all: periodic plain steps while trees win, exploration paid from an account while
+they lose, and postponement while the draft's first catch-up would cost more than it can win back.
 
-Pure state over round counts; the costs it weighs come in as arguments.
+Pure state over round counts and plain steps; the costs it weighs come in as arguments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .costs import CostModel
 
 
 @dataclass
+class Exploration:
+    """What drafted rounds of one kind may still lose, in plain steps, while that kind loses to plain decoding.
+
+    Every answer brings ``allowance`` steps (the account holds at most that much), every step of decoding earns
+    ``share`` of a step, and every drafted round of the kind pays what it lost against plain decoding (its time
+    in plain steps minus its tokens) or is refunded what it won, while that kind was losing. A losing kind drafts
+    again only while the account is positive, so exploring costs at most ``allowance`` plus ``share`` of the decoding per answer (and one
+    round's loss): bounded by its cost, in the machine's own unit, however short the answer."""
+
+    share: float = 0.01
+    allowance: float = 0.25
+    left: float = 0.0
+    spent: float = 0.0  # steps lost exploring, in all (what the summary shows)
+
+    def __post_init__(self) -> None:
+        self.left = self.allowance
+
+    def begin_answer(self) -> None:
+        self.left = min(self.left + self.allowance, self.allowance)
+
+    def earn(self, steps: float) -> None:
+        """``steps`` plain steps' worth of decoding went by (any kind of round)."""
+        self.left = min(self.left + self.share * steps, self.allowance)
+
+    def pay(self, lost_steps: float) -> None:
+        """A round of this kind, run while the kind was losing, lost ``lost_steps`` against plain decoding
+        (negative: won that many)."""
+        self.left = min(self.left - lost_steps, self.allowance)
+        self.spent += max(lost_steps, 0.0)
+
+    @property
+    def open(self) -> bool:
+        return self.left > 0.0
+
+
+@dataclass
 class ProbeSchedule:
-    """Draft-or-plain, round by round, given whether trees lose now (the :class:`TreeBudget` knows that).
+    """Draft-or-plain, round by round, given whether a kind of round loses now (the :class:`TreeBudget` knows
+    that).
 
     While trees win, one round in ``plain_probe_every`` is a plain step anyway (every other round until three
-    are measured), so the plain rate and the guard rest on plain steps actually taken. While trees lose, a tree
-    is probed after ``probe_every`` plain rounds, then after twice as many, up to ``max_probe_every``, and a
-    probe that lost is followed by enough plain steps that probing costs at most ``probe_share`` of plain speed.
-    """
+    are measured), so the plain rate and the guard rest on plain steps actually taken. While a kind loses, it
+    drafts only as its :class:`Exploration` account allows (``probe_share``, ``explore_allowance``)."""
 
-    probe_every: int = 8
-    max_probe_every: int = 128
     probe_backlog: int = 32  # probe only when the draft has at most this many tokens to catch up on
-    probe_share: float = 0.02  # a losing probe is followed by enough plain steps to cost at most this share
-    max_probe_wait: int = 2048
+    probe_share: float = 0.01  # losing rounds may cost this share of the decoding done
+    explore_allowance: float = 0.25  # and this many plain steps per answer
     plain_probe_every: int = 16
     catch_up_share: float = 0.02  # unproven trees wait until a long backlog's catch-up costs at most this share
     # of the plain decoding done since the backlog began
 
     def __post_init__(self) -> None:
-        self._backoff = self.probe_every
-        self._plain_left = 0
-        self._gap = 0  # plain rounds planned after the last probe
-        self.probing = False  # the current tree round is a probe while trees lose
         self._since_plain = 0
+        self._since_probe = 0  # plain steps since the last losing probe (its backlog is not the prompt's)
         self._last_fresh: int | None = None  # the previous round's backlog, when it was a plain step
         self._backlog_start = 1  # the backlog when its plain steps began (a new prompt: the prompt)
         self.plain_steps = 0
         self.plain_probes = 0
         self.catch_up_postponed = 0  # rounds that would have drafted but stayed plain for the catch-up
+
+    def account(self) -> Exploration:
+        """A fresh exploration account on this schedule's terms (one per kind of round)."""
+        return Exploration(self.probe_share, self.explore_allowance)
 
     def note_backlog(self, fresh_tokens: int) -> None:
         """Every round, first: how much text the draft would catch up on (one more after each plain step)."""
@@ -50,45 +82,40 @@ class ProbeSchedule:
             self._backlog_start = fresh_tokens
         self._last_fresh = fresh_tokens
 
-    def draft_now(self, fresh_tokens: int, costs: CostModel, losing: bool, proven: bool, free: bool,
-                  steady_backlog: int) -> bool:
-        """Draft this round? ``losing``: trees lose to plain decoding now; ``proven``: a tree round has been
-        modelled; ``free``: only free lookup branches would run (their catch-up costs nothing);
-        ``steady_backlog``: the longest catch-up of a normal round (``max_depth + 1``)."""
-        if not losing:
-            self._backoff = self.probe_every
-            self._plain_left = self._gap = 0
-            if self._since_plain >= self._plain_probe_gap(costs):
-                self.plain_probes += 1
-                return False
-            if not proven and self._postpone(fresh_tokens, costs, free, steady_backlog):
-                return False
-            self._since_plain += 1
+    def plain_probe_due(self, costs: CostModel) -> bool:
+        """Is this round a plain step to keep the plain rate measured (counted as a plain probe)?"""
+        if self._since_plain >= self._plain_probe_gap(costs):
+            self.plain_probes += 1
             return True
-        if self._plain_left > 0:
-            self._plain_left -= 1
+        return False
+
+    def draft_now(self, fresh_tokens: int, costs: CostModel, losing: bool, proven: bool, free: bool,
+                  steady_backlog: int, account: Exploration) -> bool:
+        """Draft a round of a kind this round? ``losing``: that kind loses to plain decoding now; ``proven``: a
+        round of it has been modelled; ``free``: only free lookup branches would run (their catch-up costs
+        nothing); ``steady_backlog``: the longest catch-up of a normal round (``max_depth + 1``); ``account``:
+        what that kind may still lose exploring."""
+        if not losing:
+            return proven or not self._postpone(fresh_tokens, costs, free, steady_backlog)
+        if not account.open or self._backlog_too_long(fresh_tokens, costs, free):
             return False
-        if self._backlog_too_long(fresh_tokens, costs, free):
-            return False
-        if self._postpone(fresh_tokens, costs, free, steady_backlog):
-            return False
-        # a probe is due: go plain for `backoff` rounds after it if it loses again
-        self._plain_left = self._gap = self._backoff
-        self._backoff = min(2 * self._backoff, self.max_probe_every)
-        self.probing = True
-        return True
+        return not self._postpone(fresh_tokens, costs, free, steady_backlog)
 
     def round_started(self) -> None:
         self._last_fresh = None  # the next round's backlog starts anew
+        self._since_plain += 1
+        self._since_probe = 0
 
     def plain_taken(self) -> None:
         self.plain_steps += 1
         self._since_plain = 0
+        self._since_probe += 1
 
     def _backlog_too_long(self, fresh_tokens: int, costs: CostModel, free: bool) -> bool:
-        """A probe waits while the draft would first ingest more than ``probe_backlog`` tokens (plain steps since
-        the last probe do not count) that cost it more than a plain step: a lookup's catch-up costs nothing."""
-        if free or fresh_tokens <= self.probe_backlog + self._gap:
+        """A probe waits while the draft would first ingest more than ``probe_backlog`` tokens beyond the plain
+        steps since the last drafted round, if they cost it more than a plain step: a lookup's catch-up costs
+        nothing."""
+        if free or fresh_tokens <= self.probe_backlog + self._since_probe:
             return False
         return costs.catch_up_steps(fresh_tokens) > 1.0
 
@@ -116,16 +143,7 @@ class ProbeSchedule:
         return True
 
     def _plain_probe_gap(self, costs: CostModel) -> int:
-        """Tree rounds between plain probes: none before the first plain step is measured (the calibration's
+        """Drafted rounds between plain probes: none before the first plain step is measured (the calibration's
         plain step may be the spoiled number), one until three are, then ``plain_probe_every``."""
         measured = max(self.plain_steps, costs.n_plain)
         return 0 if measured == 0 else 1 if measured < 3 else self.plain_probe_every
-
-    def after_probe(self, lost_steps: float) -> None:
-        """A probe while trees lose cost about ``lost_steps`` plain steps; wait long enough after it that probing
-        costs at most ``probe_share`` of plain speed (a 60-node probe on this CPU costs ~25 steps for ~3 tokens)."""
-        self.probing = False
-        if lost_steps > 0:
-            wait = min(int(np.ceil(lost_steps / self.probe_share)), self.max_probe_wait)
-            self._plain_left = max(self._plain_left, wait)
-            self._gap = max(self._gap, self._plain_left)

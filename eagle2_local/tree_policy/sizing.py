@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tree import LOOKUP, SOURCE_NAMES
 from .costs import CostModel
 
 
@@ -48,6 +49,49 @@ class AcceptanceMap:
             self.counts *= scale
             self.hits *= scale
         self.n_observed += len(bins)
+
+
+class SourceAcceptance:
+    """One :class:`AcceptanceMap` per drafter (``SOURCE_NAMES``: the model draft, the lookup, both, forced
+    tokens), so evidence about one never moves the other: a model draft that misses must not make sure lookups
+    look unsure, and the reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path
+    confidence is already its own learned rate per match length and place (drafts/lookup.py)."""
+
+    def __init__(self, n_sources: int = len(SOURCE_NAMES), lookup_prior_weight: float = 16.0, **map_kw) -> None:
+        # a lookup's path confidence is already learned from the text (its hit rates per kind of match), so its
+        # map trusts it more: a few chains that miss at an edit point must not talk the budget out of copying
+        self._map_kw = map_kw
+        self._weights = {LOOKUP: lookup_prior_weight}
+        self.maps = [self._new_map(source) for source in range(n_sources)]
+
+    def _new_map(self, source: int) -> AcceptanceMap:
+        weight = self._weights.get(source)
+        return AcceptanceMap(**self._map_kw) if weight is None else AcceptanceMap(**{**self._map_kw,
+                                                                                    "prior_weight": weight})
+
+    def prob(self, scores: np.ndarray, sources: np.ndarray | None = None) -> np.ndarray:
+        """Acceptance probability of each node (``sources`` None: all from the model draft, source 0)."""
+        if sources is None:
+            return self.maps[0].prob(scores)
+        sources = np.asarray(sources)
+        out = np.empty(len(sources))
+        for code in np.unique(sources).tolist():
+            mask = sources == code
+            out[mask] = self.maps[code].prob(np.asarray(scores)[mask])
+        return out
+
+    def observe(self, scores: np.ndarray, sources: np.ndarray | None, accepted: np.ndarray) -> None:
+        if sources is None or len(sources) != len(scores):
+            self.maps[0].observe(scores, accepted)
+            return
+        sources, scores, accepted = np.asarray(sources), np.asarray(scores), np.asarray(accepted)
+        for code in np.unique(sources).tolist():
+            mask = sources == code
+            self.maps[code].observe(scores[mask], accepted[mask])
+
+    @property
+    def n_observed(self) -> int:
+        return sum(m.n_observed for m in self.maps)
 
 
 def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes: int) -> tuple[int, float]:
