@@ -406,7 +406,7 @@ class Generator:
         forced tokens are the whole tree."""
         free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
                                                                or grammar is not None)
-        engine = self.engine if not free_only else self._free_draft()
+        engine = self.engine if not free_only else _free_part(self.engine)
         if grammar is not None:
             engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
@@ -445,15 +445,6 @@ class Generator:
                              node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
 
-    def _free_draft(self) -> DraftEngine | None:
-        """The part of the draft a free-only round runs: a merged draft's lookup, a lookup draft whole (it costs
-        nothing either), or nothing (forced tokens alone)."""
-        if self.engine is None:
-            return None
-        if self.engine.free_part is not None:
-            return self.engine.free_part
-        return self.engine if isinstance(self.engine, LookupDraft) else None
-
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
                     grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:
         """One step of plain decoding inside the speculative loop (the same calls as the plain loop); the
@@ -470,11 +461,19 @@ class Generator:
         return RoundResult(PLAIN_STEP, times), [], bonus
 
 
+def _free_part(engine: DraftEngine | None) -> DraftEngine | None:
+    """The part of a draft that costs nothing, which a free-only round runs: a merged draft's lookup, a lookup
+    draft whole, or nothing (forced tokens alone)."""
+    if engine is None:
+        return None
+    if engine.free_part is not None:
+        return engine.free_part
+    return engine if isinstance(engine, LookupDraft) else None
+
+
 def _lookup_of(engine: DraftEngine | None) -> LookupDraft | None:
     """The lookup of a draft (the draft itself, or its free part), whose evidence the policy weighs each round."""
-    if isinstance(engine, LookupDraft):
-        return engine
-    free = engine.free_part if engine is not None else None
+    free = _free_part(engine)
     return free if isinstance(free, LookupDraft) else None
 
 

@@ -230,25 +230,13 @@ class TreeBudget:
     def free_plan(self) -> RoundPlan:
         """A round of free drafts where :meth:`plan` said plain (tokens a grammar forces, lookups): levels and
         size chosen as for a lookup round (no draft time), each node valued by its own drafter's acceptance map
-        on today's verify costs."""
+        on today's verify costs (while growing, when sources are unknown, the lookups' map: a forced node's
+        score 0 falls in its own bin)."""
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
-                         go_deeper=self._free_go_deeper, size=self._free_nodes, unasked=True)
-
-    def _free_go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
-                        times: RoundTimes) -> bool:
-        if levels_done >= self.max_depth:
-            return False
-        lookup = np.int8(LOOKUP)  # sources are unknown while growing: the lookups' map (forced: its score-0 bin)
-        p = np.sort(self.acceptance.prob(cand_scores, np.full(len(cand_scores), lookup)))[::-1]
-        mass = float(self.acceptance.prob(frontier_scores, np.full(len(frontier_scores), lookup)).sum())
-        return deeper_can_pay(p, mass, 0.0, self.max_depth - levels_done, self.costs, self.max_nodes, level_s=0.0)
-
-    def _free_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
-        scores = np.asarray(cand_scores)
-        order = np.lexsort((np.arange(len(scores)), -scores))
-        srcs = (np.full(len(scores), LOOKUP, dtype=np.int8) if sources is None or len(sources) != len(scores)
-                else np.asarray(sources)[order])
-        return best_size(self.acceptance.prob(scores[order], srcs), 0.0, self.costs, self.max_nodes)[0]
+                         go_deeper=lambda cands, frontier, levels, times: self._deeper(cands, frontier, levels, 0.0,
+                                                                                       LOOKUP_ROUND),
+                         size=lambda cands, times, sources=None: self._size(cands, sources, 0.0, LOOKUP_ROUND),
+                         unasked=True)
 
     def _root_s(self) -> float:
         """The steady draft time of a round's root: none when only lookups draft."""
@@ -266,31 +254,39 @@ class TreeBudget:
         return self._root_s() + times.deeper_s
 
     # ------------------------------------------------------------ while drafting (the plan's callables)
-    def _probs(self, scores: np.ndarray, sources: np.ndarray | None) -> np.ndarray:
-        """Acceptance probabilities of nodes (``sources`` None: all the round kind's own drafter's)."""
+    def _probs(self, scores: np.ndarray, sources: np.ndarray | None, kind: int) -> np.ndarray:
+        """Acceptance probabilities of nodes (``sources`` None: all from ``kind``'s own drafter)."""
         scores = np.asarray(scores)
         if sources is None or len(sources) != len(scores):
-            sources = np.full(len(scores), self._kind, dtype=np.int8)
+            sources = np.full(len(scores), kind, dtype=np.int8)
         return self.acceptance.prob(scores, sources)
 
     def go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
                   times: RoundTimes) -> bool:
         """Is another level worth its cost? A question: asking changes nothing."""
-        if levels_done >= self.max_depth:
-            return False
-        p = np.sort(self._probs(cand_scores, None))[::-1]
-        frontier_mass = float(self._probs(frontier_scores, None).sum())
-        return deeper_can_pay(p, frontier_mass, self._draft_so_far(times), self.max_depth - levels_done,
-                              self.costs, self.max_nodes, level_s=0.0 if self._kind == LOOKUP_ROUND else None)
+        return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times), self._kind)
 
     def best_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
         """Nodes to verify (root included) among the candidates, taken in the tree's order (best score first),
         each valued by its own drafter's acceptance map."""
+        return self._size(cand_scores, sources, self._draft_so_far(times), self._kind)
+
+    def _deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, draft_s: float,
+                kind: int) -> bool:
+        """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself?"""
+        if levels_done >= self.max_depth:
+            return False
+        p = np.sort(self._probs(cand_scores, None, kind))[::-1]
+        frontier_mass = float(self._probs(frontier_scores, None, kind).sum())
+        return deeper_can_pay(p, frontier_mass, draft_s, self.max_depth - levels_done, self.costs, self.max_nodes,
+                              level_s=0.0 if kind == LOOKUP_ROUND else None)
+
+    def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int) -> int:
+        """The best node count of a ``kind`` round drafted in ``draft_s``, candidates in the tree's order."""
         scores = np.asarray(cand_scores)
         order = np.lexsort((np.arange(len(scores)), -scores))
-        p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order])
-        n, _ = best_size(p, self._draft_so_far(times), self.costs, self.max_nodes)
-        return n
+        p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order], kind)
+        return best_size(p, draft_s, self.costs, self.max_nodes)[0]
 
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
