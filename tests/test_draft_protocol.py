@@ -171,7 +171,9 @@ def test_eagle2_generate_yields_tokens_like_llama_generate(synth_q8, synth_q8_we
         assert times.catch_up_s == []  # plain decoding never runs the draft
         spec = list(llm.generate(prompt, temp=0.0, max_tokens=24))
         assert spec == plain and len(spec) == 24
-        assert len(times.catch_up_s) == llm.stats()["target_passes"] and set(times.level_s) <= {1, 2, 3}
+        stats = llm.stats()  # a round with one token left to emit is a plain step: nothing to draft
+        assert len(times.catch_up_s) == stats["target_passes"] - stats["plain_steps"]
+        assert set(times.level_s) <= {1, 2, 3}
         more = llm.tokenize(" and the", add_bos=False)
         cont = list(llm.generate(more, temp=0.0, reset=False, max_tokens=8))
         assert llm.stats()["prompt_tokens_reused"] >= len(prompt) + 23  # the last yielded token was never decoded
