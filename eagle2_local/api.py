@@ -101,7 +101,7 @@ class Eagle2:
             self.target = target = Target(self.model, self.settings)
             engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
             if engine is not None and lookup is not False:
-                engine = with_lookup(engine, self.tree_params)
+                engine = with_lookup(engine, self.tree_params, self.model)
             tree_budget = None
             if engine is not None and mode == "auto":
                 tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)

@@ -22,6 +22,7 @@ import logging
 import numpy as np
 
 from ..tree import LOOKUP, Proposals
+from .renames import Divergence, RenameLearner
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ LookupRows = tuple[list[list[int]], list[list[float]]]
 # of the answer predicted from the prompt (copying it: a code edit re-emitting a function) or from the answer so
 # far (repeating itself)
 PROMPT, COPY, REPEAT = 0, 1, 2
+ROOT = -1  # the candidate id of a round's root
+LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
 
 
 def _priors(max_n: int) -> np.ndarray:
@@ -90,6 +93,7 @@ class NgramIndex:
         self.answer_from = 1 << 62  # the first position of the answer (all text is prompt until one begins)
         self._ranked_of: dict[int, list[tuple[int, int]]] = {}  # id of a followers list -> its ranking
         self.last_match = 0  # match length of the last continuations() call
+        self.copy_misses: list[Divergence] = []  # long copies of the prompt that missed, since last read
 
     def __len__(self) -> int:
         return len(self.text)
@@ -100,6 +104,7 @@ class NgramIndex:
         self._ranked_of = {}
         self.confidence = MatchConfidence(self.max_n)
         self.answer_from = 1 << 62
+        self.copy_misses = []
 
     def kind(self, at: int, positions: list[int]) -> int:
         """What a match predicting position ``at`` is evidence of: :data:`PROMPT` inside the prompt, else
@@ -108,14 +113,18 @@ class NgramIndex:
             return PROMPT
         return REPEAT if positions[-1] >= self.answer_from else COPY
 
-    def extend(self, tokens) -> None:
-        """Append committed tokens; each one first scores the prediction the index would have made for it."""
+    def extend(self, tokens, score: bool = True) -> None:
+        """Append committed tokens; each one first scores the prediction the index would have made for it
+        (``score`` False: not, for an index that shares another's :attr:`confidence`)."""
         self._ranked_of.clear()
         for tok in (int(t) for t in tokens):
-            match = self.longest_match(self.text)
+            match = self.longest_match(self.text) if score else None
             if match is not None:
                 n, positions = match
-                self.confidence.observe(n, self._ranked(positions)[0][0] == tok, self.kind(len(self.text), positions))
+                kind, hit = self.kind(len(self.text), positions), self._ranked(positions)[0][0] == tok
+                self.confidence.observe(n, hit, kind)
+                if not hit and kind == COPY and n >= LONG_COPY:
+                    self.copy_misses.append(Divergence(positions[-1], len(self.text)))
             j = len(self.text)
             self.text.append(tok)
             for n in range(1, min(self.max_n, j) + 1):
@@ -179,19 +188,26 @@ class NgramIndex:
 
 
 class LookupDraft:
-    """A draft engine over an :class:`NgramIndex` of the text: proposals, never dense logits."""
+    """A draft engine over an :class:`NgramIndex` of the text: proposals, never dense logits.
+
+    ``renames`` (a :class:`~.renames.RenameLearner`): once the answer has renamed an identifier of the prompt, a
+    second index holds the prompt with the rename applied, followed by the answer; each node takes the
+    continuations of whichever index matches its context on more tokens (the renamed one on a tie)."""
 
     name = "lookup"
     needs_features = False
     free_part = None
     weights_path = None
 
-    def __init__(self, max_branches: int = 10, max_n: int = 8) -> None:
+    def __init__(self, max_branches: int = 10, max_n: int = 8, renames: RenameLearner | None = None) -> None:
         self.max_branches = max_branches
         self.index = NgramIndex(max_n)
+        self.renames = renames
+        self.edited: NgramIndex | None = None  # the prompt with the answer's renames, then the answer
         self._path: dict[int, list[int]] = {}  # candidate id -> tokens from the root's child down to it
-        self._match: dict[int, int] = {}  # candidate id -> length of its context's longest match (0: none)
-        self._root_match = 0
+        # per index: candidate id (ROOT: the root) -> length of its context's longest match (0: none)
+        self._match: dict[int, int] = {}
+        self._edited_match: dict[int, int] = {}
 
     @property
     def n_read(self) -> int:
@@ -199,17 +215,61 @@ class LookupDraft:
 
     def reset(self) -> None:
         self.index.clear()
-        self._path.clear()
-        self._match.clear()
+        self._forget_renames()
+        self._clear_round()
 
     def rollback(self, n_tokens: int) -> None:
-        self._path.clear()
-        self._match.clear()
-        self.index.truncate(min(n_tokens, len(self.index)))
+        self._clear_round()
+        n_tokens = min(n_tokens, len(self.index))
+        if self.edited is not None:
+            if n_tokens < self.index.answer_from:
+                self._forget_renames()
+            else:
+                self.edited.truncate(self.edited.answer_from + n_tokens - self.index.answer_from)
+        self.index.truncate(n_tokens)
 
     def begin_answer(self, prompt_tokens: int) -> None:
         """An answer starts after ``prompt_tokens`` tokens: matches from there on lie in the answer."""
         self.index.answer_from = prompt_tokens
+        self._forget_renames()
+
+    def _clear_round(self) -> None:
+        self._path.clear()
+        self._match.clear()
+        self._edited_match.clear()
+
+    def _forget_renames(self) -> None:
+        self.edited = None
+        self.index.copy_misses = []
+        if self.renames is not None:
+            self.renames.reset()
+
+    def _extend(self, tokens: list[int]) -> None:
+        """Index committed tokens in both texts (the text's own scores the predictions: the renamed one shares
+        its confidence); a long copy's miss may reveal a rename (renames.py)."""
+        if not tokens:
+            return
+        self.index.extend(tokens)
+        if self.edited is not None:
+            self.edited.extend(tokens, score=False)
+        if self.renames is None or not (self.index.copy_misses or self.renames.pending):
+            self.index.copy_misses = []
+            return
+        self.renames.diverged(self.index.copy_misses)
+        self.index.copy_misses = []
+        if self.renames.learn(self.index.text, self.index.answer_from):
+            self._index_renamed()
+
+    def _index_renamed(self) -> None:
+        """(Re)build the second index: the prompt with every rename learned so far, then the answer."""
+        text, start = self.index.text, self.index.answer_from
+        edited = NgramIndex(self.index.max_n, self.index.max_positions)
+        edited.confidence = self.index.confidence  # the same text's kind: its rates are learned once
+        edited.extend(self.renames.edited(text[:start]), score=False)
+        edited.answer_from = len(edited)
+        edited.extend(text[start:], score=False)
+        self.edited = edited
+        log.debug("lookup: renames %s", self.renames.renames)
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> Proposals:
         """Index the unseen tail of ``tokens`` (root included); propose the root's children."""
@@ -219,46 +279,68 @@ class LookupDraft:
         """How sure the text is of the token after ``tokens`` (root included): the learned rate of its longest
         match's kind and length, 0.0 without a match. A round's evidence before any tree is drafted, at the
         price of indexing the tail that the round's own catch-up would index anyway."""
-        self.index.extend(tokens[len(self.index):])
-        _, probs = self.index.continuations(self.index.text, 1)
-        return probs[0] if probs else 0.0
+        self._extend(tokens[len(self.index):])
+        _, probs = self._continue([[]], [None], [ROOT], width=1)
+        return probs[0][0] if probs[0] else 0.0
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
         return self.proposals(*self.expand_rows(cand_ids, tokens, parent_ids, level))
 
     def catch_up_rows(self, tokens: np.ndarray) -> LookupRows:
         """:meth:`catch_up` as Python lists (what :class:`~.merged.MergedDraft` merges without numpy)."""
-        self._path.clear()
-        self._match.clear()
-        self.index.extend(np.asarray(tokens)[len(self.index):].tolist())
-        rows, (self._root_match,) = self._continue([self.index.text], [None])
-        return rows
+        self._clear_round()
+        self._extend(np.asarray(tokens)[len(self.index):].tolist())
+        return self._continue([[]], [None], [ROOT])
 
     def expand_rows(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> LookupRows:
         """:meth:`expand` as Python lists."""
-        contexts, bounds = [], []
-        tail = self.index.text[-self.index.max_n:]
+        paths = []
         cand_ids = np.asarray(cand_ids).tolist()
-        for cand, tok, parent in zip(cand_ids, np.asarray(tokens).tolist(), np.asarray(parent_ids).tolist()):
+        parents = np.asarray(parent_ids).tolist()
+        for cand, tok, parent in zip(cand_ids, np.asarray(tokens).tolist(), parents):
             path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
             self._path[cand] = path
-            contexts.append(tail + path)
-            # a node's context is its parent's plus one token: its match is at most one token longer
-            bounds.append((self._match[parent] if parent >= 0 else self._root_match) + 1)
-        rows, found = self._continue(contexts, bounds)
-        self._match.update(zip(cand_ids, found))
-        return rows
+            paths.append(path)
+        return self._continue(paths, parents, cand_ids)
 
-    def _continue(self, contexts: list[list[int]], bounds: list[int | None]) -> tuple[LookupRows, list[int]]:
-        """Each context's continuations, and the length of the match each was found with (0: none)."""
-        width = max(self.max_branches, 1)
+    def _continue(self, paths: list[list[int]], parents: list[int | None], cand_ids: list[int],
+                  width: int | None = None) -> LookupRows:
+        """Each node's continuations (``paths``: its tokens below the root; ``parents`` None: no bound on its
+        match), at most ``width`` (default ``max_branches``), from the index that matches it on more tokens
+        (:meth:`_best_of`)."""
+        width = max(self.max_branches, 1) if width is None else width
+        rows = self._search(self.index, paths, parents, cand_ids, self._match, width)
+        if self.edited is None:
+            return rows[0], rows[1]
+        return self._best_of(*rows, *self._search(self.edited, paths, parents, cand_ids, self._edited_match,
+                                                   width))[:2]
+
+    @staticmethod
+    def _search(index: NgramIndex, paths: list[list[int]], parents: list[int | None], cand_ids: list[int],
+                matches: dict[int, int], width: int) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        """Continuations of the text's tail plus each path in ``index``, and the length of each one's match
+        (kept in ``matches`` by candidate id: a node's context is its parent's plus one token, so its match is
+        at most one token longer)."""
+        tail = index.text[-index.max_n:]
         tokens, probs, found = [], [], []
-        for context, bound in zip(contexts, bounds):
-            toks, p = self.index.continuations(context, width, bound)
+        for path, parent, cand in zip(paths, parents, cand_ids):
+            bound = None if parent is None else matches.get(ROOT if parent < 0 else parent, index.max_n) + 1
+            toks, p = index.continuations(tail + path, width, bound)
             tokens.append(toks)
             probs.append(p)
-            found.append(self.index.last_match)
-        return (tokens, probs), found
+            found.append(index.last_match)
+            matches[cand] = index.last_match
+        return tokens, probs, found
+
+    @staticmethod
+    def _best_of(tokens: list[list[int]], probs: list[list[float]], found: list[int], edited_tokens,
+                 edited_probs, edited_found) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        """Per node, the rows of the index whose match is longer; the renamed text's on a tie (the context
+        just before a renamed identifier reads the same in both texts, and the answer renames)."""
+        for i, n in enumerate(edited_found):
+            if n and n >= found[i]:
+                tokens[i], probs[i], found[i] = edited_tokens[i], edited_probs[i], n
+        return tokens, probs, found
 
     def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
         """Rows of continuations as :class:`Proposals`, ``max_branches`` wide (padding: log-probability -inf)."""
@@ -275,8 +357,7 @@ class LookupDraft:
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
-        self._path.clear()
-        self._match.clear()
+        self._clear_round()
 
     def close(self) -> None:
         self.reset()

@@ -24,6 +24,7 @@ from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab
 from .lookup import LookupDraft
 from .merged import MergedDraft
+from .renames import RenameLearner
 from .open_head import check_head_fits, open_head, read_head_info, target_settings_for
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,12 @@ def _prepare_draft_model(spec: DraftSpec, model: LlamaModel, settings: ContextSe
 
 def _prepare_lookup(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
                     offload: dict[str, Any]) -> PreparedDraft:
-    return PreparedDraft(settings, lambda target, params: LookupDraft(max_branches=params.top_k))
+    return PreparedDraft(settings, lambda target, params: lookup_draft(target.model, params))
+
+
+def lookup_draft(model: LlamaModel, tree_params: TreeParams) -> LookupDraft:
+    """Lookups in the text, learning the answer's renames with ``model``'s tokenizer."""
+    return LookupDraft(max_branches=tree_params.top_k, renames=RenameLearner.for_model(model))
 
 
 DRAFTERS: dict[str, DraftKind] = {
@@ -123,9 +129,12 @@ DRAFTERS: dict[str, DraftKind] = {
 }
 
 
-def with_lookup(engine: DraftEngine, tree_params: TreeParams) -> DraftEngine:
-    """``engine`` with lookup branches merged into its trees (a lookup draft stays as it is)."""
-    return engine if isinstance(engine, (LookupDraft, MergedDraft)) else MergedDraft(engine, tree_params.top_k)
+def with_lookup(engine: DraftEngine, tree_params: TreeParams, model: LlamaModel) -> DraftEngine:
+    """``engine`` with lookup branches merged into its trees (a lookup draft stays as it is); ``model``: the
+    target, whose tokenizer the lookup's renames need."""
+    if isinstance(engine, (LookupDraft, MergedDraft)):
+        return engine
+    return MergedDraft(engine, tree_params.top_k, lookup_draft(model, tree_params))
 
 
 def prepare_draft(spec: DraftSpec, model: LlamaModel, settings: ContextSettings, **offload: Any) -> PreparedDraft:
