@@ -261,17 +261,31 @@ class LookupDraft:
         return (tokens, probs), found
 
     def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
-        """Rows of continuations as :class:`Proposals`, ``max_branches`` wide (padding: log-probability -inf)."""
-        width = max(self.max_branches, 1)
-        out_tokens = np.zeros((len(tokens), width), dtype=np.int64)
-        out_probs = np.zeros((len(tokens), width))  # 0 pads: its log, -inf, is a proposal's padding
-        for row, (toks, p) in enumerate(zip(tokens, probs)):
-            if toks:
-                out_tokens[row, :len(toks)] = toks
-                out_probs[row, :len(toks)] = p
-        with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
+        """Rows of continuations as :class:`Proposals`, as wide as the longest row (padding: log-probability
+        -inf; the tree drops padding, so the width changes no candidate). Built as flat lists with one array per
+        field: this runs for every level of every tree, mostly on one-token rows, where a numpy call per row cost
+        more than the lookup."""
+        width = max(1, max(map(len, tokens), default=0))
+        flat_tokens: list[int] = []
+        flat_probs: list[float] = []
+        padded = False
+        for toks, p in zip(tokens, probs):
+            pad = width - len(toks)
+            flat_tokens += toks
+            flat_probs += p
+            if pad:
+                padded = True
+                flat_tokens += [0] * pad
+                flat_probs += [0.0] * pad  # 0 pads: its log, -inf, is a proposal's padding
+        shape = (len(tokens), width)
+        out_probs = np.array(flat_probs, dtype=np.float64).reshape(shape)
+        if padded:
+            with np.errstate(divide="ignore"):  # one log for all rows
+                log_probs = np.log(out_probs)
+        else:
             log_probs = np.log(out_probs)
-        return Proposals.trusted(out_tokens, log_probs, np.full(out_tokens.shape, LOOKUP, dtype=np.int8))
+        return Proposals.trusted(np.array(flat_tokens, dtype=np.int64).reshape(shape), log_probs,
+                                 np.full(shape, LOOKUP, dtype=np.int8))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
