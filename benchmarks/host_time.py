@@ -12,6 +12,9 @@ are printed as a checksum so a change to the round can be shown to leave them as
 ``--records`` records of a prompt set (each record's first turn) instead of the one chat question, all in one run
 (a lookup must have text to copy from to propose anything). ``--tree-hash`` prints a hash of every selected tree
 (tokens, parents, score bits, sources): a change that claims to leave the trees as they were can show it.
+``between_rounds_ms_median``: the host's time from one round's end to the next one's start (emitting the
+tokens, the statistics, the policy's plan and the lookup's evidence for it), which the per-round figure leaves
+out; it includes this script's own recording (a few us).
 ``host_ms_per_round_median`` is the median over the tree rounds: a round preempted by another process moves it
 less than the mean. ``benchmarks/host_split.py`` (same options) lists which functions the host time goes to.
 
@@ -71,10 +74,16 @@ def main() -> None:
     add_round = GenerationStats.add_round
     select_tree = generator.select_tree
 
+    between: list[float] = []  # ms from one round's end to the next one's start (same answer)
+    last_done: list[float | None] = [None]
+
     def recording(stats, r) -> None:
         if r.plan.drafts:
             per_round.append((r.times.host_draft_s * 1e3, r.times.host_verify_s * 1e3))
+        if last_done[0] is not None:
+            between.append((r.times.start - last_done[0]) * 1e3)
         add_round(stats, r)
+        last_done[0] = r.times.done
 
     def hashing(*args, **kwargs):
         tree = select_tree(*args, **kwargs)
@@ -93,7 +102,9 @@ def main() -> None:
         trees = hashlib.sha256()
         prof = cProfile.Profile() if args.profile else None
         texts, stats = [], []
+        between.clear()
         for prompt in prompts:
+            last_done[0] = None
             if prof:
                 prof.enable()
             out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
@@ -111,6 +122,7 @@ def main() -> None:
                       "host_ms_per_round_median": round(float(np.median(draft_ms + verify_ms)), 4),
                       "host_draft_ms_median": round(float(np.median(draft_ms)), 4),
                       "host_verify_ms_median": round(float(np.median(verify_ms)), 4),
+                      "between_rounds_ms_median": round(float(np.median(between)), 4) if between else None,
                       "answer_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16],
                       **({"trees_sha256": trees.hexdigest()[:16]} if args.tree_hash else {})}))
     if prof:

@@ -417,9 +417,9 @@ class Generator:
         p = self.tree_params
         params = TreeParams(min(p.total_tokens, plan.max_nodes, room), min(p.depth, plan.max_depth, room - 1),
                             p.top_k)
-        cands = grow_candidates(root_out, engine.expand, params,
-                                should_expand=lambda scores, frontier, levels: plan.go_deeper(scores, frontier,
-                                                                                              levels, times),
+        deeper = (None if plan.go_deeper is RoundPlan.go_deeper  # the default grows every level: no scores needed
+                  else lambda scores, frontier, levels: plan.go_deeper(scores, frontier, levels, times))
+        cands = grow_candidates(root_out, engine.expand, params, should_expand=deeper,
                                 level_done=lambda levels: times.levels.append(self.clock()))
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)

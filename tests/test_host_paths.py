@@ -6,7 +6,7 @@ import numpy as np
 
 from eagle2_local import llama
 from eagle2_local.llama import Batch
-from eagle2_local.tree import Proposals, leaf_membership, node_depths, top_children, verify_layout
+from eagle2_local.tree import Proposals, ancestor_mask, leaf_membership, node_depths, top_children, verify_layout
 from helpers import random_tree
 
 
@@ -18,6 +18,21 @@ def test_verify_layout_equals_depths_and_leaf_membership():
         ref_leaves, ref_member = leaf_membership(parents)
         assert np.array_equal(depths, node_depths(parents))
         assert np.array_equal(leaves, ref_leaves) and np.array_equal(member, ref_member)
+
+
+def test_ancestor_mask_on_chains_and_deep_trees():
+    """Pointer doubling reaches every ancestor at every depth, 2**s levels up included (the lookup's chains)."""
+    rng = np.random.default_rng(6)
+    shapes = [np.arange(-1, n - 1) for n in range(1, 40)]  # chains: node i's parent is i - 1
+    shapes += [random_tree(rng, 50, n, 16).parents for n in (3, 17, 64, 200)]
+    for parents in shapes:
+        anc = ancestor_mask(parents)
+        for i in range(len(parents)):
+            chain, j = set(), i
+            while j >= 0:
+                chain.add(j)
+                j = int(parents[j])
+            assert set(np.flatnonzero(anc[i]).tolist()) == chain
 
 
 def test_batch_lists_each_tokens_sequences_in_leaf_order():

@@ -375,6 +375,8 @@ def test_lookup_tree_levels_equal_unbounded_lookups():
             assert toks_row[:len(toks)].tolist() == toks
             assert np.array_equal(lp_row[:len(toks)], np.log(probs))
             assert np.isneginf(lp_row[len(toks):]).all()
+            assert (lp_row[:-1] >= lp_row[1:]).all()  # best first, as ranked=True tells the tree
+    assert all(r.ranked for r in rows)
     assert n_rows > 300, "the trees hardly grew: the test would not see a wrong bound"
 
 

@@ -285,7 +285,7 @@ class LookupDraft:
         else:
             log_probs = np.log(out_probs)
         return Proposals.trusted(np.array(flat_tokens, dtype=np.int64).reshape(shape), log_probs,
-                                 np.full(shape, LOOKUP, dtype=np.int8))
+                                 np.full(shape, LOOKUP, dtype=np.int8), ranked=True)  # continuations rank by count
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
