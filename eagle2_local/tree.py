@@ -95,7 +95,7 @@ class Proposals:
     @classmethod
     def from_logits(cls, logits: np.ndarray, k: int) -> "Proposals":
         """The k most probable tokens of dense logit rows (what the tree takes from dense rows itself)."""
-        return cls(*top_k_log_probs(np.atleast_2d(logits), k))
+        return cls(*top_k_log_probs(np.atleast_2d(logits), k), ranked=True)
 
 
 # What a draft returns for the rows it ran: dense logits (n, V), or candidates with log-probabilities.
@@ -203,6 +203,8 @@ def top_children(out: "DraftOutput", k: int) -> tuple[np.ndarray, np.ndarray, np
     :data:`MODEL`) or proposals."""
     if isinstance(out, Proposals):
         lp = out.log_probs
+        if out.ranked and lp.shape[1] > k:  # best first: the stable ranking would keep the first k columns
+            return out.tokens[:, :k], lp[:, :k], out.sources[:, :k]
         if lp.shape[1] <= k and (out.ranked or (lp[:, :-1] >= lp[:, 1:]).all()):
             return out.tokens, lp, out.sources  # already best first: the stable ranking would keep every row
         cols, lp = top_k_rows(lp, k)

@@ -62,6 +62,23 @@ def test_ranked_proposals_pass_top_children_unchanged_and_others_are_ranked():
     assert tok.tolist() == [[2, 4], [7, 1]]
 
 
+def test_rows_flagged_ranked_give_the_ranking_of_unflagged_rows():
+    """Rows a producer flags best first (the in-graph top-k, numpy's top-k, the lookup) give top_children the
+    same children as the check and the stable ranking do, wider than k too (ties kept in place)."""
+    rng = np.random.default_rng(7)
+    for width, k in ((3, 3), (5, 3), (12, 10), (4, 6)):
+        lp = -np.sort(rng.integers(0, 4, (6, width)) * 0.5, axis=1)  # non-increasing, with ties
+        lp[:, -1] = -np.inf
+        tokens = rng.integers(0, 99, (6, width))
+        flagged = top_children(Proposals(tokens, lp, ranked=True), k)
+        plain = top_children(Proposals(tokens, lp), k)
+        for a, b in zip(flagged, plain):
+            assert np.array_equal(a, b)
+    logits = rng.standard_normal((4, 50)).astype(np.float32)
+    assert Proposals.from_logits(logits, 5).ranked
+
+
+
 def test_a_failed_call_reports_only_the_lines_llama_cpp_printed_after_its_mark():
     llama._log_callback(llama._LEVEL_ERROR, b"an earlier warning", None)
     mark = llama._n_errors
