@@ -39,6 +39,38 @@ def test_truncate_undoes_extend_exactly():
     assert index._next == rebuilt(text)._next
 
 
+class UncachedIndex(NgramIndex):
+    """An index that ranks every followers list afresh at every use: the reference for the cached rankings."""
+
+    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        return self._ranked(positions)
+
+
+def test_rankings_kept_across_extends_equal_uncached_ones():
+    """Rankings stay cached across extends except for the followers lists a new token joins: an index queried
+    between small extends and truncates (caches warm) proposes and learns exactly what an index that never
+    caches does."""
+    rng = np.random.default_rng(8)
+    text = rng.integers(0, 5, 400).tolist()
+    index, reference = NgramIndex(max_n=4), UncachedIndex(max_n=4)
+    at = 0
+    while at < len(text):
+        step = int(rng.integers(0, 4))  # 0: an empty extend, as a catch-up right after next_rate makes
+        for ix in (index, reference):
+            ix.extend(text[at:at + step])
+        at += step
+        if at > 20 and rng.random() < 0.1:
+            at -= int(rng.integers(1, 6))
+            for ix in (index, reference):
+                ix.truncate(at)
+        for cut in range(1, 6):
+            context = text[max(at - cut, 0):at] + [int(rng.integers(0, 5))]
+            assert index.continuations(context, 3) == reference.continuations(context, 3)
+        assert index.continuations(index.text, 3) == reference.continuations(reference.text, 3)
+    assert np.array_equal(index.confidence.hits, reference.confidence.hits)
+    assert np.array_equal(index.confidence.trials, reference.confidence.trials)
+
+
 def test_longest_match_proposes_what_followed_it():
     index = rebuilt([5, 1, 2, 3, 9, 1, 2, 3, 7, 0, 2, 3])
     toks, probs = index.continuations([0, 2, 3], 4)

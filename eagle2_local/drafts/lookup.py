@@ -109,17 +109,21 @@ class NgramIndex:
         return REPEAT if positions[-1] >= self.answer_from else COPY
 
     def extend(self, tokens) -> None:
-        """Append committed tokens; each one first scores the prediction the index would have made for it."""
-        self._ranked_of.clear()
+        """Append committed tokens; each one first scores the prediction the index would have made for it.
+
+        Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
+        position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
         for tok in (int(t) for t in tokens):
             match = self.longest_match(self.text)
             if match is not None:
                 n, positions = match
-                self.confidence.observe(n, self._ranked(positions)[0][0] == tok, self.kind(len(self.text), positions))
+                self.confidence.observe(n, self.ranked(positions)[0][0] == tok, self.kind(len(self.text), positions))
             j = len(self.text)
             self.text.append(tok)
             for n in range(1, min(self.max_n, j) + 1):
-                self._next.setdefault(tuple(self.text[j - n:j]), []).append(j)
+                positions = self._next.setdefault(tuple(self.text[j - n:j]), [])
+                positions.append(j)
+                self._ranked_of.pop(id(positions), None)
 
     def truncate(self, n_tokens: int) -> None:
         """Forget every token from ``n_tokens`` on (the learned confidences stay: they describe the text's kind)."""
@@ -145,6 +149,14 @@ class NgramIndex:
                 return n, positions
         return None
 
+    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        """:meth:`_ranked`, cached per followers list until the list changes (the same n-grams recur across a
+        tree's nodes and across rounds)."""
+        ranked = self._ranked_of.get(id(positions))
+        if ranked is None:
+            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
+        return ranked
+
     def _ranked(self, positions: list[int]) -> list[tuple[int, int]]:
         """Distinct follower tokens of the recent occurrences with their counts, most frequent first (ties:
         the most recent first)."""
@@ -165,10 +177,7 @@ class NgramIndex:
         if match is None:
             return [], []
         n, positions = match
-        ranked = self._ranked_of.get(id(positions))  # the same n-gram recurs across a tree's nodes
-        if ranked is None:
-            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
-        ranked = ranked[:max_branches]
+        ranked = self.ranked(positions)[:max_branches]
         # a draft predicts past the committed text, so the kind is the one of the text's next position
         top, rate = ranked[0][1], self.confidence.rate(n, self.kind(len(self.text), positions))
         probs = [rate * c / top for _, c in ranked]
