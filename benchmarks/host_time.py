@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--prompts", help="a prompt set (.jsonl) whose records' first turns are answered")
     ap.add_argument("--records", type=int, default=1, help="how many of --prompts' records (default 1)")
     ap.add_argument("--tree-hash", action="store_true", help="print a hash of every selected tree")
+    ap.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
+                    help="fixed trees of --total-tokens nodes (default), or the auto budget up to that many")
     args = ap.parse_args()
     backend_topk.IN_GRAPH_TOP_K = not args.dense
     prompts = load_prompt_sets([args.prompts], args.records)[0].prompts if args.prompts else [PROMPT]
@@ -95,7 +97,8 @@ def main() -> None:
     if args.tree_hash:
         generator.select_tree = hashing
     with Eagle2(args.model, head_path=args.head, draft_model_path=args.draft_model, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, total_tokens=args.total_tokens, draft=args.draft) as llm:
+                n_gpu_layers=args.n_gpu_layers, total_tokens=args.total_tokens, draft=args.draft,
+                budget=args.budget) as llm:
         llm.create_chat_completion([{"role": "user", "content": prompts[0]}], max_tokens=8,
                                    temperature=0.0)  # warm up (first-call costs)
         per_round.clear()
@@ -117,12 +120,14 @@ def main() -> None:
     keys = ("engine", "n_tokens", "rounds", "tau", "mean_tree_size", "tokens_per_s", "rounds_s", "llama_s",
             "host_s", "host_ms_per_round", "host_draft_ms_per_round", "host_verify_ms_per_round", "host_us_per_node")
     draft_ms, verify_ms = np.array(per_round).reshape(-1, 2).T
+
+    def median(ms: np.ndarray) -> float | None:  # None: no tree round (an auto budget may run plain steps only)
+        return round(float(np.median(ms)), 4) if len(ms) else None
     print(json.dumps({**{k: s[k] for k in keys}, "profiled": bool(prof), "clock": "cpu" if args.cpu_clock else "wall",
                       "dense": args.dense, "tree_rounds": len(per_round),
-                      "host_ms_per_round_median": round(float(np.median(draft_ms + verify_ms)), 4),
-                      "host_draft_ms_median": round(float(np.median(draft_ms)), 4),
-                      "host_verify_ms_median": round(float(np.median(verify_ms)), 4),
-                      "between_rounds_ms_median": round(float(np.median(between)), 4) if between else None,
+                      "host_ms_per_round_median": median(draft_ms + verify_ms),
+                      "host_draft_ms_median": median(draft_ms), "host_verify_ms_median": median(verify_ms),
+                      "between_rounds_ms_median": median(np.array(between)),
                       "answer_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16],
                       **({"trees_sha256": trees.hexdigest()[:16]} if args.tree_hash else {})}))
     if prof:
