@@ -185,6 +185,7 @@ class Generator:
         self.tree_params = tree_params or TreeParams()
         self.policy: TreePolicy = policy if policy is not None else FixedTree(self.tree_params.total_tokens)
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
+        self._final = np.array(sorted(self.stop_tokens), dtype=np.int64)  # tree nodes that get no children
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.transcript: list[int] = []  # the last call's prompt and the tokens it emitted
         self.last_stats = GenerationStats()
@@ -363,25 +364,28 @@ class Generator:
             if room < 1:
                 yield Chunk(emitter.finish("length"), [], "length")
                 return
+            # A path also emits no more than the answer still takes: deeper nodes would be verified for nothing.
+            left = emitter.max_tokens - len(emitter.tokens)
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
             read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
             fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
             # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
-            lookup_rate = lookup.next_rate(self.tokens + [root]) if lookup is not None and room > 1 else 0.0
-            plan = self.policy.plan(fresh, lookup_rate) if room > 1 else PLAIN_STEP
+            can_draft = room > 1 and left > 1
+            lookup_rate = lookup.next_rate(self.tokens + [root]) if lookup is not None and can_draft else 0.0
+            plan = self.policy.plan(fresh, lookup_rate) if can_draft else PLAIN_STEP
             # Under a grammar a plain step whose root the grammar forces on becomes a round of the free drafts
             # (forced tokens, lookups): they cost no draft, and forced ones are accepted with certainty. The
             # policy sizes it by what verifying costs and learns only its acceptance from it.
-            forced_round = (grammar is not None and not plan.drafts and room > 1
+            forced_round = (grammar is not None and not plan.drafts and can_draft
                             and self._forced_draft().proposes_at(grammar))
             if forced_round:
                 plan = self.policy.free_plan()
             if plan.drafts:
-                result, accepted, bonus = self._tree_round(plan, root, room, sampling, rng, grammar)
+                result, accepted, bonus = self._tree_round(plan, root, room, left, sampling, rng, grammar)
             else:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
-                if grammar is not None and room > 1:
+                if grammar is not None and can_draft:
                     self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
             self.policy.observe(result)
             stats.add_round(result)
@@ -393,12 +397,13 @@ class Generator:
             yield _emit(emitter, accepted + [bonus])
             root = bonus
 
-    def _tree_round(self, plan: RoundPlan, root: int, room: int, sampling: SamplingParams,
+    def _tree_round(self, plan: RoundPlan, root: int, room: int, left: int, sampling: SamplingParams,
                     rng: np.random.Generator,
                     grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:
         """Draft a tree within the plan's limits, verify it in one pass, accept, commit. Returns what the round
         did, the accepted draft tokens and the target's own next token; the committed nodes' features wait in
-        the backlog for the next round.
+        the backlog for the next round. ``room``: free KV cells (one per node); ``left``: tokens the answer
+        still takes (a path of depth d emits d + 1).
 
         A plan may run only the draft's free part (lookup branches, when the model draft cannot pay): the model
         then sits the round out like a plain step, and catches up on it later. Under a grammar the round's draft
@@ -415,12 +420,13 @@ class Generator:
         text = np.asarray(self.tokens + [root])  # one conversion of the whole text a round: the draft's and accept's
         root_out = engine.catch_up(text, *features)
         p = self.tree_params
-        params = TreeParams(min(p.total_tokens, plan.max_nodes, room), min(p.depth, plan.max_depth, room - 1),
-                            p.top_k)
+        params = TreeParams(min(p.total_tokens, plan.max_nodes, room),
+                            min(p.depth, plan.max_depth, room - 1, left - 1), p.top_k)
         deeper = (None if plan.go_deeper is RoundPlan.go_deeper  # the default grows every level: no scores needed
                   else lambda scores, frontier, levels: plan.go_deeper(scores, frontier, levels, times))
         cands = grow_candidates(root_out, engine.expand, params, should_expand=deeper,
-                                level_done=lambda levels: times.levels.append(self.clock()))
+                                level_done=lambda levels: times.levels.append(self.clock()),
+                                final_tokens=self._final)
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()

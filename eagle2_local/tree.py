@@ -353,12 +353,20 @@ ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int], bool]
 LevelDoneFn = Callable[[int], None]
 
 
+def _open(tokens: np.ndarray, final_tokens: np.ndarray) -> np.ndarray:
+    """Which of ``tokens`` may have children (are not among the few ``final_tokens``)."""
+    return ~(tokens[:, None] == final_tokens[None, :]).any(axis=1)
+
+
 def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreeParams,
-                    should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None) -> Candidates:
+                    should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
+                    final_tokens: np.ndarray | None = None) -> Candidates:
     """Grow EAGLE-2's candidate levels, at most ``params.depth``; ``should_expand`` may stop earlier (the tree
     budget stops levels that cannot pay for their draft and verify time); ``level_done`` hears of every level
     grown, the last one included (the budget times the draft with it). Children with a log-probability of
-    -inf (a proposal's padding, a token outside a draft's vocabulary) are never candidates."""
+    -inf (a proposal's padding, a token outside a draft's vocabulary) are never candidates. ``final_tokens``
+    (end-of-generation tokens) are never expanded: the answer ends there, so a child of one could only be
+    verified for nothing (a lookup copying the prompt would follow the chat template past the end)."""
     k = params.top_k
     first_tok, first_lp, first_src = top_children(root_logits, k)
     drafted = np.isfinite(first_lp[0])
@@ -367,10 +375,12 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
     cand_src = [first_src[0][drafted]]
     cand_parent = [np.full(len(cand_tok[0]), -1, dtype=np.int64)]
     frontier = np.arange(len(cand_tok[0]), dtype=np.int64)
-    frontier_scores = cand_score[0]
+    if final_tokens is not None:
+        frontier = frontier[_open(cand_tok[0], final_tokens)]
+    frontier_scores = cand_score[0][frontier]
     # the frontier's tokens and parents ride along, so no level concatenates all candidates so far
-    frontier_tok, frontier_parent = cand_tok[0], cand_parent[0]
-    n_cand = len(frontier)
+    frontier_tok, frontier_parent = cand_tok[0][frontier], cand_parent[0][frontier]
+    n_cand = len(cand_tok[0])
     levels = 1
     for level in range(2, params.depth + 1):
         if level_done is not None:
@@ -387,7 +397,10 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
         cand_score.append(cum[drafted])
         cand_parent.append(np.repeat(frontier, tok.shape[1])[drafted])
         # the level's k best (stable: ties to the earlier candidate), as top_k_rows ranks a short row
-        flat_best = np.argsort(-cand_score[-1], kind="stable")[:k]
+        flat_best = np.argsort(-cand_score[-1], kind="stable")
+        if final_tokens is not None:
+            flat_best = flat_best[_open(cand_tok[-1][flat_best], final_tokens)]
+        flat_best = flat_best[:k]
         frontier = n_cand + flat_best
         frontier_scores = cand_score[-1][flat_best]
         frontier_tok, frontier_parent = cand_tok[-1][flat_best], cand_parent[-1][flat_best]

@@ -203,7 +203,7 @@ def sampled_counts(gen: Generator, prompt: list[int],
     counts: dict[int, dict[int, int]] = {1: {}, 2: {}}
     nodes = accepted = 0
     for seed in range(N_RUNS):
-        toks, _, _ = run(gen, prompt, 3, sampling, seed=seed)
+        toks, _, _ = run(gen, prompt, 4, sampling, seed=seed)  # 4: a tree may still reach position 2
         for p in counts:
             tok = toks[p] if p < len(toks) else -1
             counts[p][tok] = counts[p].get(tok, 0) + 1
@@ -211,6 +211,19 @@ def sampled_counts(gen: Generator, prompt: list[int],
         nodes += stats.nodes_by_source.get("lookup", 0) + stats.nodes_by_source.get("both", 0)
         accepted += stats.accepted_by_source.get("lookup", 0) + stats.accepted_by_source.get("both", 0)
     return counts, nodes, accepted
+
+
+def test_trees_end_where_the_answer_ends(synth_q8):
+    """Near ``max_tokens`` a tree is no deeper than the answer can still take (a path of depth d emits d + 1
+    tokens): the sure chains of a looping text would otherwise be verified past the end for nothing."""
+    model = LlamaModel(synth_q8)
+    prompt = looping_prompt(model)
+    gen = lookup_gen(model, None, TreeParams(12, 6, 3))
+    toks, _, reason = run(gen, prompt, 4)
+    stats = gen.last_stats
+    assert reason == "length" and len(toks) == 4 and stats.nodes_by_source.get("lookup", 0) > 0
+    assert stats.pass_tokens == 3  # the prefill gave the first token; no pass produced one past the fourth
+    assert run(gen, prompt, 40)[0][:4] == toks
 
 
 @pytest.mark.parametrize("draft_kind", ["lookup", "self+lookup"])

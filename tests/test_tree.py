@@ -118,6 +118,23 @@ def test_proposals_padding_is_never_drafted():
         Proposals([[1, 2]], [[0.5, -1.0]])  # a log-probability above 0
 
 
+def test_end_of_generation_tokens_get_no_children():
+    """A candidate that ends the answer (an end-of-generation token) is never expanded: its children could only
+    be verified for nothing. The other branches grow as before, and the final token itself stays a candidate."""
+    calls = []
+
+    def chain(cand_ids, tokens, parent_ids, level):
+        calls.append(tokens.tolist())
+        return Proposals((tokens + 1)[:, None], np.full((len(tokens), 1), np.log(0.9)))
+
+    root = Proposals([[7, 2]], [[np.log(0.6), np.log(0.3)]])
+    c = grow_candidates(root, chain, TreeParams(60, 4, 4), final_tokens=np.array([7, 4]))
+    assert calls == [[2], [3]]  # 7 ends the answer at once; the branch 2-3-4 stops at 4
+    assert c.tokens.tolist() == [7, 2, 3, 4]
+    plain = grow_candidates(root, chain, TreeParams(60, 4, 4))
+    assert plain.tokens.tolist() == [7, 2, 8, 3, 9, 4, 10, 5]
+
+
 def test_level_done_hears_every_level_and_should_expand_only_asks():
     """The tree builder tells ``level_done`` of every level grown (the last included) and only asks
     ``should_expand`` before a deeper one; a "no" stops the growth."""
