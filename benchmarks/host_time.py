@@ -1,11 +1,20 @@
 """The host's own time per round (wall time minus llama.cpp) on one chat answer, optionally under cProfile.
 
     python benchmarks/host_time.py --threads 1 --total-tokens 60 --max-tokens 128 [--profile 25] [--cpu-clock] [--dense]
+    python benchmarks/host_time.py --threads 1 --total-tokens 16 --max-tokens 128 --cpu-clock --draft lookup \
+        --prompts benchmarks/prompts/code_edit_short.jsonl --records 4 [--tree-hash]
 
 The measurement: the default model with its shipped EAGLE-3 head (and lookup branches; ``--model``, ``--head``,
 ``--draft-model`` for others), fixed trees of ``--total-tokens`` nodes, greedy. Prints the generation's host figures (``stats()``: per round, draft and verify
 side, per drafted node) and, with ``--profile N``, the N functions with the most own time. The answer's tokens
 are printed as a checksum so a change to the round can be shown to leave them as they were.
+``--draft`` names any draft (``lookup``, ``head:h.gguf``, as ``generate --draft``); ``--prompts`` answers the first
+``--records`` records of a prompt set (each record's first turn) instead of the one chat question, all in one run
+(a lookup must have text to copy from to propose anything). ``--tree-hash`` prints a hash of every selected tree
+(tokens, parents, score bits, sources): a change that claims to leave the trees as they were can show it.
+``between_rounds_ms_median``: the host's time from one round's end to the next one's start (emitting the
+tokens, the statistics, the policy's plan and the lookup's evidence for it), which the per-round figure leaves
+out; it includes this script's own recording (a few us).
 ``host_ms_per_round_median`` is the median over the tree rounds: a round preempted by another process moves it
 less than the mean. ``benchmarks/host_split.py`` (same options) lists which functions the host time goes to.
 
@@ -34,7 +43,9 @@ import numpy as np  # noqa: E402
 
 from eagle2_local import Eagle2  # noqa: E402
 from eagle2_local.generator import GenerationStats  # noqa: E402
-from eagle2_local import backend_topk  # noqa: E402
+from eagle2_local import backend_topk, generator  # noqa: E402
+from eagle2_local.bench import load_prompt_sets  # noqa: E402
+from eagle2_local.generator import host_summary  # noqa: E402
 
 PROMPT = "Explain how a hash table works, with a short example in Python."
 
@@ -51,39 +62,91 @@ def main() -> None:
     ap.add_argument("--head", help="EAGLE-3 head GGUF (default: the default model's shipped head)")
     ap.add_argument("--draft-model", help="a draft model GGUF instead of a head")
     ap.add_argument("--n-gpu-layers", type=int, default=None, help="layers offloaded to a GPU build's device")
+    ap.add_argument("--draft", help="the draft, as generate --draft names it (lookup, head:h.gguf, ...)")
+    ap.add_argument("--prompts", help="a prompt set (.jsonl) whose records' first turns are answered")
+    ap.add_argument("--records", type=int, default=1, help="how many of --prompts' records (default 1)")
+    ap.add_argument("--tree-hash", action="store_true", help="print a hash of every selected tree")
+    ap.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
+                    help="fixed trees of --total-tokens nodes (default), or the auto budget up to that many")
     args = ap.parse_args()
     backend_topk.IN_GRAPH_TOP_K = not args.dense
-    per_round: list[float] = []  # host ms of every tree round: the median shrugs off preempted rounds
+    prompts = load_prompt_sets([args.prompts], args.records)[0].prompts if args.prompts else [PROMPT]
+    per_round: list[tuple[float, float]] = []  # (draft, verify) host ms of every tree round, for medians
+    trees = hashlib.sha256()
     add_round = GenerationStats.add_round
+    select_tree = generator.select_tree
+
+    between: list[float] = []  # ms from one round's end to the next one's start (same answer)
+    last_done: list[float | None] = [None]
 
     def recording(stats, r) -> None:
         if r.plan.drafts:
-            per_round.append((r.times.host_draft_s + r.times.host_verify_s) * 1e3)
+            per_round.append((r.times.host_draft_s * 1e3, r.times.host_verify_s * 1e3))
+        if last_done[0] is not None:
+            between.append((r.times.start - last_done[0]) * 1e3)
         add_round(stats, r)
+        last_done[0] = r.times.done
+
+    def hashing(*args, **kwargs):
+        tree = select_tree(*args, **kwargs)
+        for a in (tree.tokens, tree.parents, tree.scores, tree.sources):
+            trees.update(np.ascontiguousarray(a).tobytes())
+        return tree
 
     GenerationStats.add_round = recording
+    if args.tree_hash:
+        generator.select_tree = hashing
     with Eagle2(args.model, head_path=args.head, draft_model_path=args.draft_model, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, total_tokens=args.total_tokens) as llm:
-        messages = [{"role": "user", "content": PROMPT}]
-        llm.create_chat_completion(messages, max_tokens=8, temperature=0.0)  # warm up (first-call costs)
+                n_gpu_layers=args.n_gpu_layers, total_tokens=args.total_tokens, draft=args.draft,
+                budget=args.budget) as llm:
+        llm.create_chat_completion([{"role": "user", "content": prompts[0]}], max_tokens=8,
+                                   temperature=0.0)  # warm up (first-call costs)
         per_round.clear()
+        trees = hashlib.sha256()
         prof = cProfile.Profile() if args.profile else None
-        if prof:
-            prof.enable()
-        out = llm.create_chat_completion(messages, max_tokens=args.max_tokens, temperature=0.0)
-        if prof:
-            prof.disable()
-        s = llm.stats()
+        texts, stats = [], []
+        between.clear()
+        for prompt in prompts:
+            last_done[0] = None
+            if prof:
+                prof.enable()
+            out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
+                                             temperature=0.0)
+            if prof:
+                prof.disable()
+            texts.append(out["choices"][0]["message"]["content"])
+            stats.append(llm.stats())
+    s = stats[-1] if len(stats) == 1 else _summed(stats)
     keys = ("engine", "n_tokens", "rounds", "tau", "mean_tree_size", "tokens_per_s", "rounds_s", "llama_s",
             "host_s", "host_ms_per_round", "host_draft_ms_per_round", "host_verify_ms_per_round", "host_us_per_node")
-    text = out["choices"][0]["message"]["content"]
+    draft_ms, verify_ms = np.array(per_round).reshape(-1, 2).T
+
+    def median(ms: np.ndarray) -> float | None:  # None: no tree round (an auto budget may run plain steps only)
+        return round(float(np.median(ms)), 4) if len(ms) else None
     print(json.dumps({**{k: s[k] for k in keys}, "profiled": bool(prof), "clock": "cpu" if args.cpu_clock else "wall",
-                      "dense": args.dense, "host_ms_per_round_median": round(float(np.median(per_round)), 4),
-                      "answer_sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}))
+                      "dense": args.dense, "tree_rounds": len(per_round),
+                      "host_ms_per_round_median": median(draft_ms + verify_ms),
+                      "host_draft_ms_median": median(draft_ms), "host_verify_ms_median": median(verify_ms),
+                      "between_rounds_ms_median": median(np.array(between)),
+                      "answer_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16],
+                      **({"trees_sha256": trees.hexdigest()[:16]} if args.tree_hash else {})}))
     if prof:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.profile)
         print(buf.getvalue())
+
+
+def _summed(stats: list[dict]) -> dict:
+    """Several answers' stats as one: sums, τ over all passes, host figures over all rounds."""
+    total = {k: sum(st[k] for st in stats) for k in ("n_tokens", "rounds", "rounds_s", "llama_s", "target_passes",
+                                                      "pass_tokens", "total_s", "prefill_s", "drafted_nodes",
+                                                      "host_draft_s", "host_verify_s")}
+    sizes = [st["mean_tree_size"] * (st["rounds"] - st["plain_steps"]) for st in stats]
+    trees = sum(st["rounds"] - st["plain_steps"] for st in stats)
+    return {**total, **host_summary(stats), "engine": stats[0]["engine"],
+            "tau": round(total["pass_tokens"] / max(total["target_passes"], 1), 4),
+            "mean_tree_size": round(sum(sizes) / max(trees, 1), 2),
+            "tokens_per_s": round(total["n_tokens"] / max(total["total_s"] - total["prefill_s"], 1e-9), 3)}
 
 
 if __name__ == "__main__":

@@ -417,13 +417,14 @@ class Generator:
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
         # draft: catch up on the new text (the root last), grow levels while the plan says they pay, re-rank
         features = (None, 0) if free_only else self.backlog.take()
-        root_out = engine.catch_up(np.asarray(self.tokens + [root]), *features)
+        text = np.asarray(self.tokens + [root])  # one conversion of the whole text a round: the draft's and accept's
+        root_out = engine.catch_up(text, *features)
         p = self.tree_params
         params = TreeParams(min(p.total_tokens, plan.max_nodes, room),
                             min(p.depth, plan.max_depth, room - 1, left - 1), p.top_k)
-        cands = grow_candidates(root_out, engine.expand, params,
-                                should_expand=lambda scores, frontier, levels: plan.go_deeper(scores, frontier,
-                                                                                              levels, times),
+        deeper = (None if plan.go_deeper is RoundPlan.go_deeper  # the default grows every level: no scores needed
+                  else lambda scores, frontier, levels: plan.go_deeper(scores, frontier, levels, times))
+        cands = grow_candidates(root_out, engine.expand, params, should_expand=deeper,
                                 level_done=lambda levels: times.levels.append(self.clock()),
                                 final_tokens=self._final)
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
@@ -434,8 +435,8 @@ class Generator:
         ver = self.target.verify(tree, copy=False, features=False) if one_pass else self.target.decode_one(root)
         times.verified = self.clock()
         # accept (greedy, or exact rejection sampling) and keep the accepted path in target and draft
-        acc = (accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng) if grammar is None
-               else accept(tree, ver.logits, sampling, np.asarray(self.tokens), rng, grammar))
+        acc = (accept(tree, ver.logits, sampling, text[:-1], rng) if grammar is None
+               else accept(tree, ver.logits, sampling, text[:-1], rng, grammar))
         if one_pass:
             rows = self.target.verified_features(acc.path)  # the accepted path's rows alone
             self.target.commit(acc.path)
@@ -447,8 +448,10 @@ class Generator:
         else:  # the engine has now read the root; the features of root + accepted nodes are its next input
             self.backlog.restart(rows, at=len(self.tokens))
         times.done, times.llama_done = self.clock(), llama_seconds()
+        accepted = np.zeros(len(tree) - 1, dtype=bool)  # per drafted node (the root is node 0, never in it)
+        accepted[acc.path[1:] - 1] = True
         result = RoundResult(plan, times, n_emitted=len(acc.path), node_scores=tree.scores[1:],
-                             node_sources=tree.sources[1:], accepted=np.isin(np.arange(1, len(tree)), acc.path))
+                             node_sources=tree.sources[1:], accepted=accepted)
         return result, [int(x) for x in tree.tokens[acc.path[1:]]], acc.bonus
 
     def _plain_step(self, root: int, sampling: SamplingParams, rng: np.random.Generator,
@@ -507,7 +510,8 @@ def add_counts(total: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
 
 def _count_sources(counts: dict[str, int], sources: np.ndarray) -> None:
     """Add one to ``counts[name]`` per node, by the drafter that proposed it."""
-    add_counts(counts, {SOURCE_NAMES[int(code)]: int(n) for code, n in zip(*np.unique(sources, return_counts=True))})
+    per_code = np.bincount(sources, minlength=len(SOURCE_NAMES))  # one pass; np.unique sorts
+    add_counts(counts, {SOURCE_NAMES[code]: int(n) for code, n in enumerate(per_code.tolist()) if n})
 
 
 def _count_depths(per_depth: list[int], n_accepted: int) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import ContextSettings, LlamaContext, LlamaModel
-from .tree import DraftTree, validate_parents, verify_layout
+from .tree import DraftTree, verify_layout
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,7 @@ class Target:
         """
         if not isinstance(tree, DraftTree):
             tree = DraftTree.from_parents(*tree)
-        tokens, parents = tree.tokens, tree.parents
-        validate_parents(parents)
+        tokens, parents = tree.tokens, tree.parents  # a DraftTree's parents were validated when it was made
         n = len(tokens)
         self._check_no_pending()
         if n > self.ctx.n_batch:

@@ -29,6 +29,7 @@ def test_draft_model_rows_equal_numpy_top_k(synth_q8):
         want_tok, want_lp = top_k_log_probs(rows, 3)
         np.testing.assert_array_equal(got.tokens, want_tok)
         np.testing.assert_allclose(got.log_probs, want_lp, rtol=0, atol=1e-5)
+        assert got.ranked and (got.log_probs[:, :-1] >= got.log_probs[:, 1:]).all()  # as it claims
     dense.close()
     graph.close()
     model.close()

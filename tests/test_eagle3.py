@@ -131,6 +131,7 @@ def test_in_graph_top_k_equals_numpy_on_dense_rows(head, target4):
         np.testing.assert_array_equal(graph.tokens, want_tok)
         np.testing.assert_allclose(graph.log_probs, want_lp, rtol=0, atol=1e-5)
         assert np.all(graph.log_probs <= 0)
+        assert graph.ranked and (graph.log_probs[:, :-1] >= graph.log_probs[:, 1:]).all()  # as it claims
     for e in engines:
         e.close()
     target.close()

@@ -6,7 +6,7 @@ import numpy as np
 
 from eagle2_local import llama
 from eagle2_local.llama import Batch
-from eagle2_local.tree import Proposals, leaf_membership, node_depths, top_children, verify_layout
+from eagle2_local.tree import Proposals, ancestor_mask, leaf_membership, node_depths, top_children, verify_layout
 from helpers import random_tree
 
 
@@ -18,6 +18,21 @@ def test_verify_layout_equals_depths_and_leaf_membership():
         ref_leaves, ref_member = leaf_membership(parents)
         assert np.array_equal(depths, node_depths(parents))
         assert np.array_equal(leaves, ref_leaves) and np.array_equal(member, ref_member)
+
+
+def test_ancestor_mask_on_chains_and_deep_trees():
+    """Pointer doubling reaches every ancestor at every depth, 2**s levels up included (the lookup's chains)."""
+    rng = np.random.default_rng(6)
+    shapes = [np.arange(-1, n - 1) for n in range(1, 40)]  # chains: node i's parent is i - 1
+    shapes += [random_tree(rng, 50, n, 16).parents for n in (3, 17, 64, 200)]
+    for parents in shapes:
+        anc = ancestor_mask(parents)
+        for i in range(len(parents)):
+            chain, j = set(), i
+            while j >= 0:
+                chain.add(j)
+                j = int(parents[j])
+            assert set(np.flatnonzero(anc[i]).tolist()) == chain
 
 
 def test_batch_lists_each_tokens_sequences_in_leaf_order():
@@ -45,6 +60,23 @@ def test_ranked_proposals_pass_top_children_unchanged_and_others_are_ranked():
     assert tok.shape == (2, 3) and (np.diff(lp, axis=1) <= 0).all()
     tok, _, _ = top_children(unranked, 2)
     assert tok.tolist() == [[2, 4], [7, 1]]
+
+
+def test_rows_flagged_ranked_give_the_ranking_of_unflagged_rows():
+    """Rows a producer flags best first (the in-graph top-k, numpy's top-k, the lookup) give top_children the
+    same children as the check and the stable ranking do, wider than k too (ties kept in place)."""
+    rng = np.random.default_rng(7)
+    for width, k in ((3, 3), (5, 3), (12, 10), (4, 6)):
+        lp = -np.sort(rng.integers(0, 4, (6, width)) * 0.5, axis=1)  # non-increasing, with ties
+        lp[:, -1] = -np.inf
+        tokens = rng.integers(0, 99, (6, width))
+        flagged = top_children(Proposals(tokens, lp, ranked=True), k)
+        plain = top_children(Proposals(tokens, lp), k)
+        for a, b in zip(flagged, plain):
+            assert np.array_equal(a, b)
+    logits = rng.standard_normal((4, 50)).astype(np.float32)
+    assert Proposals.from_logits(logits, 5).ranked
+
 
 
 def test_a_failed_call_reports_only_the_lines_llama_cpp_printed_after_its_mark():

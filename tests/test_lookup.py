@@ -39,6 +39,38 @@ def test_truncate_undoes_extend_exactly():
     assert index._next == rebuilt(text)._next
 
 
+class UncachedIndex(NgramIndex):
+    """An index that ranks every followers list afresh at every use: the reference for the cached rankings."""
+
+    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        return self._ranked(positions)
+
+
+def test_rankings_kept_across_extends_equal_uncached_ones():
+    """Rankings stay cached across extends except for the followers lists a new token joins: an index queried
+    between small extends and truncates (caches warm) proposes and learns exactly what an index that never
+    caches does."""
+    rng = np.random.default_rng(8)
+    text = rng.integers(0, 5, 400).tolist()
+    index, reference = NgramIndex(max_n=4), UncachedIndex(max_n=4)
+    at = 0
+    while at < len(text):
+        step = int(rng.integers(0, 4))  # 0: an empty extend, as a catch-up right after next_rate makes
+        for ix in (index, reference):
+            ix.extend(text[at:at + step])
+        at += step
+        if at > 20 and rng.random() < 0.1:
+            at -= int(rng.integers(1, 6))
+            for ix in (index, reference):
+                ix.truncate(at)
+        for cut in range(1, 6):
+            context = text[max(at - cut, 0):at] + [int(rng.integers(0, 5))]
+            assert index.continuations(context, 3) == reference.continuations(context, 3)
+        assert index.continuations(index.text, 3) == reference.continuations(reference.text, 3)
+    assert np.array_equal(index.confidence.hits, reference.confidence.hits)
+    assert np.array_equal(index.confidence.trials, reference.confidence.trials)
+
+
 def test_longest_match_proposes_what_followed_it():
     index = rebuilt([5, 1, 2, 3, 9, 1, 2, 3, 7, 0, 2, 3])
     toks, probs = index.continuations([0, 2, 3], 4)
@@ -379,8 +411,8 @@ def test_lookup_tree_levels_equal_unbounded_lookups():
         grow_candidates(rows[0], expand, params)
         reference = NgramIndex(engine.index.max_n)
         reference.extend(text)
-        got_tokens = np.concatenate([r.tokens for r in rows])
-        got_lp = np.concatenate([r.log_probs for r in rows])
+        got_tokens = [row for r in rows for row in r.tokens]  # a level's rows are as wide as its longest
+        got_lp = [row for r in rows for row in r.log_probs]
         assert len(contexts) == len(got_tokens)
         n_rows += len(contexts)
         for context, toks_row, lp_row in zip(contexts, got_tokens, got_lp):
@@ -388,6 +420,8 @@ def test_lookup_tree_levels_equal_unbounded_lookups():
             assert toks_row[:len(toks)].tolist() == toks
             assert np.array_equal(lp_row[:len(toks)], np.log(probs))
             assert np.isneginf(lp_row[len(toks):]).all()
+            assert (lp_row[:-1] >= lp_row[1:]).all()  # best first, as ranked=True tells the tree
+    assert all(r.ranked for r in rows)
     assert n_rows > 300, "the trees hardly grew: the test would not see a wrong bound"
 
 

@@ -115,20 +115,24 @@ class NgramIndex:
 
     def extend(self, tokens, score: bool = True) -> None:
         """Append committed tokens; each one first scores the prediction the index would have made for it
-        (``score`` False: not, for an index that shares another's :attr:`confidence`)."""
-        self._ranked_of.clear()
+        (``score`` False: not, for an index that shares another's :attr:`confidence`).
+
+        Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
+        position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
         for tok in (int(t) for t in tokens):
             match = self.longest_match(self.text) if score else None
             if match is not None:
                 n, positions = match
-                kind, hit = self.kind(len(self.text), positions), self._ranked(positions)[0][0] == tok
+                kind, hit = self.kind(len(self.text), positions), self.ranked(positions)[0][0] == tok
                 self.confidence.observe(n, hit, kind)
                 if not hit and kind == COPY and n >= LONG_COPY:
                     self.copy_misses.append(Divergence(positions[-1], len(self.text)))
             j = len(self.text)
             self.text.append(tok)
             for n in range(1, min(self.max_n, j) + 1):
-                self._next.setdefault(tuple(self.text[j - n:j]), []).append(j)
+                positions = self._next.setdefault(tuple(self.text[j - n:j]), [])
+                positions.append(j)
+                self._ranked_of.pop(id(positions), None)
 
     def truncate(self, n_tokens: int) -> None:
         """Forget every token from ``n_tokens`` on (the learned confidences stay: they describe the text's kind)."""
@@ -154,6 +158,14 @@ class NgramIndex:
                 return n, positions
         return None
 
+    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        """:meth:`_ranked`, cached per followers list until the list changes (the same n-grams recur across a
+        tree's nodes and across rounds)."""
+        ranked = self._ranked_of.get(id(positions))
+        if ranked is None:
+            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
+        return ranked
+
     def _ranked(self, positions: list[int]) -> list[tuple[int, int]]:
         """Distinct follower tokens of the recent occurrences with their counts, most frequent first (ties:
         the most recent first)."""
@@ -174,10 +186,7 @@ class NgramIndex:
         if match is None:
             return [], []
         n, positions = match
-        ranked = self._ranked_of.get(id(positions))  # the same n-gram recurs across a tree's nodes
-        if ranked is None:
-            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
-        ranked = ranked[:max_branches]
+        ranked = self.ranked(positions)[:max_branches]
         # a draft predicts past the committed text, so the kind is the one of the text's next position
         top, rate = ranked[0][1], self.confidence.rate(n, self.kind(len(self.text), positions))
         probs = [rate * c / top for _, c in ranked]
@@ -343,17 +352,31 @@ class LookupDraft:
         return tokens, probs, found
 
     def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
-        """Rows of continuations as :class:`Proposals`, ``max_branches`` wide (padding: log-probability -inf)."""
-        width = max(self.max_branches, 1)
-        out_tokens = np.zeros((len(tokens), width), dtype=np.int64)
-        out_probs = np.zeros((len(tokens), width))  # 0 pads: its log, -inf, is a proposal's padding
-        for row, (toks, p) in enumerate(zip(tokens, probs)):
-            if toks:
-                out_tokens[row, :len(toks)] = toks
-                out_probs[row, :len(toks)] = p
-        with np.errstate(divide="ignore"):  # one log for all rows: this runs for every node of every level
+        """Rows of continuations as :class:`Proposals`, as wide as the longest row (padding: log-probability
+        -inf; the tree drops padding, so the width changes no candidate). Built as flat lists with one array per
+        field: this runs for every level of every tree, mostly on one-token rows, where a numpy call per row cost
+        more than the lookup."""
+        width = max(1, max(map(len, tokens), default=0))
+        flat_tokens: list[int] = []
+        flat_probs: list[float] = []
+        padded = False
+        for toks, p in zip(tokens, probs):
+            pad = width - len(toks)
+            flat_tokens += toks
+            flat_probs += p
+            if pad:
+                padded = True
+                flat_tokens += [0] * pad
+                flat_probs += [0.0] * pad  # 0 pads: its log, -inf, is a proposal's padding
+        shape = (len(tokens), width)
+        out_probs = np.array(flat_probs, dtype=np.float64).reshape(shape)
+        if padded:
+            with np.errstate(divide="ignore"):  # one log for all rows
+                log_probs = np.log(out_probs)
+        else:
             log_probs = np.log(out_probs)
-        return Proposals.trusted(out_tokens, log_probs, np.full(out_tokens.shape, LOOKUP, dtype=np.int8))
+        return Proposals.trusted(np.array(flat_tokens, dtype=np.int64).reshape(shape), log_probs,
+                                 np.full(shape, LOOKUP, dtype=np.int8), ranked=True)  # continuations rank by count
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""

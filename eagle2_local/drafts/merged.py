@@ -26,12 +26,11 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
     after them); a token met twice keeps its first place. This runs on every tree level, where a model row is
     usually a top-k (distinct, finite tokens) and the lookup proposes a token or two per row: then only the
     lookup's entries are visited (:func:`_merge_into_top_k`); any other input takes the general merge."""
-    columns = _top_k_columns(model)
-    if columns is None:
+    if not _is_top_k(model):
         return _merge_general(model, lookup)
     finite = lookup.log_probs != -np.inf
     rows, cols = np.nonzero(finite)  # row by row, in each row's order
-    return _merge_into_top_k(model, columns, rows.tolist(), lookup.tokens[finite].tolist(),
+    return _merge_into_top_k(model, rows.tolist(), lookup.tokens[finite].tolist(),
                              lookup.log_probs[finite].tolist(), lookup.sources[finite].tolist())
 
 
@@ -39,9 +38,8 @@ def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -
     """:func:`merge_proposals` of ``model`` and the lookup's rows as it returns them (Python lists), without
     building the lookup's arrays first: one ``np.log`` for all its probabilities, the same values as the
     lookup's own."""
-    columns = _top_k_columns(model)
     tokens, probs = rows
-    if columns is None:
+    if not _is_top_k(model):
         return _merge_general(model, lookup.proposals(tokens, probs))
     flat_probs = [p for row in probs for p in row]
     if not flat_probs:
@@ -49,41 +47,41 @@ def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -
     with np.errstate(divide="ignore"):
         log_probs = np.log(flat_probs).tolist()
     row_of = [r for r, row in enumerate(tokens) for _ in row]
-    return _merge_into_top_k(model, columns, row_of, [t for row in tokens for t in row], log_probs,
+    return _merge_into_top_k(model, row_of, [t for row in tokens for t in row], log_probs,
                              [LOOKUP] * len(row_of))
 
 
-def _top_k_columns(model: Proposals) -> list[dict[int, int]] | None:
-    """Per row of a top-k (distinct, finite tokens), token -> column; None for any other proposals."""
+def _is_top_k(model: Proposals) -> bool:
+    """Whether every row is a top-k: finite log-probabilities and distinct tokens (checked on all rows at once;
+    the merge then visits only the rows the other draft proposes in)."""
     if not np.isfinite(model.log_probs).all():
-        return None
-    columns = []
-    for row in model.tokens.tolist():
-        col = dict(zip(row, range(len(row))))
-        if len(col) != len(row):
-            return None
-        columns.append(col)
-    return columns
+        return False
+    ordered = np.sort(model.tokens, axis=1)
+    return bool((ordered[:, 1:] != ordered[:, :-1]).all())
 
 
-def _merge_into_top_k(model: Proposals, columns: list[dict[int, int]], rows: list[int], tokens: list[int],
-                      log_probs: list[float], sources: list[int]) -> Proposals:
-    """:func:`merge_proposals` where every model row has distinct finite tokens (``columns``: token -> column
-    per row) and the other draft's entries are listed one by one, row by row (row, token, log-probability,
-    source): the model's arrays are the result's first columns, new tokens are appended after them and shared
-    ones raise the model's entry and mark it BOTH. Python over the few entries and a handful of numpy calls,
-    instead of an (n, m, m) comparison over every pair."""
+def _merge_into_top_k(model: Proposals, rows: list[int], tokens: list[int], log_probs: list[float],
+                      sources: list[int]) -> Proposals:
+    """:func:`merge_proposals` where every model row has distinct finite tokens (:func:`_is_top_k`) and the
+    other draft's entries are listed one by one, row by row (row, token, log-probability, source): the model's
+    arrays are the result's first columns, new tokens are appended after them and shared ones raise the
+    model's entry and mark it BOTH. Python over the few entries (token -> column only for the rows they are
+    in) and a handful of numpy calls, instead of an (n, m, m) comparison over every pair."""
     neg_inf = -np.inf
     n, k = model.tokens.shape
     fill = [k] * n  # next free column per row
     added: dict[tuple[int, int], list] = {}  # (row, column) -> [token, log-prob, source] of an appended entry
     raised: dict[tuple[int, int], float] = {}  # (row, model column) -> the other draft's best log-prob there
+    columns: dict[int, dict[int, int]] = {}  # row -> token -> column, for the rows the entries are in
     for r, tok, lp, src in zip(rows, tokens, log_probs, sources):
         if lp == neg_inf:
             continue
-        j = columns[r].get(tok)
+        column = columns.get(r)
+        if column is None:
+            column = columns[r] = dict(zip(model.tokens[r].tolist(), range(k)))
+        j = column.get(tok)
         if j is None:
-            j = columns[r][tok] = fill[r]
+            j = column[tok] = fill[r]
             fill[r] += 1
             added[r, j] = [tok, lp, src]
         elif j >= k:  # a token the other draft's row repeats
