@@ -29,7 +29,9 @@ def token_counts(gen, sampling: SamplingParams, positions=POSITIONS, grammar: Gr
     counts: dict[int, dict[int, int]] = {p: {} for p in positions}
     for seed in range(runs):
         toks = []
-        for ch in gen.generate(PROMPT, max(positions) + 1, sampling, seed=seed, grammar=grammar,
+        # one token past the last position read: a tree is no deeper than the answer takes, so the round that
+        # drafts the last position must still have a token to gain
+        for ch in gen.generate(PROMPT, max(positions) + 2, sampling, seed=seed, grammar=grammar,
                                speculative=gen.engine is not None):
             toks += ch.tokens
         for p in positions:
