@@ -9,7 +9,7 @@ spans match at full length.
 
 The n-gram index reports where a long copy missed (a divergence). A few tokens later, once the new word is
 complete, the prompt's words around the copy's source are aligned with the answer's words since just before
-the miss (difflib, a few dozen words: a fraction of a millisecond, and only after a miss): a single-word
+the miss (difflib, a few dozen words: ~0.2 ms, at most four times after a miss): a single-word
 replacement of one identifier by another is a rename. Nothing here decides what is accepted: a rename that
 turns out wrong only drafts tokens the target rejects.
 """
@@ -26,6 +26,7 @@ IDENTIFIER = re.compile(r"[^\W\d]\w*")
 CONTEXT = 8  # tokens before a divergence that both sides of the alignment start with
 WINDOW = 48  # tokens of the prompt after a divergence that the answer's words are aligned with
 PATIENCE = 24  # answer tokens after a divergence within which its rename must show
+FIRST_LOOK = 2  # answer tokens after a divergence at the first look for its rename
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,21 @@ class RenameLearner:
         self._detokenize = detokenize
         self._tokenize = tokenize
         self.renames: dict[str, str] = {}
-        self._pending: list[Divergence] = []
+        self._pending: list[tuple[Divergence, int]] = []  # and the answer tokens after it at the next look
 
     @classmethod
     def for_model(cls, model) -> "RenameLearner":
-        """A learner with ``model``'s (a :class:`~eagle2_local.llama.LlamaModel`) tokenizer."""
-        return cls(lambda tokens: model.detokenize(tokens, special=True).decode("utf-8", "replace"),
+        """A learner with ``model``'s (a :class:`~eagle2_local.llama.LlamaModel`) tokenizer; token pieces are
+        kept once read (a window is read again at every catch-up while a divergence is pending)."""
+        pieces: dict[int, bytes] = {}
+
+        def piece(token: int) -> bytes:
+            text = pieces.get(token)
+            if text is None:
+                text = pieces[token] = model.token_bytes(token, special=True)
+            return text
+
+        return cls(lambda tokens: b"".join(map(piece, tokens)).decode("utf-8", "replace"),
                    lambda text: model.tokenize(text, add_special=False, parse_special=True))
 
     @property
@@ -64,20 +74,25 @@ class RenameLearner:
         self._pending = []
 
     def diverged(self, divergences: list[Divergence]) -> None:
-        self._pending.extend(divergences)
+        self._pending.extend((d, FIRST_LOOK) for d in divergences)
 
     def learn(self, text: list[int], answer_from: int) -> bool:
         """Look for renames at the pending divergences of ``text`` (the answer starts at ``answer_from``);
-        True when a new one was found."""
+        True when a new one was found. Each divergence is looked at when the answer has gone 2, 4, 8 and 16
+        tokens past it (a new name shows within a few tokens), not at every catch-up."""
         found = False
         keep = []
-        for d in self._pending:
+        for d, look_at in self._pending:
+            past = len(text) - d.answer
+            if past < look_at:
+                keep.append((d, look_at))
+                continue
             new = self._renames_at(text, answer_from, d)
             if new:
                 self.renames.update(new)
                 found = True
-            elif len(text) - d.answer <= PATIENCE:  # beyond: no rename showed there, an edit of another kind
-                keep.append(d)
+            elif 2 * past <= PATIENCE:  # beyond: no rename showed there, an edit of another kind
+                keep.append((d, 2 * past))
         self._pending = keep
         return found
 
