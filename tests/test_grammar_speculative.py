@@ -136,7 +136,8 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
     draft.chose(model.tokenize("y", add_special=False)[0])  # the target picked "y" where it just looked
     draft.reset()  # a new generation keeps the model's habits
     picked = draft.propose([branching], [-1])
-    assert model.token_bytes(int(picked.tokens[0, 0])) == b"y" and picked.log_probs[0, 0] > -1
+    assert model.token_bytes(int(picked.tokens[0, 0])) == b"y"
+    assert picked.log_probs[0, 0] > np.log(0.9)  # one earlier pick is a habit: a key's forced run can pay at once
     for s in (state, fresh, branching):
         s.close()
     model.close()
