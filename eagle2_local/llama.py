@@ -509,8 +509,12 @@ class LlamaContext:
         logits, these exist for all tokens, output or not."""
         if not self.layer_ids:
             raise DecodeError("layer inputs need a context created with ContextSettings.layer_inputs")
-        return np.concatenate([llama_ext.layer_input(self._ctx, il, n_tokens, self.n_embd, rows)
-                               for il in self.layer_ids], axis=1)
+        n, width = (n_tokens if rows is None else len(rows)), self.n_embd
+        out = np.empty((n, len(self.layer_ids) * width), dtype=np.float32)
+        for i, il in enumerate(self.layer_ids):
+            view = llama_ext.layer_input_view(self._ctx, il, n_tokens, width)
+            out[:, i * width:(i + 1) * width] = view if rows is None else view[rows]
+        return out
 
     # ------------------------------------------------------------ memory
     # Each call is charged to llama_seconds(): a tree round makes one or two per node (sequence copies), and on a

@@ -62,11 +62,20 @@ def set_layer_input(ctx, layer: int, enable: bool) -> None:
     _function("llama_set_embeddings_layer_inp")(ctx, layer, enable)
 
 
-def layer_input(ctx, layer: int, n_tokens: int, n_embd: int, rows: np.ndarray | None = None) -> np.ndarray:
-    """Copy of the residual inputs of ``layer`` for the last decode's ``n_tokens`` tokens, in batch order (only
-    ``rows`` of them when given)."""
+_views: dict[tuple[int, int, int], np.ndarray] = {}  # (address, rows, columns) -> a numpy view of llama.cpp's buffer
+
+
+def layer_input_view(ctx, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
+    """A view (no copy) of the residual inputs of ``layer`` for the last decode's ``n_tokens`` tokens, valid
+    until the next decode. Views are kept per buffer address: llama.cpp reuses its buffers, and making a view
+    costs more than copying a plain step's row (every plain step of the speculative loop reads three)."""
     ptr = _function("llama_get_embeddings_layer_inp")(ctx, layer)
     if not ptr:
         raise ModelError(f"llama.cpp returned no layer input for layer {layer}")
-    view = np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd))
-    return view.copy() if rows is None else view[rows]
+    key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_tokens, n_embd)
+    view = _views.get(key)
+    if view is None:
+        if len(_views) > 256:
+            _views.clear()
+        view = _views[key] = np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd))
+    return view
