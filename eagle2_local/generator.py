@@ -372,7 +372,8 @@ class Generator:
             fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
             # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
             can_draft = room > 1 and left > 1
-            lookup_rate = lookup.next_rate(self.tokens + [root]) if lookup is not None and can_draft else 0.0
+            lookup_rate = (lookup.next_rate(self.tokens + [root], None if grammar is None else grammar.allows)
+                           if lookup is not None and can_draft else 0.0)
             plan = self.policy.plan(fresh, lookup_rate) if can_draft else PLAIN_STEP
             # Under a grammar a plain step whose root the grammar forces on becomes a round of the free drafts
             # (forced tokens, lookups): they cost no draft, and forced ones are accepted with certainty. The

@@ -135,6 +135,9 @@ def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():
     out = engine.catch_up(np.array(text))
     assert len(engine.index) == len(text) and out.tokens[0, 0] == prompt[20]
     assert np.exp(out.log_probs[0, 0]) == pytest.approx(rate)
+    # under a grammar that forbids the token the text suggests, that token is no evidence
+    assert engine.next_rate(text, allowed=lambda token: token != prompt[20]) == 0.0
+    assert engine.next_rate(text, allowed=lambda token: True) == rate
 
 
 def test_lookup_draft_grows_the_copied_span_as_a_chain():

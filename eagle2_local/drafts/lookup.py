@@ -18,6 +18,7 @@ Drafting costs a few dictionary lookups per node: the tree budget measures it li
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import numpy as np
 
@@ -284,13 +285,16 @@ class LookupDraft:
         """Index the unseen tail of ``tokens`` (root included); propose the root's children."""
         return self.proposals(*self.catch_up_rows(tokens))
 
-    def next_rate(self, tokens: list[int]) -> float:
+    def next_rate(self, tokens: list[int], allowed: Callable[[int], bool] | None = None) -> float:
         """How sure the text is of the token after ``tokens`` (root included): the learned rate of its longest
         match's kind and length, 0.0 without a match. A round's evidence before any tree is drafted, at the
-        price of indexing the tail that the round's own catch-up would index anyway."""
+        price of indexing the tail that the round's own catch-up would index anyway. ``allowed`` (a grammar's
+        check): a token it forbids is no evidence, as the round would drop it."""
         self._extend(tokens[len(self.index):])
-        _, probs = self._continue([[]], [None], [ROOT], width=1)
-        return probs[0][0] if probs[0] else 0.0
+        toks, probs = self._continue([[]], [None], [ROOT], width=1)
+        if not toks[0] or (allowed is not None and not allowed(toks[0][0])):
+            return 0.0
+        return probs[0][0]
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
         return self.proposals(*self.expand_rows(cand_ids, tokens, parent_ids, level))
