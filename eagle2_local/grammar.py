@@ -129,10 +129,6 @@ class GrammarState:
     def allows(self, token: int) -> bool:
         return bool(self._apply(np.array([token], dtype=np.int32))[0])
 
-    def allows(self, token: int) -> bool:
-        """Is ``token`` allowed next?"""
-        return bool(self.allowed(np.array([token]))[0])
-
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         """A boolean per entry of ``ids``: allowed next (ids outside the vocabulary never are). One call for all
         of them: checking a tree row's candidates costs microseconds, the whole vocabulary milliseconds."""

@@ -262,11 +262,10 @@ class LookupDraft:
         self.index.extend(tokens)
         if self.edited is not None:
             self.edited.extend(tokens, score=False)
-        if self.renames is None or not (self.index.copy_misses or self.renames.pending):
-            self.index.copy_misses = []
+        misses, self.index.copy_misses = self.index.copy_misses, []
+        if self.renames is None:
             return
-        self.renames.diverged(self.index.copy_misses)
-        self.index.copy_misses = []
+        self.renames.diverged(misses)
         if self.renames.learn(self.index.text, self.index.answer_from):
             self._index_renamed()
 
@@ -325,8 +324,7 @@ class LookupDraft:
         rows = self._search(self.index, paths, parents, cand_ids, self._match, width)
         if self.edited is None:
             return rows[0], rows[1]
-        return self._best_of(*rows, *self._search(self.edited, paths, parents, cand_ids, self._edited_match,
-                                                   width))[:2]
+        return self._best_of(*rows, *self._search(self.edited, paths, parents, cand_ids, self._edited_match, width))
 
     @staticmethod
     def _search(index: NgramIndex, paths: list[list[int]], parents: list[int | None], cand_ids: list[int],
@@ -347,13 +345,13 @@ class LookupDraft:
 
     @staticmethod
     def _best_of(tokens: list[list[int]], probs: list[list[float]], found: list[int], edited_tokens,
-                 edited_probs, edited_found) -> tuple[list[list[int]], list[list[float]], list[int]]:
+                 edited_probs, edited_found) -> LookupRows:
         """Per node, the rows of the index whose match is longer; the renamed text's on a tie (the context
         just before a renamed identifier reads the same in both texts, and the answer renames)."""
         for i, n in enumerate(edited_found):
             if n and n >= found[i]:
-                tokens[i], probs[i], found[i] = edited_tokens[i], edited_probs[i], n
-        return tokens, probs, found
+                tokens[i], probs[i] = edited_tokens[i], edited_probs[i]
+        return tokens, probs
 
     def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
         """Rows of continuations as :class:`Proposals`, as wide as the longest row (padding: log-probability

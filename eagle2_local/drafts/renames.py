@@ -64,11 +64,6 @@ class RenameLearner:
         return cls(lambda tokens: b"".join(map(piece, tokens)).decode("utf-8", "replace"),
                    lambda text: model.tokenize(text, add_special=False, parse_special=True))
 
-    @property
-    def pending(self) -> bool:
-        """Are divergences waiting for their rename to show?"""
-        return bool(self._pending)
-
     def reset(self) -> None:
         self.renames = {}
         self._pending = []
