@@ -94,7 +94,7 @@ _busy = threading.local()  # .s: seconds this thread spent in timed llama.cpp ca
 
 
 def llama_seconds() -> float:
-    """Seconds the calling thread has spent inside llama.cpp through :class:`LlamaContext` (decode, process,
+    """Seconds the calling thread has spent inside llama.cpp through :class:`LlamaContext` (decode, encode,
     KV-memory calls and the output fetches that wait for a backend), since the thread started.
 
     A generation reads it at the marks of its round clock: the round's wall time minus this is the host's own
@@ -231,7 +231,12 @@ class ContextSettings:
 
 
 class Batch:
-    """A reusable llama_batch whose arrays are numpy-owned, so filling it needs no per-token Python loop."""
+    """A reusable llama_batch whose arrays are numpy-owned, so filling it needs no per-token Python loop.
+
+    An entry may carry an embedding row next to its token (an EAGLE-3 head's decoder input: the token and its
+    parent's pre-norm state) or instead of it (the head's encoder input): llama.cpp turns a llama_batch with both
+    arrays into the same extended batch that one ``llama_batch_ext`` call per entry and field would build, so a
+    tree level is one numpy write per array instead of four C calls per node."""
 
     def __init__(self, capacity: int, n_seq_max: int) -> None:
         self.capacity = capacity
@@ -241,24 +246,29 @@ class Batch:
         self.n_seq_id = np.zeros(capacity, dtype=np.int32)
         self.seq_ids = np.zeros((capacity, n_seq_max), dtype=np.int32)
         self.logits = np.zeros(capacity, dtype=np.int8)
+        self.embd = np.zeros(0, dtype=np.float32)  # grown on the first batch with embedding rows
         row_addr = self.seq_ids.ctypes.data + np.arange(capacity, dtype=np.uint64) * self.seq_ids.strides[0]
         self._row_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
             *[ctypes.cast(int(a), ctypes.POINTER(ctypes.c_int32)) for a in row_addr])
         self.struct = llama_cpp.llama_batch()
-        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        self.struct.embd = ctypes.POINTER(ctypes.c_float)()
+        self._token_p = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        self._no_token = ctypes.POINTER(llama_cpp.llama_token)()
+        self._embd_p = self._no_embd = ctypes.POINTER(ctypes.c_float)()
+        self.struct.token = self._token_p
+        self.struct.embd = self._no_embd
         self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
         self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         self.struct.seq_id = ctypes.cast(self._row_ptrs, ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
-    def fill(self, tokens: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray | None, seq_ids: np.ndarray | None,
-             single_seq: int, outputs: np.ndarray) -> int:
+    def fill(self, tokens: np.ndarray | None, pos: np.ndarray, seq_mask: np.ndarray | None,
+             seq_ids: np.ndarray | None, single_seq: int, outputs: np.ndarray, embd: np.ndarray | None = None) -> int:
         """Write n entries. Every token belongs to ``single_seq``, or (``seq_mask`` None, ``seq_ids`` given)
         token i to ``seq_ids[i]`` alone (a draft's tree level), or ``seq_mask[i, j]`` says whether token i
-        belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want."""
-        n = len(tokens)
-        self.token[:n] = tokens
+        belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want. ``embd``: one row per
+        entry, beside its token, or alone where ``tokens`` is None."""
+        n = len(pos)
+        self._fill_inputs(tokens, embd, n)
         self.pos[:n] = pos
         self.logits[:n] = outputs
         if seq_mask is None:
@@ -277,100 +287,20 @@ class Batch:
         self.struct.n_tokens = n
         return n
 
-
-_FLOAT_P = ctypes.POINTER(ctypes.c_float)
-_EMBD_BYTES = ctypes.sizeof(llama_cpp.llama_embd)  # a pointer and two size_t: three uint64 on 64-bit hosts
-if _EMBD_BYTES != 3 * 8:  # pragma: no cover - ExtBatch.add_level lays these structs out as uint64 triples
-    raise ImportError("eagle2-local needs a 64-bit host (llama_embd is not three 8-byte fields here)")
-
-
-class ExtBatch:
-    """llama.cpp's extended batch: each entry may carry a token id AND an embedding row (EAGLE-3 inputs).
-
-    llama.cpp copies the rows into the batch, so the numpy arrays need not outlive the ``add`` calls. Entries
-    are added one by one through the C API (a few microseconds each; batches here are tree levels or chunks).
-    """
-
-    def __init__(self, ctx: "LlamaContext") -> None:
-        self.ptr = llama_cpp.llama_batch_ext_init(ctx.ptr)
-        if not self.ptr:
-            raise DecodeError("llama_batch_ext_init failed")
-        self.capacity = ctx.n_batch
-        self.n_seq_max = ctx.n_seq_max
-        self.n_tokens = 0
-
-    def clear(self) -> None:
-        llama_cpp.llama_batch_ext_clear(self.ptr)
-        self.n_tokens = 0
-
-    def add(self, token: int | None, embd: np.ndarray | None, pos: int, seqs, output: bool) -> int:
-        """Append one entry (``token=None``: an embedding-only encoder input) to the sequences ``seqs``."""
-        if self.n_tokens >= self.capacity:
-            raise TreeError(f"extended batch full ({self.capacity} entries)")
-        # (called once per tree node and draft level: the one-sequence case skips numpy)
-        seqs = (int(seqs),) if isinstance(seqs, (int, np.integer)) else [int(s) for s in np.atleast_1d(seqs)]
-        if any(not 0 <= s < self.n_seq_max for s in seqs):
-            raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
-        row = None
-        if embd is not None:
-            row = np.ascontiguousarray(embd, dtype=np.float32)
-            row_c = llama_cpp.llama_embd(ctypes.cast(row.ctypes.data, _FLOAT_P), 1, row.size)
-        if token is None:
-            idx = llama_cpp.llama_batch_ext_add_embd(self.ptr, seqs[0], row_c)
-        else:
-            idx = llama_cpp.llama_batch_ext_add_token(self.ptr, seqs[0], int(token))
-            if idx >= 0 and row is not None and not llama_cpp.llama_batch_ext_set_embd_token(self.ptr, idx, row_c):
-                raise DecodeError("llama.cpp refused an embedding row (wrong width?)")
-        if idx < 0:
-            raise DecodeError(f"llama.cpp refused a batch entry (code {idx})")
-        for s in seqs[1:]:
-            llama_cpp.llama_batch_ext_add_seq(self.ptr, idx, s)
-        p = (llama_cpp.llama_pos * 4)(pos, 0, 0, 0)
-        llama_cpp.llama_batch_ext_set_pos(self.ptr, idx, p)
-        if output:
-            llama_cpp.llama_batch_ext_set_output_logits(self.ptr, idx, True)
-        self.n_tokens += 1
-        return idx
-
-    def add_level(self, tokens: list[int], rows: np.ndarray, pos: int, seqs: list[int]) -> None:
-        """Append one entry per node, all at position ``pos``, each in its own sequence, each an output: token
-        ``tokens[i]`` with embedding ``rows[i]`` (a float32 matrix). What :meth:`add` does, checked once for the
-        whole level: this runs for every tree level."""
-        n = len(tokens)
-        if self.n_tokens + n > self.capacity:
-            raise TreeError(f"extended batch full ({self.capacity} entries)")
-        if seqs and not (0 <= min(seqs) and max(seqs) < self.n_seq_max):
-            raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
-        # one llama_embd {data, n_rows, n_embd} per row, laid out by numpy: a ctypes view per row costs less
-        # than building a float pointer from an address (ctypes.cast) for each
-        structs = np.empty((n, 3), dtype=np.uint64)
-        structs[:, 0] = rows.ctypes.data + rows.strides[0] * np.arange(n, dtype=np.uint64)
-        structs[:, 1], structs[:, 2] = 1, rows.shape[1]
-        as_embd = llama_cpp.llama_embd.from_buffer
-        p = (llama_cpp.llama_pos * 4)(pos, 0, 0, 0)
-        add, set_embd = llama_cpp.llama_batch_ext_add_token, llama_cpp.llama_batch_ext_set_embd_token
-        set_pos, set_out = llama_cpp.llama_batch_ext_set_pos, llama_cpp.llama_batch_ext_set_output_logits
-        for i, (tok, seq) in enumerate(zip(tokens, seqs)):
-            idx = add(self.ptr, seq, tok)
-            if idx < 0:
-                raise DecodeError(f"llama.cpp refused a batch entry (code {idx})")
-            if not set_embd(self.ptr, idx, as_embd(structs, _EMBD_BYTES * i)):
-                raise DecodeError("llama.cpp refused an embedding row (wrong width?)")
-            set_pos(self.ptr, idx, p)
-            set_out(self.ptr, idx, True)
-        self.n_tokens += n
-
-    def close(self) -> None:
-        if self.ptr:
-            llama_cpp.llama_batch_ext_free(self.ptr)
-            self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _fill_inputs(self, tokens: np.ndarray | None, embd: np.ndarray | None, n: int) -> None:
+        """The token ids and embedding rows, and which of the two arrays llama.cpp reads (a null pointer: none)."""
+        if tokens is not None:
+            self.token[:n] = tokens
+        self.struct.token = self._token_p if tokens is not None else self._no_token
+        if embd is None:
+            self.struct.embd = self._no_embd
+            return
+        size = n * embd.shape[1]
+        if self.embd.size < size:
+            self.embd = np.zeros(self.capacity * embd.shape[1], dtype=np.float32)
+            self._embd_p = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        self.embd[:size].reshape(n, -1)[:] = embd
+        self.struct.embd = self._embd_p
 
 
 class LlamaContext:
@@ -412,6 +342,7 @@ class LlamaContext:
         self.batch = Batch(self.n_batch, settings.n_seq_max)
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
+        self.n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(model.ptr))  # decoder input rows (EAGLE-3 g)
         self.embeddings = settings.embeddings
         self._closed = False
         self.layer_ids = tuple(settings.layer_inputs)
@@ -437,12 +368,15 @@ class LlamaContext:
         return self._ctx
 
     # ------------------------------------------------------------ decode
-    def decode(self, tokens: np.ndarray, pos: np.ndarray, outputs: np.ndarray, *, seq: int = 0,
-               seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | None = None) -> None:
+    def decode(self, tokens: np.ndarray | None, pos: np.ndarray, outputs: np.ndarray, *, seq: int = 0,
+               seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | None = None,
+               embd: np.ndarray | None = None, encode: bool = False) -> None:
         """Submit one batch: every token in sequence ``seq``, or token i in ``seq_ids[i]`` (``seq_mask`` None),
-        or in the sequences ``seq_ids[j]`` where ``seq_mask[i, j]``. Sizes are checked here because llama.cpp
-        aborts the process on oversize batches."""
-        n = len(tokens)
+        or in the sequences ``seq_ids[j]`` where ``seq_mask[i, j]``. ``embd``: an embedding row per entry,
+        beside its token (decoder input rows, ``n_embd_inp`` wide) or alone (``tokens`` None; with ``encode``,
+        the encoder graph's input rows). Sizes are checked here because llama.cpp aborts the process on
+        oversize batches and reads embedding rows at the width its graph expects."""
+        n = len(pos)
         if n == 0:
             return
         if n > self.n_batch:
@@ -453,32 +387,19 @@ class LlamaContext:
             raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
         if not 0 <= seq < self.n_seq_max:
             raise TreeError(f"sequence id {seq} out of range 0..{self.n_seq_max - 1}")
-        self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs)
+        if embd is not None and not encode and embd.shape[1] != self.n_embd_inp:
+            raise DecodeError(f"embedding rows of width {embd.shape[1]}; {self.model.path.name} reads "
+                              f"{self.n_embd_inp}")
+        self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs, embd)
         mark = _n_errors
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ctx, self.batch.struct)
+        rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self._ctx, self.batch.struct)
         charge_llama(t0)
         if rc == 1:
             raise ContextFullError(f"no room in the KV cache for {n} tokens ({errors_since(mark)})")
         if rc != 0:
-            raise DecodeError(f"llama_decode failed with code {rc}: {errors_since(mark)}")
-
-    def process(self, batch: "ExtBatch", encode: bool = False) -> None:
-        """Run an extended batch (token + embedding per entry) through the encoder or the decoder graph."""
-        n = batch.n_tokens
-        if n == 0:
-            return
-        if n > self.n_batch:
-            raise TreeError(f"batch of {n} entries exceeds n_batch={self.n_batch}")
-        kind = llama_cpp.LLAMA_PROCESS_TYPE_ENCODE if encode else llama_cpp.LLAMA_PROCESS_TYPE_DECODE
-        mark = _n_errors
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self._ctx, kind, batch.ptr)
-        charge_llama(t0)
-        if rc == 1:
-            raise ContextFullError(f"no room in the KV cache for {n} entries ({errors_since(mark)})")
-        if rc != 0:
-            raise DecodeError(f"llama_process failed with code {rc}: {errors_since(mark)}")
+            raise DecodeError(f"llama_{'encode' if encode else 'decode'} failed with code {rc}: "
+                              f"{errors_since(mark)}")
 
     def logits(self, n_out: int, copy: bool = True) -> np.ndarray:
         """Logits of the last batch's output tokens, in batch order.

@@ -31,7 +31,7 @@ from ..errors import IncompatibleDraftError, ModelError, TreeError
 from .. import gguf_keys as keys
 from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
-from ..llama import ContextSettings, ExtBatch, LlamaContext, LlamaModel, MAX_SEQ
+from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 from ..models import GGUFInfo
 from .. import backend_topk
 from ..backend_topk import BackendTopK
@@ -131,12 +131,14 @@ class Eagle3Engine:
             n_seq_max=max(n_seq, 2), n_threads=n_threads or target_ctx.settings.n_threads),
             ctx_other=target_ctx)
         llama_cpp_ext.llama_set_embeddings_nextn(self.ctx.ptr, True, True)  # pre-norm rows of output entries
-        self.batch = ExtBatch(self.ctx)
         self.n_embd = head.n_embd
         self.tile_features = feature_source(head.info) == "final_norm"
+        self.feature_width = 3 * int(head.info.get(keys.EAGLE3_TARGET_HIDDEN_SIZE))  # fc's input: three layers
         self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
-        self._root_g = np.zeros(self.n_embd, dtype=np.float32)
-        self._g_of: dict[int, np.ndarray] = {}  # candidate id -> its pre-norm output (its children's g)
+        # the tree's g rows: row 0 the root's, then each decoded candidate's pre-norm output (its children's g),
+        # one copy per level; a level's inputs are then one gather by row
+        self._g = np.zeros((1 + max_width * max(1, max_depth), self.n_embd), dtype=np.float32)
+        self._g_row: dict[int, int] = {-1: 0}  # candidate id (-1: the root) -> its row in _g
         self._prenorm_addr: int | None = None  # llama.cpp's pre-norm output buffer, and a view of it
         self._prenorm_view = np.zeros((0, self.n_embd), dtype=np.float32)
         # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
@@ -181,6 +183,8 @@ class Eagle3Engine:
         feats = np.asarray(features[self.n_seen - features_from: n_text - features_from], dtype=np.float32)
         if self.tile_features:
             feats = np.tile(feats, (1, 3))
+        if feats.shape[1] != self.feature_width:  # llama.cpp would read rows of its own width
+            raise TreeError(f"features of width {feats.shape[1]}; the head reads {self.feature_width}")
         g = self._encode(feats)
         # llama.cpp's eagle3 graph does not gather output rows: with outputs on only some entries it returns
         # the *first* rows' logits and pre-norm states. So the root entry goes alone in the last batch.
@@ -188,11 +192,11 @@ class Eagle3Engine:
         step = self.ctx.n_batch
         self._activate((), 0)
         for start in range(0, last, step):
-            self._process_entries(tokens, g, range(start, min(start + step, last)), output=False)
+            self._process_entries(tokens, g, start, min(start + step, last), output=False)
         self._activate((0,), 1)
-        self._process_entries(tokens, g, [last], output=True)
+        self._process_entries(tokens, g, last, last + 1, output=True)
         self.n_seen = n_text
-        self._root_g = self._prenorm(1)[0].copy()
+        self._g[0] = self._prenorm(1)[0]
         return self._rows(1, copy=True)
 
     def _activate(self, seqs, n_rows: int) -> None:
@@ -206,12 +210,11 @@ class Eagle3Engine:
         logits = self.ctx.logits(n, copy=copy)
         return logits[0] if copy and n == 1 else logits
 
-    def _process_entries(self, tokens: np.ndarray, g: np.ndarray, rows, output: bool) -> None:
-        self.batch.clear()
-        for i in rows:
-            pos = self.n_seen + i
-            self.batch.add(int(tokens[pos + 1]), g[i], pos, 0, output=output)
-        self.ctx.process(self.batch)
+    def _process_entries(self, tokens: np.ndarray, g: np.ndarray, start: int, stop: int, output: bool) -> None:
+        """Decode entries ``start..stop-1`` of a catch-up: entry i is (token at n_seen + i + 1, g[i]) at
+        position n_seen + i in sequence 0."""
+        pos = np.arange(self.n_seen + start, self.n_seen + stop, dtype=np.int32)
+        self.ctx.decode(tokens[pos + 1], pos, np.full(len(pos), output, dtype=np.int8), seq=0, embd=g[start:stop])
 
     def _encode(self, feats: np.ndarray) -> np.ndarray:
         """The head's ``fc`` (encoder graph) over target features: one g row per position."""
@@ -225,11 +228,10 @@ class Eagle3Engine:
         pos0 = max(self.ctx.seq_pos_max(0), -1) + 1
         for start in range(0, len(feats), step):
             chunk = feats[start:start + step]
-            self.batch.clear()
-            for j, row in enumerate(chunk):
-                self.batch.add(None, row, pos0 + j, 0, output=True)
-            self.ctx.process(self.batch, encode=True)
-            out.append(self._prenorm(len(chunk)).copy())
+            n = len(chunk)
+            self.ctx.decode(None, np.arange(pos0, pos0 + n, dtype=np.int32), np.ones(n, dtype=np.int8), seq=0,
+                            embd=chunk, encode=True)
+            out.append(self._prenorm(n).copy())
         return np.concatenate(out)
 
     def _prenorm(self, n_out: int) -> np.ndarray:
@@ -247,14 +249,18 @@ class Eagle3Engine:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
-        seqs = self.seqs.assign(cand_ids, parent_ids).tolist()
-        g = np.stack([self._root_g if parent < 0 else self._g_of[parent] for parent in parent_ids.tolist()])
-        self.batch.clear()
-        self.batch.add_level(np.asarray(tokens).tolist(), g, self.n_seen - 1 + level, seqs)
-        self._activate(seqs, k)
-        self.ctx.process(self.batch)
-        prenorm = self._prenorm(k).copy()  # one copy per level; each candidate keeps a view of its row
-        self._g_of.update(zip(cand_ids.tolist(), prenorm))
+        seqs = self.seqs.assign(cand_ids, parent_ids)
+        g_row = self._g_row
+        g = self._g[[g_row[parent] for parent in parent_ids.tolist()]]
+        first = len(g_row)
+        if first + k > len(self._g):
+            raise TreeError(f"a draft tree of more than {len(self._g) - 1} decoded nodes; the engine was made for "
+                            "fewer")
+        self._activate(seqs.tolist(), k)
+        self.ctx.decode(tokens, np.full(k, self.n_seen - 1 + level, dtype=np.int32), np.ones(k, dtype=np.int8),
+                        seq_ids=seqs, embd=g)
+        self._g[first:first + k] = self._prenorm(k)  # one copy per level
+        g_row.update(zip(cand_ids.tolist(), range(first, first + k)))
         return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
@@ -263,9 +269,8 @@ class Eagle3Engine:
 
     def _forget_tree(self) -> None:
         self.seqs.forget()
-        self._g_of.clear()
+        self._g_row = {-1: 0}
 
     def close(self) -> None:
-        self.batch.close()
         self.ctx.close()
         self.head.close()
