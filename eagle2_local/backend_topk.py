@@ -130,10 +130,14 @@ class BackendTopK:
             self._batched = None
 
         def backend_apply(_smpl, gctx, _gf, data_p):
+            # an inactive sequence's call is timed by llama.cpp's clock: its own work is this test, and two more
+            # clock reads would cost more than it (most calls are inactive: every registered sequence is called)
+            if seq not in self.active and not self._probing:
+                return
             t0 = time.perf_counter()
             if self._probing:
                 self._build_row(gctx, llama_cpp.llama_sampler_data.from_address(data_p))
-            elif seq in self.active:
+            else:
                 self._build(gctx, llama_cpp.llama_sampler_data.from_address(data_p))
             host_inside_llama(time.perf_counter() - t0)
 
