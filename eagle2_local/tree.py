@@ -60,13 +60,15 @@ class Proposals:
     probabilities sum to at most 1); the tree ranks paths by their sums, as it does with dense rows.
     ``sources`` says which drafter proposed each entry (:data:`MODEL` unless given), for the statistics.
     ``ranked``: the producer guarantees every row best first (log-probabilities non-increasing), so the tree
-    need not check it on every level.
+    need not check it on every level. ``distinct``: it guarantees no token twice in a row (a top-k), so a merge
+    need not check that either.
     """
 
     tokens: np.ndarray
     log_probs: np.ndarray
     sources: np.ndarray | None = None
     ranked: bool = False
+    distinct: bool = False
 
     def __post_init__(self) -> None:
         self.tokens = np.atleast_2d(np.asarray(self.tokens, dtype=np.int64))
@@ -83,19 +85,19 @@ class Proposals:
 
     @classmethod
     def trusted(cls, tokens: np.ndarray, log_probs: np.ndarray, sources: np.ndarray | None = None,
-                ranked: bool = False) -> "Proposals":
+                ranked: bool = False, distinct: bool = False) -> "Proposals":
         """Proposals from a producer whose arrays are already right: int64 and float64 (n, m) arrays of equal
         shape, log-probabilities <= 0, int8 sources (the in-graph top-k, the lookup, the merge). Skips the checks
         and conversions, which run on every tree level and cost more than the merge itself on a cold cache."""
         out = object.__new__(cls)
-        out.tokens, out.log_probs, out.ranked = tokens, log_probs, ranked
+        out.tokens, out.log_probs, out.ranked, out.distinct = tokens, log_probs, ranked, distinct
         out.sources = np.full(tokens.shape, MODEL, dtype=np.int8) if sources is None else sources
         return out
 
     @classmethod
     def from_logits(cls, logits: np.ndarray, k: int) -> "Proposals":
         """The k most probable tokens of dense logit rows (what the tree takes from dense rows itself)."""
-        return cls(*top_k_log_probs(np.atleast_2d(logits), k), ranked=True)
+        return cls(*top_k_log_probs(np.atleast_2d(logits), k), ranked=True, distinct=True)
 
 
 # What a draft returns for the rows it ran: dense logits (n, V), or candidates with log-probabilities.

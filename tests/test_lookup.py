@@ -16,7 +16,7 @@ from eagle2_local.generator import Generator
 from eagle2_local.llama import LlamaModel
 from eagle2_local.sampling import SamplingParams
 from eagle2_local.target import Target
-from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates
+from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, top_children
 from eagle2_local.tree_policy import FixedTree, RoundPlan
 import eagle2_local.generator as generator_mod
 from helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
@@ -387,6 +387,32 @@ def test_merge_into_a_top_k_equals_the_dictionary_merge():
                 got, ref = merge_proposals(model, lk), _merge_by_dict(model, lk)
                 for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
                     assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_merge_into_a_ranked_top_k_gives_ranked_rows_with_the_trees_children():
+    """A top-k flagged best first (the in-graph and numpy top-k) gives rows best first, ties in their merge order:
+    the tree takes the same children from them as from the dictionary merge's rows by its stable ranking."""
+    rng = np.random.default_rng(17)
+    lookup = LookupDraft(max_branches=4)
+    for n_rows, km, kl in [(1, 3, 3), (10, 10, 4), (6, 4, 8)]:
+        for trial in range(40):
+            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
+            lp = -np.sort(rng.integers(0, 5, (n_rows, km)) * 0.5, axis=1)  # best first, with ties
+            model = Proposals.trusted(tokens, lp, ranked=True, distinct=True)
+            lk_lp = np.where(rng.random((n_rows, kl)) < 0.5, -np.inf, -rng.integers(0, 5, (n_rows, kl)) * 0.5)
+            lk = Proposals(rng.integers(0, 16, (n_rows, kl)), lk_lp, np.full((n_rows, kl), LOOKUP, np.int8))
+            rows = ([], [])
+            for _ in range(n_rows):
+                n = int(rng.integers(0, 3))
+                rows[0].append(rng.permutation(16)[:n].tolist())
+                rows[1].append(np.exp(-rng.integers(0, 4, n) * 0.5).tolist())
+            for got, ref in ((merge_proposals(model, lk), _merge_by_dict(model, lk)),
+                             (merge_lookup_rows(model, lookup, rows), _merge_by_dict(model, lookup.proposals(*rows)))):
+                assert got.ranked and (got.log_probs[:, :-1] >= got.log_probs[:, 1:]).all()
+                for k in (km, km + 2):
+                    for a, b in zip(top_children(got, k), top_children(ref, k)):
+                        finite = np.isfinite(top_children(ref, k)[1])
+                        assert a.shape == b.shape and np.array_equal(a[finite], b[finite])
 
 
 def test_lookup_tree_levels_equal_unbounded_lookups():

@@ -101,7 +101,7 @@ class DraftModelEngine:
     def _rows(self, n: int):
         """The last decode's n output rows: in-graph candidates, or dense logits (a view)."""
         if self.top_k is not None:
-            return Proposals.trusted(*self.top_k.read(n), ranked=True)  # read() returns rows best first
+            return Proposals.trusted(*self.top_k.read(n), ranked=True, distinct=True)  # a top-k, best first
         logits = self.ctx.logits(n, copy=n == 1)
         return logits[0] if n == 1 else logits
 

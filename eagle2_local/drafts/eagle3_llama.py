@@ -206,7 +206,7 @@ class Eagle3Engine:
     def _rows(self, n: int, copy: bool):
         """The last decode's n output rows: in-graph candidates, or dense logits (a view unless ``copy``)."""
         if self.top_k is not None:
-            return Proposals.trusted(*self.top_k.read(n), ranked=True)  # read() returns rows best first
+            return Proposals.trusted(*self.top_k.read(n), ranked=True, distinct=True)  # a top-k, best first
         logits = self.ctx.logits(n, copy=copy)
         return logits[0] if copy and n == 1 else logits
 

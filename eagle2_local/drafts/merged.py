@@ -30,8 +30,11 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
         return _merge_general(model, lookup)
     finite = lookup.log_probs != -np.inf
     rows, cols = np.nonzero(finite)  # row by row, in each row's order
-    return _merge_into_top_k(model, rows.tolist(), lookup.tokens[finite].tolist(),
-                             lookup.log_probs[finite].tolist(), lookup.sources[finite].tolist())
+    entries: dict[int, list[tuple[int, float, int]]] = {}
+    for r, tok, lp, src in zip(rows.tolist(), lookup.tokens[finite].tolist(), lookup.log_probs[finite].tolist(),
+                               lookup.sources[finite].tolist()):
+        entries.setdefault(r, []).append((tok, lp, src))
+    return _merge_into_top_k(model, entries)
 
 
 def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -> Proposals:
@@ -46,65 +49,79 @@ def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -
         return model
     with np.errstate(divide="ignore"):
         log_probs = np.log(flat_probs).tolist()
-    row_of = [r for r, row in enumerate(tokens) for _ in row]
-    return _merge_into_top_k(model, row_of, [t for row in tokens for t in row], log_probs,
-                             [LOOKUP] * len(row_of))
+    entries: dict[int, list[tuple[int, float, int]]] = {}
+    first = 0
+    for r, row in enumerate(tokens):
+        if row:
+            entries[r] = [(tok, lp, LOOKUP) for tok, lp in zip(row, log_probs[first:first + len(row)])
+                          if lp != -np.inf]
+            first += len(row)
+    return _merge_into_top_k(model, entries)
 
 
 def _is_top_k(model: Proposals) -> bool:
-    """Whether every row is a top-k: finite log-probabilities and distinct tokens (checked on all rows at once;
-    the merge then visits only the rows the other draft proposes in)."""
-    if not np.isfinite(model.log_probs).all():
+    """Whether every row is a top-k: finite log-probabilities and distinct tokens (checked on all rows at once,
+    or taken from the producer's flags; the merge then visits only the rows the other draft proposes in)."""
+    lp = model.log_probs
+    if not np.isfinite(lp[:, -1] if model.ranked else lp).all():  # a ranked row's last entry is its least
         return False
+    if model.distinct:
+        return True
     ordered = np.sort(model.tokens, axis=1)
     return bool((ordered[:, 1:] != ordered[:, :-1]).all())
 
 
-def _merge_into_top_k(model: Proposals, rows: list[int], tokens: list[int], log_probs: list[float],
-                      sources: list[int]) -> Proposals:
+def _merge_into_top_k(model: Proposals, entries: dict[int, list[tuple[int, float, int]]]) -> Proposals:
     """:func:`merge_proposals` where every model row has distinct finite tokens (:func:`_is_top_k`) and the
-    other draft's entries are listed one by one, row by row (row, token, log-probability, source): the model's
+    other draft's finite entries are listed per row, in order (row -> token, log-probability, source): the model's
     arrays are the result's first columns, new tokens are appended after them and shared ones raise the
-    model's entry and mark it BOTH. Python over the few entries (token -> column only for the rows they are
-    in) and a handful of numpy calls, instead of an (n, m, m) comparison over every pair."""
+    model's entry and mark it BOTH. Only the rows the entries are in are visited, as Python lists, and written
+    back at once. A ``ranked`` model gives ``ranked`` rows: each visited row is then put best first (a stable
+    sort: ties keep their columns' order), which is the order the tree's stable ranking would give it, so the
+    tree takes every row as it is instead of ranking each level again."""
     neg_inf = -np.inf
-    n, k = model.tokens.shape
-    fill = [k] * n  # next free column per row
-    added: dict[tuple[int, int], list] = {}  # (row, column) -> [token, log-prob, source] of an appended entry
-    raised: dict[tuple[int, int], float] = {}  # (row, model column) -> the other draft's best log-prob there
-    columns: dict[int, dict[int, int]] = {}  # row -> token -> column, for the rows the entries are in
-    for r, tok, lp, src in zip(rows, tokens, log_probs, sources):
-        if lp == neg_inf:
-            continue
-        column = columns.get(r)
-        if column is None:
-            column = columns[r] = dict(zip(model.tokens[r].tolist(), range(k)))
-        j = column.get(tok)
-        if j is None:
-            j = column[tok] = fill[r]
-            fill[r] += 1
-            added[r, j] = [tok, lp, src]
-        elif j >= k:  # a token the other draft's row repeats
-            entry = added[r, j]
-            entry[1], entry[2] = max(entry[1], lp), BOTH
-        else:
-            raised[r, j] = max(raised.get((r, j), neg_inf), lp)
-    if not added and not raised:
+    at = [r for r, row in entries.items() if row]
+    if not at:
         return model
-    width = max(fill)
+    n, k = model.tokens.shape
+    merged = [_merge_row(*row, entries[r]) for r, row in zip(at, zip(
+        model.tokens[at].tolist(), model.log_probs[at].tolist(), model.sources[at].tolist()))]
+    width = max(len(row[0]) for row in merged)
+    if model.ranked:
+        merged = [_best_first(*row) for row in merged]
     out_tokens = np.zeros((n, width), dtype=np.int64)
     out_lp = np.full((n, width), neg_inf)
     out_src = np.zeros((n, width), dtype=np.int8)
     out_tokens[:, :k], out_lp[:, :k], out_src[:, :k] = model.tokens, model.log_probs, model.sources
-    if added:
-        at_rows, at_cols = zip(*added)
-        toks, lps, srcs = zip(*added.values())
-        out_tokens[at_rows, at_cols], out_lp[at_rows, at_cols], out_src[at_rows, at_cols] = toks, lps, srcs
-    if raised:
-        at_rows, at_cols = zip(*raised)
-        out_lp[at_rows, at_cols] = np.maximum(out_lp[at_rows, at_cols], list(raised.values()))
-        out_src[at_rows, at_cols] = BOTH
-    return Proposals.trusted(out_tokens, out_lp, out_src)
+    pad = [(0, neg_inf, 0)] * width
+    for out, part in ((out_tokens, 0), (out_lp, 1), (out_src, 2)):
+        out[at] = [row[part] + [p[part] for p in pad[len(row[part]):]] for row in merged]
+    return Proposals.trusted(out_tokens, out_lp, out_src, ranked=model.ranked, distinct=True)
+
+
+def _merge_row(tokens: list[int], log_probs: list[float], sources: list[int],
+               entries: list[tuple[int, float, int]]) -> tuple[list[int], list[float], list[int]]:
+    """One model row (distinct tokens) with the other draft's entries for it: a new token is appended, a token
+    already in the row keeps its place with the higher log-probability and becomes BOTH (the lists are changed
+    in place and returned)."""
+    column = dict(zip(tokens, range(len(tokens))))
+    for tok, lp, src in entries:
+        j = column.get(tok)
+        if j is None:
+            column[tok] = len(tokens)
+            tokens.append(tok)
+            log_probs.append(lp)
+            sources.append(src)
+        else:
+            log_probs[j] = max(log_probs[j], lp)
+            sources[j] = BOTH
+    return tokens, log_probs, sources
+
+
+def _best_first(tokens: list[int], log_probs: list[float], sources: list[int]):
+    """A row's entries by log-probability, best first; ties keep their order (numpy's stable argsort's order)."""
+    order = sorted(range(len(tokens)), key=log_probs.__getitem__, reverse=True)
+    return [tokens[j] for j in order], [log_probs[j] for j in order], [sources[j] for j in order]
 
 
 def _merge_general(model: Proposals, lookup: Proposals) -> Proposals:
