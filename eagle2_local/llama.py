@@ -432,8 +432,11 @@ class LlamaContext:
             raise DecodeError("layer inputs need a context created with ContextSettings.layer_inputs")
         n, width = (n_tokens if rows is None else len(rows)), self.n_embd
         out = np.empty((n, len(self.layer_ids) * width), dtype=np.float32)
-        for i, il in enumerate(self.layer_ids):
-            view = llama_ext.layer_input_view(self._ctx, il, n_tokens, width)
+        t0 = time.perf_counter()
+        ptrs = [llama_ext.layer_input_ptr(self._ctx, il) for il in self.layer_ids]
+        charge_llama(t0)
+        for i, (il, ptr) in enumerate(zip(self.layer_ids, ptrs)):
+            view = llama_ext.layer_input_view(ptr, il, n_tokens, width)
             out[:, i * width:(i + 1) * width] = view if rows is None else view[rows]
         return out
 

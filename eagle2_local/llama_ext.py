@@ -65,11 +65,16 @@ def set_layer_input(ctx, layer: int, enable: bool) -> None:
 _views: dict[tuple[int, int, int], np.ndarray] = {}  # (address, rows, columns) -> a numpy view of llama.cpp's buffer
 
 
-def layer_input_view(ctx, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
-    """A view (no copy) of the residual inputs of ``layer`` for the last decode's ``n_tokens`` tokens, valid
-    until the next decode. Views are kept per buffer address: llama.cpp reuses its buffers, and making a view
-    costs more than copying a plain step's row (every plain step of the speculative loop reads three)."""
-    ptr = _function("llama_get_embeddings_layer_inp")(ctx, layer)
+def layer_input_ptr(ctx, layer: int):
+    """llama.cpp's buffer of ``layer``'s residual inputs for the last decode (it waits for a GPU to finish)."""
+    return _function("llama_get_embeddings_layer_inp")(ctx, layer)
+
+
+def layer_input_view(ptr, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
+    """A view (no copy) of the residual inputs of ``layer`` (``ptr``: :func:`layer_input_ptr`) for the last
+    decode's ``n_tokens`` tokens, valid until the next decode. Views are kept per buffer address: llama.cpp
+    reuses its buffers, and making a view costs more than copying a plain step's row (every plain step of the
+    speculative loop reads three)."""
     if not ptr:
         raise ModelError(f"llama.cpp returned no layer input for layer {layer}")
     key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_tokens, n_embd)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 
 import numpy as np
 from llama_cpp import llama_cpp_ext
@@ -31,7 +32,7 @@ from ..errors import IncompatibleDraftError, ModelError, TreeError
 from .. import gguf_keys as keys
 from ..llama_ext import LAYER_INPUT_ARCHS
 from .base import TreeSequences
-from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
+from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
 from ..models import GGUFInfo
 from .. import backend_topk
 from ..backend_topk import BackendTopK
@@ -237,7 +238,9 @@ class Eagle3Engine:
     def _prenorm(self, n_out: int) -> np.ndarray:
         """A view of the last decode's first ``n_out`` pre-norm rows (valid until the next decode). The buffer
         moves only when llama.cpp reallocates it, so the view is made once per address, not once per level."""
-        ptr = llama_cpp_ext.llama_get_embeddings_nextn(self.ctx.ptr)
+        t0 = time.perf_counter()
+        ptr = llama_cpp_ext.llama_get_embeddings_nextn(self.ctx.ptr)  # waits for a GPU to finish
+        charge_llama(t0)
         if not ptr:
             raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
         addr = ctypes.cast(ptr, ctypes.c_void_p).value
