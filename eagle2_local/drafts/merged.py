@@ -75,28 +75,29 @@ def _merge_into_top_k(model: Proposals, entries: dict[int, list[tuple[int, float
     """:func:`merge_proposals` where every model row has distinct finite tokens (:func:`_is_top_k`) and the
     other draft's finite entries are listed per row, in order (row -> token, log-probability, source): the model's
     arrays are the result's first columns, new tokens are appended after them and shared ones raise the
-    model's entry and mark it BOTH. Only the rows the entries are in are visited, as Python lists, and written
-    back at once. A ``ranked`` model gives ``ranked`` rows: each visited row is then put best first (a stable
-    sort: ties keep their columns' order), which is the order the tree's stable ranking would give it, so the
-    tree takes every row as it is instead of ranking each level again."""
-    neg_inf = -np.inf
+    model's entry and mark it BOTH. The rows become Python lists (three conversions each way for all rows: the
+    lookup proposes in most rows, and a numpy call per array and step costs more than the few entries). A
+    ``ranked`` model gives ``ranked`` rows: each row the entries are in is then put best first (a stable sort:
+    ties keep their columns' order), which is the order the tree's stable ranking would give it, so the tree
+    takes every row as it is instead of ranking each level again."""
     at = [r for r, row in entries.items() if row]
     if not at:
         return model
-    n, k = model.tokens.shape
-    merged = [_merge_row(*row, entries[r]) for r, row in zip(at, zip(
-        model.tokens[at].tolist(), model.log_probs[at].tolist(), model.sources[at].tolist()))]
-    width = max(len(row[0]) for row in merged)
-    if model.ranked:
-        merged = [_best_first(*row) for row in merged]
-    out_tokens = np.zeros((n, width), dtype=np.int64)
-    out_lp = np.full((n, width), neg_inf)
-    out_src = np.zeros((n, width), dtype=np.int8)
-    out_tokens[:, :k], out_lp[:, :k], out_src[:, :k] = model.tokens, model.log_probs, model.sources
-    pad = [(0, neg_inf, 0)] * width
-    for out, part in ((out_tokens, 0), (out_lp, 1), (out_src, 2)):
-        out[at] = [row[part] + [p[part] for p in pad[len(row[part]):]] for row in merged]
-    return Proposals.trusted(out_tokens, out_lp, out_src, ranked=model.ranked, distinct=True)
+    k = model.tokens.shape[1]
+    tokens, log_probs, sources = model.tokens.tolist(), model.log_probs.tolist(), model.sources.tolist()
+    for r in at:
+        row = _merge_row(tokens[r], log_probs[r], sources[r], entries[r])
+        if model.ranked:
+            tokens[r], log_probs[r], sources[r] = _best_first(*row)
+    width = max(len(tokens[r]) for r in at)
+    if width > k:
+        for tok_row, lp_row, src_row in zip(tokens, log_probs, sources):
+            pad = width - len(tok_row)
+            tok_row += [0] * pad
+            lp_row += [-np.inf] * pad
+            src_row += [0] * pad
+    return Proposals.trusted(np.array(tokens, dtype=np.int64), np.array(log_probs), np.array(sources, dtype=np.int8),
+                             ranked=model.ranked, distinct=True)
 
 
 def _merge_row(tokens: list[int], log_probs: list[float], sources: list[int],
