@@ -13,7 +13,7 @@ from eagle2_local.api import Eagle2
 from eagle2_local import backend_topk
 from eagle2_local.drafts.base import TreeSequences
 from eagle2_local.drafts.eagle3_llama import Eagle3Engine
-from eagle2_local.errors import IncompatibleDraftError, ModelError
+from eagle2_local.errors import DecodeError, IncompatibleDraftError, ModelError, TreeError
 from eagle2_local.llama import ContextSettings, LlamaModel
 from eagle2_local.target import Target
 from eagle2_local.tree import top_k_log_probs
@@ -47,6 +47,16 @@ def token_embd(path) -> np.ndarray:
     return gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, 64)
 
 
+def engine_on(head_path, target_path, max_width: int = 3, max_depth: int = 4):
+    """The target (its layer inputs on, one thread) and a dense-row engine for the head."""
+    model = LlamaModel(target_path)
+    target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
+                                           layer_inputs=tuple(LAYERS)))
+    engine = Eagle3Engine(LlamaModel(head_path), target.ctx, max_width=max_width, max_depth=max_depth, n_threads=1,
+                          in_graph_top_k=False)
+    return model, target, engine
+
+
 def test_convert_round_trip(head):
     path, tensors, config, _ = head
     r = gguf.GGUFReader(str(path))
@@ -65,10 +75,7 @@ def test_convert_round_trip(head):
 def test_engine_matches_reference_on_tree(head, target4):
     """Root, level-1 and level-3 logits of the llama.cpp engine equal the float64 reference (tree masks included)."""
     path, tensors, config, _ = head
-    model = LlamaModel(target4)
-    target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
-                                           layer_inputs=tuple(LAYERS)))
-    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1, in_graph_top_k=False)
+    model, target, engine = engine_on(path, target4)
     ref = Eagle3Reference(tensors, config, token_embd(target4))
     prompt = model.tokenize("the water is very long and the code")
     ver = target.prefill(prompt)
@@ -99,6 +106,25 @@ def test_engine_matches_reference_on_tree(head, target4):
             if level in (1, 3):
                 fin = np.isfinite(want)
                 assert np.abs(got[row][fin] - want[fin]).max() < 2e-3 * np.abs(want[fin]).max(), (level, cid)
+    engine.close()
+    target.close()
+    model.close()
+
+
+def test_embedding_rows_of_the_wrong_width_are_refused(head, target4):
+    """llama.cpp reads a batch's embedding rows at its graph's width: a wrong width is one clear error, before
+    any decode, and the engine still drafts afterwards."""
+    path, _, _, _ = head
+    model, target, engine = engine_on(path, target4, max_width=2, max_depth=3)
+    prompt = model.tokenize("the water is")
+    ver = target.prefill(prompt)
+    text = np.asarray(prompt + [int(np.argmax(ver.logits[0]))])
+    with pytest.raises(TreeError, match="the head reads 192"):
+        engine.catch_up(text, ver.features[:, :64], 0)
+    with pytest.raises(DecodeError, match="reads 64"):
+        engine.ctx.decode(text[:2], np.arange(2, dtype=np.int32), np.ones(2, np.int8),
+                          embd=np.zeros((2, 63), np.float32))
+    assert engine.catch_up(text, ver.features, 0).shape == (model.n_vocab,)
     engine.close()
     target.close()
     model.close()
@@ -148,10 +174,7 @@ def test_llama3_rope_scaling_matches_reference(tmp_path, target4):
     config["rope_scaling"] = scaling
     (d / "config.json").write_text(json.dumps(config))
     path = convert_eagle3(d, tmp_path / "h.gguf", target4, outtype="f32")
-    model = LlamaModel(target4)
-    target = Target(model, ContextSettings(n_ctx=256, n_batch=64, n_seq_max=8, n_threads=1,
-                                           layer_inputs=tuple(LAYERS)))
-    engine = Eagle3Engine(LlamaModel(path), target.ctx, max_width=3, max_depth=4, n_threads=1, in_graph_top_k=False)
+    model, target, engine = engine_on(path, target4)
     prompt = model.tokenize("the water is very long and the code is short and the cat sat on it")
     ver = target.prefill(prompt)
     text = prompt + [int(np.argmax(ver.logits[0]))]
