@@ -105,7 +105,8 @@ class BackendTopK:
         self.k = k
         self.active: frozenset[int] = frozenset()
         self.n_rows = 0  # output rows of the batch about to run
-        self._batched: tuple[int, int, int] | None = None  # this graph's (top ids, top logits, top probs)
+        # this graph's logit row stride and its batch-wide (top ids, top logits, top probs)
+        self._batched: tuple[int, int, int, int] | None = None
         self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._row_index = np.arange(256)[:, None]
         self._g = _ggml()
@@ -172,12 +173,11 @@ class BackendTopK:
         if not head.view_src or self.n_rows < 1:
             self._build_row(gctx, data)
             return
-        src = _TensorHead.from_address(head.view_src)
-        row = head.view_offs // src.nb[1]
         if self._batched is None:
-            self._batched = self._build_batch(gctx, head.view_src, int(src.nb[1]))
-        g, k, off = self._g, self.k, row * self.k * 4
-        top, lg, pr = self._batched
+            row_bytes = int(_TensorHead.from_address(head.view_src).nb[1])
+            self._batched = (row_bytes, *self._build_batch(gctx, head.view_src, row_bytes))
+        row_bytes, top, lg, pr = self._batched
+        g, k, off = self._g, self.k, head.view_offs // row_bytes * self.k * 4
         data.candidates = g.ggml_view_1d(gctx, top, k, off)
         data.logits = g.ggml_view_1d(gctx, lg, k, off)
         data.probs = g.ggml_view_1d(gctx, pr, k, off)

@@ -410,7 +410,7 @@ class LlamaContext:
         t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_logits(self._ctx)  # waits for an asynchronous backend (GPU) to finish
         charge_llama(t0)
-        view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        view = llama_ext.buffer_view(ptr, (n_out, self.n_vocab))
         return view.copy() if copy else view
 
     def features(self, n_out: int, rows: np.ndarray | None = None) -> np.ndarray:
@@ -421,7 +421,7 @@ class LlamaContext:
         t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_embeddings(self._ctx)
         charge_llama(t0)
-        view = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
+        view = llama_ext.buffer_view(ptr, (n_out, self.n_embd))
         return view.copy() if rows is None else view[rows]
 
     def layer_inputs(self, n_tokens: int, rows: np.ndarray | None = None) -> np.ndarray:

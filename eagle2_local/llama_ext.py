@@ -62,7 +62,20 @@ def set_layer_input(ctx, layer: int, enable: bool) -> None:
     _function("llama_set_embeddings_layer_inp")(ctx, layer, enable)
 
 
-_views: dict[tuple[int, int, int], np.ndarray] = {}  # (address, rows, columns) -> a numpy view of llama.cpp's buffer
+_views: dict[tuple, np.ndarray] = {}  # (address, shape, pointer type) -> a view of llama.cpp's buffer
+
+
+def buffer_view(ptr, shape: tuple[int, ...]) -> np.ndarray:
+    """A numpy view (no copy) of ``shape`` at a llama.cpp output buffer (logits, hidden states, layer inputs),
+    valid until the next decode. Views are kept per address and shape: llama.cpp reuses its buffers, and making a
+    view (``np.ctypeslib.as_array``, ~4 us) costs more than copying a plain step's row."""
+    key = (ctypes.cast(ptr, ctypes.c_void_p).value, shape, type(ptr))
+    view = _views.get(key)
+    if view is None:
+        if len(_views) > 256:
+            _views.clear()
+        view = _views[key] = np.ctypeslib.as_array(ptr, shape=shape)
+    return view
 
 
 def layer_input_ptr(ctx, layer: int):
@@ -71,16 +84,8 @@ def layer_input_ptr(ctx, layer: int):
 
 
 def layer_input_view(ptr, layer: int, n_tokens: int, n_embd: int) -> np.ndarray:
-    """A view (no copy) of the residual inputs of ``layer`` (``ptr``: :func:`layer_input_ptr`) for the last
-    decode's ``n_tokens`` tokens, valid until the next decode. Views are kept per buffer address: llama.cpp
-    reuses its buffers, and making a view costs more than copying a plain step's row (every plain step of the
-    speculative loop reads three)."""
+    """:func:`buffer_view` of the residual inputs of ``layer`` (``ptr``: :func:`layer_input_ptr`) for the last
+    decode's ``n_tokens`` tokens (every plain step of the speculative loop reads three)."""
     if not ptr:
         raise ModelError(f"llama.cpp returned no layer input for layer {layer}")
-    key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_tokens, n_embd)
-    view = _views.get(key)
-    if view is None:
-        if len(_views) > 256:
-            _views.clear()
-        view = _views[key] = np.ctypeslib.as_array(ptr, shape=(n_tokens, n_embd))
-    return view
+    return buffer_view(ptr, (n_tokens, n_embd))

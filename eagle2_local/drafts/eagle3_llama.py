@@ -21,7 +21,6 @@ KV layout of the head's context:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 
@@ -30,7 +29,7 @@ from llama_cpp import llama_cpp_ext
 
 from ..errors import IncompatibleDraftError, ModelError, TreeError
 from .. import gguf_keys as keys
-from ..llama_ext import LAYER_INPUT_ARCHS
+from ..llama_ext import LAYER_INPUT_ARCHS, buffer_view
 from .base import TreeSequences
 from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
 from ..models import GGUFInfo
@@ -140,8 +139,6 @@ class Eagle3Engine:
         # one copy per level; a level's inputs are then one gather by row
         self._g = np.zeros((1 + max_width * max(1, max_depth), self.n_embd), dtype=np.float32)
         self._g_row: dict[int, int] = {-1: 0}  # candidate id (-1: the root) -> its row in _g
-        self._prenorm_addr: int | None = None  # llama.cpp's pre-norm output buffer, and a view of it
-        self._prenorm_view = np.zeros((0, self.n_embd), dtype=np.float32)
         # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
         self.seqs = TreeSequences(self.ctx, pool=max_width if in_graph_top_k else None)
         self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
@@ -236,18 +233,14 @@ class Eagle3Engine:
         return np.concatenate(out)
 
     def _prenorm(self, n_out: int) -> np.ndarray:
-        """A view of the last decode's first ``n_out`` pre-norm rows (valid until the next decode). The buffer
-        moves only when llama.cpp reallocates it, so the view is made once per address, not once per level."""
+        """A view of the last decode's first ``n_out`` pre-norm rows (valid until the next decode), of a buffer
+        sized by the largest output count a decode here can have."""
         t0 = time.perf_counter()
         ptr = llama_cpp_ext.llama_get_embeddings_nextn(self.ctx.ptr)  # waits for a GPU to finish
         charge_llama(t0)
         if not ptr:
             raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
-        if addr != self._prenorm_addr:  # sized by the largest output count a decode here can have
-            self._prenorm_view = np.ctypeslib.as_array(ptr, shape=(self.ctx.n_batch, self.n_embd))
-            self._prenorm_addr = addr
-        return self._prenorm_view[:n_out]
+        return buffer_view(ptr, (self.ctx.n_batch, self.n_embd))[:n_out]
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
