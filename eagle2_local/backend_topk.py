@@ -206,10 +206,10 @@ class BackendTopK:
         cand, lg, pr = self._views_of(n_rows)
         order = np.lexsort((cand, -lg), axis=-1)
         rows = self._row_index[:n_rows]
-        cand = cand[rows, order].astype(np.int64)
         lg = lg[rows, order].astype(np.float64)
-        lse = lg[:, 0] - np.log(pr[rows[:, 0], order[:, 0]].astype(np.float64))
-        return cand, lg - lse[:, None]
+        # the best entry's probability is the row's largest (the soft-max is monotone; tied logits, tied values)
+        lg -= lg[:, :1] - np.log(pr.max(axis=1, keepdims=True), dtype=np.float64)  # minus the log-normalizer
+        return cand[rows, order].astype(np.int64), lg
 
     def _views_of(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The first k columns of the first ``n_rows`` slots of llama.cpp's sampled candidates, logits and

@@ -261,13 +261,15 @@ class Batch:
         self.struct.seq_id = ctypes.cast(self._row_ptrs, ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
-    def fill(self, tokens: np.ndarray | None, pos: np.ndarray, seq_mask: np.ndarray | None,
-             seq_ids: np.ndarray | None, single_seq: int, outputs: np.ndarray, embd: np.ndarray | None = None) -> int:
+    def fill(self, tokens: np.ndarray | None, pos: np.ndarray | int, seq_mask: np.ndarray | None,
+             seq_ids: np.ndarray | list[int] | None, single_seq: int, outputs: np.ndarray | int,
+             embd: np.ndarray | None = None) -> int:
         """Write n entries. Every token belongs to ``single_seq``, or (``seq_mask`` None, ``seq_ids`` given)
         token i to ``seq_ids[i]`` alone (a draft's tree level), or ``seq_mask[i, j]`` says whether token i
-        belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want. ``embd``: one row per
-        entry, beside its token, or alone where ``tokens`` is None."""
-        n = len(pos)
+        belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want (``pos`` and
+        ``outputs`` may be one value for all). ``embd``: one row per entry, beside its token, or alone where
+        ``tokens`` is None."""
+        n = len(tokens) if tokens is not None else len(embd)
         self._fill_inputs(tokens, embd, n)
         self.pos[:n] = pos
         self.logits[:n] = outputs
@@ -368,23 +370,27 @@ class LlamaContext:
         return self._ctx
 
     # ------------------------------------------------------------ decode
-    def decode(self, tokens: np.ndarray | None, pos: np.ndarray, outputs: np.ndarray, *, seq: int = 0,
-               seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | None = None,
+    def decode(self, tokens: np.ndarray | None, pos: np.ndarray | int, outputs: np.ndarray | int, *, seq: int = 0,
+               seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | list[int] | None = None,
                embd: np.ndarray | None = None, encode: bool = False) -> None:
         """Submit one batch: every token in sequence ``seq``, or token i in ``seq_ids[i]`` (``seq_mask`` None),
-        or in the sequences ``seq_ids[j]`` where ``seq_mask[i, j]``. ``embd``: an embedding row per entry,
-        beside its token (decoder input rows, ``n_embd_inp`` wide) or alone (``tokens`` None; with ``encode``,
-        the encoder graph's input rows). Sizes are checked here because llama.cpp aborts the process on
-        oversize batches and reads embedding rows at the width its graph expects."""
-        n = len(pos)
+        or in the sequences ``seq_ids[j]`` where ``seq_mask[i, j]``. ``pos`` and ``outputs``: per token, or one
+        value for all (a tree level). ``embd``: an embedding row per entry, beside its token (decoder input rows,
+        ``n_embd_inp`` wide) or alone (``tokens`` None; with ``encode``, the encoder graph's input rows). Sizes are
+        checked here because llama.cpp aborts the process on oversize batches and reads embedding rows at the
+        width its graph expects."""
+        n = len(tokens) if tokens is not None else len(embd)
         if n == 0:
             return
         if n > self.n_batch:
             raise TreeError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
-        if int(pos.max()) >= self.n_ctx:
-            raise ContextFullError(f"position {int(pos.max())} is beyond the context size {self.n_ctx}")
-        if seq_ids is not None and (int(seq_ids.max(initial=0)) >= self.n_seq_max or int(seq_ids.min(initial=0)) < 0):
-            raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
+        last = pos if isinstance(pos, int) else int(pos.max())
+        if last >= self.n_ctx:
+            raise ContextFullError(f"position {last} is beyond the context size {self.n_ctx}")
+        if seq_ids is not None:
+            ids = seq_ids if isinstance(seq_ids, list) else seq_ids.tolist()  # a level's few ids: Python's min/max
+            if min(ids, default=0) < 0 or max(ids, default=0) >= self.n_seq_max:
+                raise TreeError(f"sequence id out of range 0..{self.n_seq_max - 1}")
         if not 0 <= seq < self.n_seq_max:
             raise TreeError(f"sequence id {seq} out of range 0..{self.n_seq_max - 1}")
         if embd is not None and not encode and embd.shape[1] != self.n_embd_inp:

@@ -105,26 +105,26 @@ class TreeSequences:
         """Sequences a tree of ``width`` frontier nodes and ``depth`` levels needs (sequence 0 included)."""
         return 1 + (2 * width if recycle else width * max(1, depth - 1))
 
-    def assign(self, cand_ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
-        """Give each candidate a fresh sequence holding its parent's path (-1 = the root, sequence 0)."""
+    def assign(self, cand_ids: np.ndarray, parent_ids: np.ndarray) -> list[int]:
+        """Give each candidate a fresh sequence holding its parent's path (-1 = the root, sequence 0); returns
+        the sequence ids (a list: each caller's decode and samplers take them as they are)."""
         k = len(cand_ids)
         if self.pool is not None:
             if k > self.pool:
                 raise TreeError(f"a tree level of {k} nodes is wider than the draft context's {self.pool}")
             first = 1 + (self._level % 2) * self.pool
             self._level += 1
-            seqs = np.arange(first, first + k, dtype=np.int32)
-            self.ctx.seq_rm_many(seqs.tolist())  # nodes two levels up: their children copied what they need
+            seqs = list(range(first, first + k))
+            self.ctx.seq_rm_many(seqs)  # nodes two levels up: their children copied what they need
             self._next = max(self._next, first + k)
         else:
-            seqs = np.arange(self._next, self._next + k, dtype=np.int32)
-            if seqs[-1] >= self.ctx.n_seq_max:
+            seqs = list(range(self._next, self._next + k))
+            if self._next + k > self.ctx.n_seq_max:
                 raise TreeError("draft tree wider or deeper than the draft context was created for")
             self._next += k
-        seq_list = seqs.tolist()
         self.ctx.seq_cp_many([0 if parent < 0 else self.seq_of[parent] for parent in np.asarray(parent_ids).tolist()],
-                             seq_list)
-        self.seq_of.update(zip(np.asarray(cand_ids).tolist(), seq_list))
+                             seqs)
+        self.seq_of.update(zip(np.asarray(cand_ids).tolist(), seqs))
         return seqs
 
     def forget(self) -> None:

@@ -108,10 +108,9 @@ class DraftModelEngine:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         k = len(cand_ids)
         seqs = self.seqs.assign(cand_ids, parent_ids)
-        pos = np.full(k, self.n_read - 1 + level, dtype=np.int32)
         if self.top_k is not None:
-            self.top_k.activate(seqs.tolist(), k)
-        self.ctx.decode(np.asarray(tokens, dtype=np.int32), pos, np.ones(k, dtype=np.int8), seq_ids=seqs)
+            self.top_k.activate(seqs, k)
+        self.ctx.decode(tokens, self.n_read - 1 + level, 1, seq_ids=seqs)
         return self._rows(k)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:

@@ -212,7 +212,7 @@ class Eagle3Engine:
         """Decode entries ``start..stop-1`` of a catch-up: entry i is (token at n_seen + i + 1, g[i]) at
         position n_seen + i in sequence 0."""
         pos = np.arange(self.n_seen + start, self.n_seen + stop, dtype=np.int32)
-        self.ctx.decode(tokens[pos + 1], pos, np.full(len(pos), output, dtype=np.int8), seq=0, embd=g[start:stop])
+        self.ctx.decode(tokens[pos + 1], pos, int(output), seq=0, embd=g[start:stop])
 
     def _encode(self, feats: np.ndarray) -> np.ndarray:
         """The head's ``fc`` (encoder graph) over target features: one g row per position."""
@@ -227,8 +227,7 @@ class Eagle3Engine:
         for start in range(0, len(feats), step):
             chunk = feats[start:start + step]
             n = len(chunk)
-            self.ctx.decode(None, np.arange(pos0, pos0 + n, dtype=np.int32), np.ones(n, dtype=np.int8), seq=0,
-                            embd=chunk, encode=True)
+            self.ctx.decode(None, np.arange(pos0, pos0 + n, dtype=np.int32), 1, seq=0, embd=chunk, encode=True)
             out.append(self._prenorm(n).copy())
         return np.concatenate(out)
 
@@ -252,9 +251,8 @@ class Eagle3Engine:
         if first + k > len(self._g):
             raise TreeError(f"a draft tree of more than {len(self._g) - 1} decoded nodes; the engine was made for "
                             "fewer")
-        self._activate(seqs.tolist(), k)
-        self.ctx.decode(tokens, np.full(k, self.n_seen - 1 + level, dtype=np.int32), np.ones(k, dtype=np.int8),
-                        seq_ids=seqs, embd=g)
+        self._activate(seqs, k)
+        self.ctx.decode(tokens, self.n_seen - 1 + level, 1, seq_ids=seqs, embd=g)
         self._g[first:first + k] = self._prenorm(k)  # one copy per level
         g_row.update(zip(cand_ids.tolist(), range(first, first + k)))
         return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
