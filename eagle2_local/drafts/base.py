@@ -105,9 +105,9 @@ class TreeSequences:
         """Sequences a tree of ``width`` frontier nodes and ``depth`` levels needs (sequence 0 included)."""
         return 1 + (2 * width if recycle else width * max(1, depth - 1))
 
-    def assign(self, cand_ids: np.ndarray, parent_ids: np.ndarray) -> list[int]:
+    def assign(self, cand_ids: list[int], parent_ids: list[int]) -> list[int]:
         """Give each candidate a fresh sequence holding its parent's path (-1 = the root, sequence 0); returns
-        the sequence ids (a list: each caller's decode and samplers take them as they are)."""
+        the sequence ids. Lists: the engines have them as lists already, and take the ids as they are."""
         k = len(cand_ids)
         if self.pool is not None:
             if k > self.pool:
@@ -122,9 +122,8 @@ class TreeSequences:
             if self._next + k > self.ctx.n_seq_max:
                 raise TreeError("draft tree wider or deeper than the draft context was created for")
             self._next += k
-        self.ctx.seq_cp_many([0 if parent < 0 else self.seq_of[parent] for parent in np.asarray(parent_ids).tolist()],
-                             seqs)
-        self.seq_of.update(zip(np.asarray(cand_ids).tolist(), seqs))
+        self.ctx.seq_cp_many([0 if parent < 0 else self.seq_of[parent] for parent in parent_ids], seqs)
+        self.seq_of.update(zip(cand_ids, seqs))
         return seqs
 
     def forget(self) -> None:

@@ -107,7 +107,7 @@ class DraftModelEngine:
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         k = len(cand_ids)
-        seqs = self.seqs.assign(cand_ids, parent_ids)
+        seqs = self.seqs.assign(cand_ids.tolist(), parent_ids.tolist())
         if self.top_k is not None:
             self.top_k.activate(seqs, k)
         self.ctx.decode(tokens, self.n_read - 1 + level, 1, seq_ids=seqs)

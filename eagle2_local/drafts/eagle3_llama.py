@@ -244,9 +244,10 @@ class Eagle3Engine:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
-        seqs = self.seqs.assign(cand_ids, parent_ids)
+        cands, parents = cand_ids.tolist(), parent_ids.tolist()
+        seqs = self.seqs.assign(cands, parents)
         g_row = self._g_row
-        g = self._g[[g_row[parent] for parent in parent_ids.tolist()]]
+        g = self._g[[g_row[parent] for parent in parents]]
         first = len(g_row)
         if first + k > len(self._g):
             raise TreeError(f"a draft tree of more than {len(self._g) - 1} decoded nodes; the engine was made for "
@@ -254,7 +255,7 @@ class Eagle3Engine:
         self._activate(seqs, k)
         self.ctx.decode(tokens, self.n_seen - 1 + level, 1, seq_ids=seqs, embd=g)
         self._g[first:first + k] = self._prenorm(k)  # one copy per level
-        g_row.update(zip(cand_ids.tolist(), range(first, first + k)))
+        g_row.update(zip(cands, range(first, first + k)))
         return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
