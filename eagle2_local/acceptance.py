@@ -45,13 +45,15 @@ def accept_greedy(tree: DraftTree, logits: np.ndarray, params: SamplingParams | 
     """Longest root path whose tokens equal the target's (penalised) argmax at each parent."""
     if params is not None and params.repeat_penalty != 1.0:
         return _walk(tree, logits, params, history, None)
+    child: dict[tuple[int, int], int] = {}  # (parent, token) -> its first child with that token
+    for i, key in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
+        child.setdefault(key, i)
     node, path = 0, [0]
     while True:
         best = int(np.argmax(logits[node]))  # only the rows on the accepted path are read
-        kids = np.flatnonzero((tree.parents == node) & (tree.tokens == best))
-        if kids.size == 0:
+        node = child.get((node, best))
+        if node is None:
             return Acceptance(np.asarray(path, dtype=np.int64), best)
-        node = int(kids[0])
         path.append(node)
 
 

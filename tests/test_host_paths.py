@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from eagle2_local import llama
+from eagle2_local.acceptance import accept_greedy
 from eagle2_local.llama import Batch
 from eagle2_local.tree import Proposals, ancestor_mask, leaf_membership, node_depths, top_children, verify_layout
 from helpers import random_tree
@@ -95,3 +96,27 @@ def test_batch_puts_each_token_in_its_own_sequence_without_a_mask():
     assert batch.n_seq_id[:4].tolist() == [1, 1, 1, 1] and batch.seq_ids[:4, 0].tolist() == seqs.tolist()
     batch.fill(np.arange(3, dtype=np.int32), np.zeros(3, np.int32), None, None, 5, np.ones(3, np.int8))
     assert batch.seq_ids[:3, 0].tolist() == [5, 5, 5]
+
+
+def test_greedy_acceptance_follows_the_first_child_with_the_targets_token():
+    """The (parent, token) lookup walks the path the per-step scan of the tree walked: the first child in node
+    order whose token is the target's argmax, also where two siblings share a token."""
+    rng = np.random.default_rng(9)
+    deep = 0
+    for _ in range(200):
+        tree = random_tree(rng, 12, int(rng.integers(1, 40)), 6)  # a small vocabulary: siblings share tokens
+        logits = rng.standard_normal((len(tree), 12)).astype(np.float32)
+        follow = rng.random(len(tree) - 1) < 0.5  # raise some children's tokens in their parents' rows
+        logits[tree.parents[1:][follow], tree.tokens[1:][follow]] += 4.0
+        node, path = 0, [0]
+        while True:
+            best = int(np.argmax(logits[node]))
+            kids = np.flatnonzero((tree.parents == node) & (tree.tokens == best))
+            if kids.size == 0:
+                break
+            node = int(kids[0])
+            path.append(node)
+        got = accept_greedy(tree, logits)
+        assert got.path.tolist() == path and got.bonus == best
+        deep += len(path) > 2
+    assert deep > 30, "few paths went past one node: the walk was hardly tested"
