@@ -412,6 +412,58 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
                       np.concatenate(cand_src))
 
 
+# Rows of a drafter that has its candidates as short Python lists (a lookup): per row, tokens and probabilities,
+# best first. expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
+Rows = tuple[list[list[int]], list[list[float]]]
+ExpandRowsFn = Callable[[list[int], list[int], list[int], int], Rows]
+
+
+def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: TreeParams, source: int,
+                        should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
+                        final_tokens: frozenset[int] = frozenset()) -> Candidates:
+    """:func:`grow_candidates` for a drafter whose rows are Python lists (a lookup; every candidate from
+    ``source``): the same candidates in the same order, ranked the same way, grown in plain Python. A lookup's
+    levels are one to three rows of one to three entries, where each of the array path's ~20 numpy calls a level
+    costs more than the rows' own work. Scores are ``math.log`` of the probabilities, as the lookup's
+    :class:`Proposals` are; a probability of 0 is never a candidate (its log is the array path's padding)."""
+    k = params.top_k
+    tok: list[int] = []
+    score: list[float] = []
+    parent: list[int] = []
+    for t, p in zip(root_rows[0][0][:k], root_rows[1][0][:k]):
+        if p > 0.0:
+            tok.append(t)
+            score.append(math.log(p))
+            parent.append(-1)
+    frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
+    levels = 1
+    for level in range(2, params.depth + 1):
+        if level_done is not None:
+            level_done(levels)
+        if not frontier:
+            break
+        if should_expand is not None and not should_expand(np.array(score), np.array([score[i] for i in frontier]),
+                                                           levels):
+            break
+        rows_tok, rows_prob = expand_rows(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier],
+                                          level - 1)
+        first = len(tok)
+        for cand, toks, probs in zip(frontier, rows_tok, rows_prob):
+            base = score[cand]
+            for t, p in zip(toks[:k], probs[:k]):
+                if p > 0.0:
+                    tok.append(t)
+                    score.append(base + math.log(p))
+                    parent.append(cand)
+        best = sorted(range(first, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
+        frontier = [i for i in best if tok[i] not in final_tokens][:k]
+        levels = level
+    if level_done is not None and levels == params.depth:
+        level_done(levels)
+    return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
+                      np.array(parent, dtype=np.int64), levels, np.full(len(tok), source, dtype=np.int8))
+
+
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,
                 total_tokens: int, cand_sources: np.ndarray | None = None) -> DraftTree:
     """Keep the best ``total_tokens - 1`` candidates plus the root, in candidate (= decode) order."""

@@ -18,6 +18,7 @@ Drafting costs a few dictionary lookups per node: the tree budget measures it li
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 import numpy as np
@@ -49,6 +50,10 @@ def _priors(max_n: int) -> np.ndarray:
     rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
     steps = np.maximum(n - 1, 0)
     return np.stack([0.15 + 0.75 * rise, 0.95 - 0.45 * 0.3 ** steps, 0.95 - 0.75 * 0.75 ** steps])
+
+
+def _as_list(values: np.ndarray | list[int]) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 class MatchConfidence:
@@ -304,12 +309,12 @@ class LookupDraft:
         self._extend(np.asarray(tokens)[len(self.index):].tolist())
         return self._continue([[]], [None], [ROOT])
 
-    def expand_rows(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> LookupRows:
-        """:meth:`expand` as Python lists."""
+    def expand_rows(self, cand_ids: np.ndarray | list[int], tokens: np.ndarray | list[int],
+                    parent_ids: np.ndarray | list[int], level: int) -> LookupRows:
+        """:meth:`expand` as Python lists (arrays or lists in)."""
         paths = []
-        cand_ids = np.asarray(cand_ids).tolist()
-        parents = np.asarray(parent_ids).tolist()
-        for cand, tok, parent in zip(cand_ids, np.asarray(tokens).tolist(), parents):
+        cand_ids, parents = _as_list(cand_ids), _as_list(parent_ids)
+        for cand, tok, parent in zip(cand_ids, _as_list(tokens), parents):
             path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
             self._path[cand] = path
             paths.append(path)
@@ -361,22 +366,17 @@ class LookupDraft:
         width = max(1, max(map(len, tokens), default=0))
         flat_tokens: list[int] = []
         flat_probs: list[float] = []
-        padded = False
         for toks, p in zip(tokens, probs):
             pad = width - len(toks)
             flat_tokens += toks
             flat_probs += p
             if pad:
-                padded = True
                 flat_tokens += [0] * pad
                 flat_probs += [0.0] * pad  # 0 pads: its log, -inf, is a proposal's padding
         shape = (len(tokens), width)
-        out_probs = np.array(flat_probs, dtype=np.float64).reshape(shape)
-        if padded:
-            with np.errstate(divide="ignore"):  # one log for all rows
-                log_probs = np.log(out_probs)
-        else:
-            log_probs = np.log(out_probs)
+        # math.log, as tree.grow_row_candidates takes it: the same scores on either path
+        log_probs = np.array([math.log(p) if p > 0.0 else -math.inf for p in flat_probs],
+                             dtype=np.float64).reshape(shape)
         return Proposals.trusted(np.array(flat_tokens, dtype=np.int64).reshape(shape), log_probs,
                                  np.full(shape, LOOKUP, dtype=np.int8), ranked=True)  # continuations rank by count
 
