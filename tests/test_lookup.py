@@ -41,16 +41,20 @@ def test_truncate_undoes_extend_exactly():
 
 
 class UncachedIndex(NgramIndex):
-    """An index that ranks every followers list afresh at every use: the reference for the cached rankings."""
+    """An index that ranks every followers list afresh at every use and searches the text's end afresh from
+    the longest n-gram: the reference for the cached rankings and the bounded, cached tail match."""
 
     def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
         return self._ranked(positions)
 
+    def tail_match(self) -> tuple[int, list[int]] | None:
+        return self.longest_match(self.text)
+
 
 def test_rankings_kept_across_extends_equal_uncached_ones():
-    """Rankings stay cached across extends except for the followers lists a new token joins: an index queried
-    between small extends and truncates (caches warm) proposes and learns exactly what an index that never
-    caches does."""
+    """Rankings stay cached across extends except for the followers lists a new token joins, and the text's end
+    is searched from the previous end's match length + 1: an index queried between small extends and truncates
+    (caches warm) proposes and learns exactly what an index that never caches does."""
     rng = np.random.default_rng(8)
     text = rng.integers(0, 5, 400).tolist()
     index, reference = NgramIndex(max_n=4), UncachedIndex(max_n=4)
@@ -68,6 +72,8 @@ def test_rankings_kept_across_extends_equal_uncached_ones():
             context = text[max(at - cut, 0):at] + [int(rng.integers(0, 5))]
             assert index.continuations(context, 3) == reference.continuations(context, 3)
         assert index.continuations(index.text, 3) == reference.continuations(reference.text, 3)
+        if rng.random() < 0.5:  # the tail's match asked for between extends, or found by the next one
+            assert index.proposed(index.tail_match(), 3) == reference.continuations(reference.text, 3)
     assert np.array_equal(index.confidence.hits, reference.confidence.hits)
     assert np.array_equal(index.confidence.trials, reference.confidence.trials)
 

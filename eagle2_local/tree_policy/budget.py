@@ -155,7 +155,7 @@ class TreeBudget:
         be, so a round taken on this evidence drafts more than its root. A long exact match of a copied span is
         sure before any round has run, and the lookup learned that rate from this text, per kind and length of
         match."""
-        if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape(2):
+        if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape_at(2):
             return 0.0  # even an endless chain at this rate would not pay for verifying one node
         scores = np.log(rate) * np.arange(1, self.max_depth + 1)
         chain = self.acceptance.prob(scores, np.full(len(scores), LOOKUP, dtype=np.int8))
