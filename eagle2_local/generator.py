@@ -423,7 +423,8 @@ class Generator:
         params = TreeParams(min(p.total_tokens, plan.max_nodes, room),
                             min(p.depth, plan.max_depth, room - 1, left - 1), p.top_k)
         deeper = (None if plan.go_deeper is RoundPlan.go_deeper  # the default grows every level: no scores needed
-                  else lambda scores, frontier, levels: plan.go_deeper(scores, frontier, levels, times))
+                  else lambda scores, frontier, levels, sources, frontier_sources:
+                  plan.go_deeper(scores, frontier, levels, times, sources, frontier_sources))
 
         def level_done(levels: int) -> None:
             times.levels.append(self.clock())

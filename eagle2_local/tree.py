@@ -347,8 +347,9 @@ class Candidates:
     sources: np.ndarray | None = None  # which drafter proposed each candidate (MODEL when not given)
 
 
-# should_expand(all candidate scores so far, frontier scores, levels grown) -> grow another level?
-ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int], bool]
+# should_expand(all candidate scores so far, frontier scores, levels grown, the candidates' sources, the frontier's
+# sources) -> grow another level?
+ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray], bool]
 # level_done(levels grown so far): called once after every drafted level (a clock for the caller)
 LevelDoneFn = Callable[[int], None]
 
@@ -378,8 +379,8 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
     if final_tokens is not None:
         frontier = frontier[_open(cand_tok[0], final_tokens)]
     frontier_scores = cand_score[0][frontier]
-    # the frontier's tokens and parents ride along, so no level concatenates all candidates so far
-    frontier_tok, frontier_parent = cand_tok[0][frontier], cand_parent[0][frontier]
+    # the frontier's tokens, parents and sources ride along, so no level concatenates all candidates so far
+    frontier_tok, frontier_parent, frontier_src = cand_tok[0][frontier], cand_parent[0][frontier], cand_src[0][frontier]
     n_cand = len(cand_tok[0])
     levels = 1
     for level in range(2, params.depth + 1):
@@ -387,7 +388,8 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
             level_done(levels)
         if len(frontier) == 0:  # the draft proposed nothing more
             break
-        if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels):
+        if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels,
+                                                           np.concatenate(cand_src), frontier_src):
             break
         tok, lp, src = top_children(expand(frontier, frontier_tok, frontier_parent, level - 1), k)
         cum = (frontier_scores[:, None] + lp).reshape(-1)
@@ -403,7 +405,8 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
         flat_best = flat_best[:k]
         frontier = n_cand + flat_best
         frontier_scores = cand_score[-1][flat_best]
-        frontier_tok, frontier_parent = cand_tok[-1][flat_best], cand_parent[-1][flat_best]
+        frontier_tok, frontier_parent, frontier_src = (cand_tok[-1][flat_best], cand_parent[-1][flat_best],
+                                                       cand_src[-1][flat_best])
         n_cand += len(cand_score[-1])
         levels = level
     if level_done is not None and levels == params.depth:
@@ -443,7 +446,8 @@ def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: Tree
         if not frontier:
             break
         if should_expand is not None and not should_expand(np.array(score), np.array([score[i] for i in frontier]),
-                                                           levels):
+                                                           levels, np.full(len(score), source, dtype=np.int8),
+                                                           np.full(len(frontier), source, dtype=np.int8)):
             break
         rows_tok, rows_prob = expand_rows(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier],
                                           level - 1)

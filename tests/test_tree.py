@@ -143,10 +143,10 @@ def test_level_done_hears_every_level_and_should_expand_only_asks():
     _, expand, _ = fake_draft(1)
     root_logits = np.random.default_rng(2).standard_normal(V)
     done, asked = [], []
-    grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n: asked.append(n) or True, done.append)
+    grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n, *_: asked.append(n) or True, done.append)
     assert done == [1, 2, 3, 4] and asked == [1, 2, 3]
     done, asked = [], []
-    c = grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n: asked.append(n) or n < 2,
+    c = grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n, *_: asked.append(n) or n < 2,
                         done.append)
     assert c.levels == 2 and done == [1, 2] and asked == [1, 2]
 
@@ -191,7 +191,10 @@ def test_row_growth_is_the_array_growth(seed, depth, top_k, stop_at, n_final):
     asked = {"array": [], "rows": []}
 
     def stop(name):
-        return lambda scores, frontier, levels: asked[name].append((scores.tolist(), frontier.tolist())) or levels < stop_at
+        def ask(scores, frontier, levels, sources, frontier_sources):
+            asked[name].append((scores.tolist(), frontier.tolist(), sources.tolist(), frontier_sources.tolist()))
+            return levels < stop_at
+        return ask
 
     done = {"array": [], "rows": []}
     by_array = grow_candidates(lookup.proposals(*root), expand, params, stop("array"), done["array"].append, final)
