@@ -39,7 +39,7 @@ WRAPPED = {  # owner -> functions whose own host time is listed
     backlog.FeatureBacklog: ["take", "restart", "extend"],
     merged: ["merge_proposals", "merge_lookup_rows"],
     tree: ["top_children"],
-    generator: ["accept", "select_tree", "grow_candidates"],
+    generator: ["accept", "select_tree", "grow_candidates", "grow_row_candidates"],
 }
 
 own: collections.defaultdict[str, float] = collections.defaultdict(float)

@@ -10,7 +10,8 @@ side, per drafted node) and, with ``--profile N``, the N functions with the most
 are printed as a checksum so a change to the round can be shown to leave them as they were.
 ``--draft`` names any draft (``lookup``, ``head:h.gguf``, as ``generate --draft``); ``--prompts`` answers the first
 ``--records`` records of a prompt set (each record's first turn) instead of the one chat question, all in one run
-(a lookup must have text to copy from to propose anything). ``--tree-hash`` prints a hash of every selected tree
+(a lookup must have text to copy from to propose anything), each under its record's ``schema`` or ``grammar`` if
+it has one. ``--tree-hash`` prints a hash of every selected tree
 (tokens, parents, score bits, sources): a change that claims to leave the trees as they were can show it.
 ``between_rounds_ms_median``: the host's time from one round's end to the next one's start (emitting the
 tokens, the statistics, the policy's plan and the lookup's evidence for it), which the per-round figure leaves
@@ -70,7 +71,9 @@ def main() -> None:
                     help="fixed trees of --total-tokens nodes (default), or the auto budget up to that many")
     args = ap.parse_args()
     backend_topk.IN_GRAPH_TOP_K = not args.dense
-    prompts = load_prompt_sets([args.prompts], args.records)[0].prompts if args.prompts else [PROMPT]
+    prompt_set = load_prompt_sets([args.prompts], args.records)[0] if args.prompts else None
+    prompts = prompt_set.prompts if prompt_set is not None else [PROMPT]
+    grammars = [prompt_set.grammar(i) if prompt_set is not None else None for i in range(len(prompts))]
     per_round: list[tuple[float, float]] = []  # (draft, verify) host ms of every tree round, for medians
     trees = hashlib.sha256()
     add_round = GenerationStats.add_round
@@ -106,12 +109,12 @@ def main() -> None:
         prof = cProfile.Profile() if args.profile else None
         texts, stats = [], []
         between.clear()
-        for prompt in prompts:
+        for prompt, grammar in zip(prompts, grammars):
             last_done[0] = None
             if prof:
                 prof.enable()
             out = llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
-                                             temperature=0.0)
+                                             temperature=0.0, grammar=grammar)
             if prof:
                 prof.disable()
             texts.append(out["choices"][0]["message"]["content"])

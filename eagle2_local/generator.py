@@ -25,7 +25,7 @@ from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
-from .tree import SOURCE_NAMES, TreeParams, grow_candidates, select_tree
+from .tree import LOOKUP, SOURCE_NAMES, TreeParams, grow_candidates, grow_row_candidates, select_tree
 from .tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
 
 log = logging.getLogger(__name__)
@@ -419,15 +419,22 @@ class Generator:
         # draft: catch up on the new text (the root last), grow levels while the plan says they pay, re-rank
         features = (None, 0) if free_only else self.backlog.take()
         text = np.asarray(self.tokens + [root])  # one conversion of the whole text a round: the draft's and accept's
-        root_out = engine.catch_up(text, *features)
         p = self.tree_params
         params = TreeParams(min(p.total_tokens, plan.max_nodes, room),
                             min(p.depth, plan.max_depth, room - 1, left - 1), p.top_k)
         deeper = (None if plan.go_deeper is RoundPlan.go_deeper  # the default grows every level: no scores needed
-                  else lambda scores, frontier, levels: plan.go_deeper(scores, frontier, levels, times))
-        cands = grow_candidates(root_out, engine.expand, params, should_expand=deeper,
-                                level_done=lambda levels: times.levels.append(self.clock()),
-                                final_tokens=self._final)
+                  else lambda scores, frontier, levels, sources, frontier_sources:
+                  plan.go_deeper(scores, frontier, levels, times, sources, frontier_sources))
+
+        def level_done(levels: int) -> None:
+            times.levels.append(self.clock())
+
+        if isinstance(engine, LookupDraft):  # rows of Python lists: the tree grows without numpy per level
+            cands = grow_row_candidates(engine.catch_up_rows(text), engine.expand_rows, params, LOOKUP,
+                                        should_expand=deeper, level_done=level_done, final_tokens=self.stop_tokens)
+        else:
+            cands = grow_candidates(engine.catch_up(text, *features), engine.expand, params, should_expand=deeper,
+                                    level_done=level_done, final_tokens=self._final)
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()

@@ -349,8 +349,9 @@ class Candidates:
     sources: np.ndarray | None = None  # which drafter proposed each candidate (MODEL when not given)
 
 
-# should_expand(all candidate scores so far, frontier scores, levels grown) -> grow another level?
-ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int], bool]
+# should_expand(all candidate scores so far, frontier scores, levels grown, the candidates' sources, the frontier's
+# sources) -> grow another level?
+ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray], bool]
 # level_done(levels grown so far): called once after every drafted level (a clock for the caller)
 LevelDoneFn = Callable[[int], None]
 
@@ -380,8 +381,8 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
     if final_tokens is not None:
         frontier = frontier[_open(cand_tok[0], final_tokens)]
     frontier_scores = cand_score[0][frontier]
-    # the frontier's tokens and parents ride along, so no level concatenates all candidates so far
-    frontier_tok, frontier_parent = cand_tok[0][frontier], cand_parent[0][frontier]
+    # the frontier's tokens, parents and sources ride along, so no level concatenates all candidates so far
+    frontier_tok, frontier_parent, frontier_src = cand_tok[0][frontier], cand_parent[0][frontier], cand_src[0][frontier]
     n_cand = len(cand_tok[0])
     levels = 1
     for level in range(2, params.depth + 1):
@@ -389,7 +390,8 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
             level_done(levels)
         if len(frontier) == 0:  # the draft proposed nothing more
             break
-        if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels):
+        if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels,
+                                                           np.concatenate(cand_src), frontier_src):
             break
         tok, lp, src = top_children(expand(frontier, frontier_tok, frontier_parent, level - 1), k)
         cum = (frontier_scores[:, None] + lp).reshape(-1)
@@ -405,13 +407,67 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
         flat_best = flat_best[:k]
         frontier = n_cand + flat_best
         frontier_scores = cand_score[-1][flat_best]
-        frontier_tok, frontier_parent = cand_tok[-1][flat_best], cand_parent[-1][flat_best]
+        frontier_tok, frontier_parent, frontier_src = (cand_tok[-1][flat_best], cand_parent[-1][flat_best],
+                                                       cand_src[-1][flat_best])
         n_cand += len(cand_score[-1])
         levels = level
     if level_done is not None and levels == params.depth:
         level_done(levels)
     return Candidates(np.concatenate(cand_tok), np.concatenate(cand_score), np.concatenate(cand_parent), levels,
                       np.concatenate(cand_src))
+
+
+# Rows of a drafter that has its candidates as short Python lists (a lookup): per row, tokens and probabilities,
+# best first. expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
+Rows = tuple[list[list[int]], list[list[float]]]
+ExpandRowsFn = Callable[[list[int], list[int], list[int], int], Rows]
+
+
+def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: TreeParams, source: int,
+                        should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
+                        final_tokens: frozenset[int] = frozenset()) -> Candidates:
+    """:func:`grow_candidates` for a drafter whose rows are Python lists (a lookup; every candidate from
+    ``source``): the same candidates in the same order, ranked the same way, grown in plain Python. A lookup's
+    levels are one to three rows of one to three entries, where each of the array path's ~20 numpy calls a level
+    costs more than the rows' own work. Scores are ``math.log`` of the probabilities, as the lookup's
+    :class:`Proposals` are; a probability of 0 is never a candidate (its log is the array path's padding)."""
+    k = params.top_k
+    tok: list[int] = []
+    score: list[float] = []
+    parent: list[int] = []
+    for t, p in zip(root_rows[0][0][:k], root_rows[1][0][:k]):
+        if p > 0.0:
+            tok.append(t)
+            score.append(math.log(p))
+            parent.append(-1)
+    frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
+    levels = 1
+    for level in range(2, params.depth + 1):
+        if level_done is not None:
+            level_done(levels)
+        if not frontier:
+            break
+        if should_expand is not None and not should_expand(np.array(score), np.array([score[i] for i in frontier]),
+                                                           levels, np.full(len(score), source, dtype=np.int8),
+                                                           np.full(len(frontier), source, dtype=np.int8)):
+            break
+        rows_tok, rows_prob = expand_rows(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier],
+                                          level - 1)
+        first = len(tok)
+        for cand, toks, probs in zip(frontier, rows_tok, rows_prob):
+            base = score[cand]
+            for t, p in zip(toks[:k], probs[:k]):
+                if p > 0.0:
+                    tok.append(t)
+                    score.append(base + math.log(p))
+                    parent.append(cand)
+        best = sorted(range(first, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
+        frontier = [i for i in best if tok[i] not in final_tokens][:k]
+        levels = level
+    if level_done is not None and levels == params.depth:
+        level_done(levels)
+    return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
+                      np.array(parent, dtype=np.int64), levels, np.full(len(tok), source, dtype=np.int8))
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

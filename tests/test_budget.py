@@ -85,6 +85,16 @@ def test_deeper_levels_only_when_they_can_pay():
     assert not deeper_can_pay(p, frontier_mass=0.0, draft_s=0.001, levels_left=4, costs=flat(), max_nodes=60)
 
 
+def test_a_bushy_weak_frontier_is_not_grown_on_a_steep_curve():
+    """Ten lookup continuations at 0.07 each have the mass of one sure one (0.7), but each costs a verify slot
+    for 0.07 tokens: on a steep curve no deeper tree of them can pay, while one sure continuation can (levels
+    free, as a lookup's). Bounding by the mass alone would grow the weak frontier for nothing."""
+    p = np.array([0.3])
+    assert not deeper_can_pay(p, 0.7, 0.0, 6, steep(), 60, level_s=0.0, frontier_best=0.07)
+    assert deeper_can_pay(p, 0.7, 0.0, 6, steep(), 60, level_s=0.0)  # the mass-only bound
+    assert deeper_can_pay(p, 0.7, 0.0, 6, steep(), 60, level_s=0.0, frontier_best=0.7)
+
+
 def test_budget_go_deeper_and_size_read_the_round_times():
     budget = TreeBudget(flat(), max_nodes=60, max_depth=6)
     plan = budget.tree_plan()
@@ -364,7 +374,7 @@ def test_a_flat_cost_model_learns_and_trees_stop():
     world = World()
     flat_costs = CostModel(SIZES, [world.plain_s * (1 + 0.001 * n) for n in SIZES], 0.0001, 0.0001)
     budget, tally = run_budget(flat_costs, world, rounds=1000)
-    assert budget.guard.trips >= 1 and budget.trees_losing()
+    assert budget.trees_losing()  # both measures: the modelled gain and the realised one (or the guard)
     assert sum(tally.tree_rounds[:30]) <= 12 and tally.tree_share(100) < 0.01
     assert tally.rate(100) >= 0.95 / world.plain_s
 

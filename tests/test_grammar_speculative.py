@@ -124,6 +124,10 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
             sizes.append(len(allowed))
         state.accept(tok)
     assert 1 in sizes and max(sizes) > 2
+    letters = Grammar('root ::= [a-z]+').state(model)  # none of the first roots (punctuation, digits) allowed
+    assert forest.allowed_set(letters)[0] is None and len(np.flatnonzero(letters.mask())) > 6
+    digit = Grammar('root ::= [7]').state(model)
+    assert forest.allowed_set(digit)[0].tolist() == np.flatnonzero(digit.mask()).tolist()
     draft = ForcedDraft(forest)
     fresh = Grammar('root ::= "likes_tea"').state(model)
     row = draft.propose([fresh], [-1])
@@ -138,7 +142,7 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
     picked = draft.propose([branching], [-1])
     assert model.token_bytes(int(picked.tokens[0, 0])) == b"y"
     assert picked.log_probs[0, 0] > np.log(0.9)  # one earlier pick is a habit: a key's forced run can pay at once
-    for s in (state, fresh, branching):
+    for s in (state, fresh, branching, letters, digit):
         s.close()
     model.close()
 

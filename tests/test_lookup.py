@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -40,16 +41,20 @@ def test_truncate_undoes_extend_exactly():
 
 
 class UncachedIndex(NgramIndex):
-    """An index that ranks every followers list afresh at every use: the reference for the cached rankings."""
+    """An index that ranks every followers list afresh at every use and searches the text's end afresh from
+    the longest n-gram: the reference for the cached rankings and the bounded, cached tail match."""
 
     def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
         return self._ranked(positions)
 
+    def tail_match(self) -> tuple[int, list[int]] | None:
+        return self.longest_match(self.text)
+
 
 def test_rankings_kept_across_extends_equal_uncached_ones():
-    """Rankings stay cached across extends except for the followers lists a new token joins: an index queried
-    between small extends and truncates (caches warm) proposes and learns exactly what an index that never
-    caches does."""
+    """Rankings stay cached across extends except for the followers lists a new token joins, and the text's end
+    is searched from the previous end's match length + 1: an index queried between small extends and truncates
+    (caches warm) proposes and learns exactly what an index that never caches does."""
     rng = np.random.default_rng(8)
     text = rng.integers(0, 5, 400).tolist()
     index, reference = NgramIndex(max_n=4), UncachedIndex(max_n=4)
@@ -67,6 +72,8 @@ def test_rankings_kept_across_extends_equal_uncached_ones():
             context = text[max(at - cut, 0):at] + [int(rng.integers(0, 5))]
             assert index.continuations(context, 3) == reference.continuations(context, 3)
         assert index.continuations(index.text, 3) == reference.continuations(reference.text, 3)
+        if rng.random() < 0.5:  # the tail's match asked for between extends, or found by the next one
+            assert index.proposed(index.tail_match(), 3) == reference.continuations(reference.text, 3)
     assert np.array_equal(index.confidence.hits, reference.confidence.hits)
     assert np.array_equal(index.confidence.trials, reference.confidence.trials)
 
@@ -447,7 +454,7 @@ def test_lookup_tree_levels_equal_unbounded_lookups():
         for context, toks_row, lp_row in zip(contexts, got_tokens, got_lp):
             toks, probs = reference.continuations(context, 4)
             assert toks_row[:len(toks)].tolist() == toks
-            assert np.array_equal(lp_row[:len(toks)], np.log(probs))
+            assert np.array_equal(lp_row[:len(toks)], [math.log(p) for p in probs])  # the lookup takes math.log
             assert np.isneginf(lp_row[len(toks):]).all()
             assert (lp_row[:-1] >= lp_row[1:]).all()  # best first, as ranked=True tells the tree
     assert all(r.ranked for r in rows)

@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle2_local.errors import TreeError
-from eagle2_local.tree import (DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates, leaf_membership,
-                               log_softmax, node_depths, select_tree, tree_leaves)
+from eagle2_local.drafts.lookup import LookupDraft
+from eagle2_local.tree import (LOOKUP, DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates,
+                               grow_row_candidates, leaf_membership, log_softmax, node_depths, select_tree,
+                               tree_leaves)
 from helpers import path_to
 
 V = 50
@@ -141,12 +143,83 @@ def test_level_done_hears_every_level_and_should_expand_only_asks():
     _, expand, _ = fake_draft(1)
     root_logits = np.random.default_rng(2).standard_normal(V)
     done, asked = [], []
-    grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n: asked.append(n) or True, done.append)
+    grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n, *_: asked.append(n) or True, done.append)
     assert done == [1, 2, 3, 4] and asked == [1, 2, 3]
     done, asked = [], []
-    c = grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n: asked.append(n) or n < 2,
+    c = grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n, *_: asked.append(n) or n < 2,
                         done.append)
     assert c.levels == 2 and done == [1, 2] and asked == [1, 2]
+
+
+def _same_candidates(a, b) -> None:
+    assert a.levels == b.levels
+    for name in ("tokens", "scores", "parents", "sources"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and np.array_equal(x, y), name  # scores bit for bit
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 8), top_k=st.integers(1, 4),
+       stop_at=st.integers(1, 9), n_final=st.integers(0, 3))
+def test_row_growth_is_the_array_growth(seed, depth, top_k, stop_at, n_final):
+    """Rows of Python lists (a lookup's) grow exactly the candidates their :class:`Proposals` grow: the same
+    tokens, parents, sources, levels and scores bit for bit, with ties (few distinct probabilities), rows longer
+    than top_k, empty rows, zero probabilities, end-of-generation tokens and a should_expand that stops."""
+    rng = np.random.default_rng(seed)
+    table = {}  # (token, level) -> its row, drawn once
+
+    def row(token: int, level: int) -> tuple[list[int], list[float]]:
+        if (token, level) not in table:
+            width = int(rng.integers(0, 6))
+            toks = rng.choice(12, size=width, replace=False).tolist()
+            probs = sorted(rng.choice([0.0, 0.1, 0.25, 0.5, 0.9], size=width).tolist(), reverse=True)
+            table[token, level] = (toks, probs)
+        return table[token, level]
+
+    def expand_rows(cand_ids, tokens, parent_ids, level):
+        rows = [row(int(t), level) for t in tokens]
+        return [r[0] for r in rows], [r[1] for r in rows]
+
+    lookup = LookupDraft()
+
+    def expand(cand_ids, tokens, parent_ids, level):
+        return lookup.proposals(*expand_rows(cand_ids, tokens, parent_ids, level))
+
+    root = ([[0, 1, 2, 3, 4][: 1 + seed % 5]], [[0.9, 0.5, 0.5, 0.1, 0.0][: 1 + seed % 5]])
+    final = rng.choice(12, size=n_final, replace=False)
+    params = TreeParams(60, depth, top_k)
+    asked = {"array": [], "rows": []}
+
+    def stop(name):
+        def ask(scores, frontier, levels, sources, frontier_sources):
+            asked[name].append((scores.tolist(), frontier.tolist(), sources.tolist(), frontier_sources.tolist()))
+            return levels < stop_at
+        return ask
+
+    done = {"array": [], "rows": []}
+    by_array = grow_candidates(lookup.proposals(*root), expand, params, stop("array"), done["array"].append, final)
+    by_rows = grow_row_candidates(root, expand_rows, params, LOOKUP, stop("rows"), done["rows"].append,
+                                  frozenset(final.tolist()))
+    _same_candidates(by_array, by_rows)
+    assert asked["array"] == asked["rows"] and done["array"] == done["rows"]
+
+
+def test_lookup_rows_grow_the_lookups_own_tree():
+    """A real lookup over a repetitive text: its list rows and its proposals give the same candidates."""
+    text = [5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 5, 6, 7, 8, 3, 5, 6]
+    params = TreeParams(16, 6, 4)
+    grown = []
+    for rows in (True, False):
+        lookup = LookupDraft()
+        lookup.begin_answer(10)
+        if rows:
+            grown.append(grow_row_candidates(lookup.catch_up_rows(np.array(text)), lookup.expand_rows, params,
+                                             LOOKUP))
+        else:
+            grown.append(grow_candidates(lookup.catch_up(np.array(text)), lookup.expand, params))
+    _same_candidates(*grown)
+    # "5 6" went on as 7 each time, then as 8, 1 and 8: one sure child, and three branches below it
+    assert grown[0].tokens[:3].tolist() == [7, 8, 1] and grown[0].parents[:3].tolist() == [-1, 0, 0]
 
 
 def test_tree_params_validation():

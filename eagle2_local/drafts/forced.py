@@ -28,6 +28,7 @@ from ..llama import LlamaModel
 from ..tree import FORCED, Proposals
 
 MAX_FIRST = 6  # more allowed roots than this: nothing is forced here
+FIRST_LOOK = 32  # roots checked first: more than MAX_FIRST of them allowed settles it (the rest go unchecked)
 MAX_CHECKED = 4096  # a search that would check more tokens than this gives up (not a forced spot)
 CHAIN_PRIOR = 0.6  # the probability given to the longest token of a chain of allowed tokens not met before
 # a tenth of an unseen choice's worth of doubt beside the target's earlier picks among the same allowed set: the
@@ -78,7 +79,12 @@ class VocabForest:
         """Every token ``state`` allows, if few (None: more than :data:`MAX_FIRST` first steps or
         :data:`MAX_CHECKED` checks, i.e. the grammar forces nothing here), and the last one found at the deepest
         level of the search (a longest allowed token)."""
-        level = self.roots[state.allowed(self.roots)]
+        head = self.roots[:FIRST_LOOK]  # free text allows most of any few roots: one small call tells it
+        allowed = head[state.allowed(head)]
+        if len(allowed) > MAX_FIRST:
+            return None, -1
+        rest = self.roots[FIRST_LOOK:]
+        level = np.concatenate([allowed, rest[state.allowed(rest)]]) if len(rest) else allowed
         if len(level) > MAX_FIRST:
             return None, -1
         found, checked = [level], len(self.roots)

@@ -18,6 +18,7 @@ Drafting costs a few dictionary lookups per node: the tree budget measures it li
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 import numpy as np
@@ -51,6 +52,10 @@ def _priors(max_n: int) -> np.ndarray:
     return np.stack([0.15 + 0.75 * rise, 0.95 - 0.45 * 0.3 ** steps, 0.95 - 0.75 * 0.75 ** steps])
 
 
+def _as_list(values: np.ndarray | list[int]) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else values
+
+
 class MatchConfidence:
     """Per kind of match (:data:`PROMPT`, :data:`COPY`, :data:`REPEAT`) and match length n: the rate at which
     the top continuation of such a match was the next token.
@@ -66,9 +71,10 @@ class MatchConfidence:
         self.trials = np.tile(weight, (3, 1))
         self.hits = weight * _priors(max_n)
         self.max_count = max_count
+        self._rates = (self.hits / self.trials).tolist()  # read per drafted node: Python floats, no numpy call
 
     def rate(self, n: int, kind: int = PROMPT) -> float:
-        return float(self.hits[kind, n] / self.trials[kind, n])
+        return self._rates[kind][n]
 
     def observe(self, n: int, hit: bool, kind: int = PROMPT) -> None:
         self.trials[kind, n] += 1.0
@@ -77,6 +83,7 @@ class MatchConfidence:
             scale = self.max_count / self.trials[kind, n]
             self.trials[kind, n] *= scale
             self.hits[kind, n] *= scale
+        self._rates[kind][n] = float(self.hits[kind, n] / self.trials[kind, n])
 
 
 class NgramIndex:
@@ -95,6 +102,7 @@ class NgramIndex:
         self._ranked_of: dict[int, list[tuple[int, int]]] = {}  # id of a followers list -> its ranking
         self.last_match = 0  # match length of the last continuations() call
         self.copy_misses: list[Divergence] = []  # long copies of the prompt that missed, since last read
+        self._forget_tail()
 
     def __len__(self) -> int:
         return len(self.text)
@@ -106,6 +114,21 @@ class NgramIndex:
         self.confidence = MatchConfidence(self.max_n)
         self.answer_from = 1 << 62
         self.copy_misses = []
+        self._forget_tail()
+
+    def _forget_tail(self, bound: int | None = None) -> None:
+        """The text's end changed: its longest match is unknown (``bound``: at most this long)."""
+        self._tail: tuple[int, list[int]] | None = None
+        self._tail_known = False
+        self._tail_bound = bound
+
+    def tail_match(self) -> tuple[int, list[int]] | None:
+        """:meth:`longest_match` of the whole text, what predicts its next token: found once per text (the
+        round's evidence, its root and the next token's score all ask for it), starting at the previous
+        text's match length + 1."""
+        if not self._tail_known:
+            self._tail, self._tail_known = self.longest_match(self.text, self._tail_bound), True
+        return self._tail
 
     def kind(self, at: int, positions: list[int]) -> int:
         """What a match predicting position ``at`` is evidence of: :data:`PROMPT` inside the prompt, else
@@ -121,23 +144,26 @@ class NgramIndex:
         Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
         position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
         for tok in (int(t) for t in tokens):
-            match = self.longest_match(self.text) if score else None
-            if match is not None:
+            match = self.tail_match() if score else self._tail if self._tail_known else None
+            if match is not None and score:
                 n, positions = match
                 kind, hit = self.kind(len(self.text), positions), self.ranked(positions)[0][0] == tok
                 self.confidence.observe(n, hit, kind)
                 if not hit and kind == COPY and n >= LONG_COPY:
                     self.copy_misses.append(Divergence(positions[-1], len(self.text)))
+            bound = (match[0] + 1 if match is not None else 1) if self._tail_known else None
             j = len(self.text)
             self.text.append(tok)
             for n in range(1, min(self.max_n, j) + 1):
                 positions = self._next.setdefault(tuple(self.text[j - n:j]), [])
                 positions.append(j)
                 self._ranked_of.pop(id(positions), None)
+            self._forget_tail(bound)
 
     def truncate(self, n_tokens: int) -> None:
         """Forget every token from ``n_tokens`` on (the learned confidences stay: they describe the text's kind)."""
         self._ranked_of.clear()
+        self._forget_tail()
         while len(self.text) > n_tokens:
             j = len(self.text) - 1
             for n in range(1, min(self.max_n, j) + 1):
@@ -182,7 +208,10 @@ class NgramIndex:
         lists: this runs for every node of every tree level, where a few small numpy arrays per node cost more
         than the lookup itself. ``at_most``: a bound on the match length (:meth:`longest_match`); the length
         found is :attr:`last_match` (0: none)."""
-        match = self.longest_match(context, at_most)
+        return self.proposed(self.longest_match(context, at_most), max_branches)
+
+    def proposed(self, match: tuple[int, list[int]] | None, max_branches: int) -> tuple[list[int], list[float]]:
+        """:meth:`continuations` of a match found already (:meth:`longest_match`, :meth:`tail_match`)."""
         self.last_match = match[0] if match is not None else 0
         if match is None:
             return [], []
@@ -304,12 +333,12 @@ class LookupDraft:
         self._extend(np.asarray(tokens)[len(self.index):].tolist())
         return self._continue([[]], [None], [ROOT])
 
-    def expand_rows(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> LookupRows:
-        """:meth:`expand` as Python lists."""
+    def expand_rows(self, cand_ids: np.ndarray | list[int], tokens: np.ndarray | list[int],
+                    parent_ids: np.ndarray | list[int], level: int) -> LookupRows:
+        """:meth:`expand` as Python lists (arrays or lists in)."""
         paths = []
-        cand_ids = np.asarray(cand_ids).tolist()
-        parents = np.asarray(parent_ids).tolist()
-        for cand, tok, parent in zip(cand_ids, np.asarray(tokens).tolist(), parents):
+        cand_ids, parents = _as_list(cand_ids), _as_list(parent_ids)
+        for cand, tok, parent in zip(cand_ids, _as_list(tokens), parents):
             path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
             self._path[cand] = path
             paths.append(path)
@@ -335,8 +364,11 @@ class LookupDraft:
         tail = index.text[-index.max_n:]
         tokens, probs, found = [], [], []
         for path, parent, cand in zip(paths, parents, cand_ids):
-            bound = None if parent is None else matches.get(ROOT if parent < 0 else parent, index.max_n) + 1
-            toks, p = index.continuations(tail + path, width, bound)
+            if parent is None and not path:  # the text's own end
+                toks, p = index.proposed(index.tail_match(), width)
+            else:
+                bound = None if parent is None else matches.get(ROOT if parent < 0 else parent, index.max_n) + 1
+                toks, p = index.continuations(tail + path, width, bound)
             tokens.append(toks)
             probs.append(p)
             found.append(index.last_match)
@@ -361,22 +393,17 @@ class LookupDraft:
         width = max(1, max(map(len, tokens), default=0))
         flat_tokens: list[int] = []
         flat_probs: list[float] = []
-        padded = False
         for toks, p in zip(tokens, probs):
             pad = width - len(toks)
             flat_tokens += toks
             flat_probs += p
             if pad:
-                padded = True
                 flat_tokens += [0] * pad
                 flat_probs += [0.0] * pad  # 0 pads: its log, -inf, is a proposal's padding
         shape = (len(tokens), width)
-        out_probs = np.array(flat_probs, dtype=np.float64).reshape(shape)
-        if padded:
-            with np.errstate(divide="ignore"):  # one log for all rows
-                log_probs = np.log(out_probs)
-        else:
-            log_probs = np.log(out_probs)
+        # math.log, as tree.grow_row_candidates takes it: the same scores on either path
+        log_probs = np.array([math.log(p) if p > 0.0 else -math.inf for p in flat_probs],
+                             dtype=np.float64).reshape(shape)
         return Proposals.trusted(np.array(flat_tokens, dtype=np.int64).reshape(shape), log_probs,
                                  np.full(shape, LOOKUP, dtype=np.int8), ranked=True)  # continuations rank by count
 

@@ -87,13 +87,15 @@ class RoundTimes:
         return self.done - self.drafted - self.llama_verify_s
 
 
-# go_deeper(candidate scores so far, frontier scores, levels grown, the round's times) -> grow another level?
-GoDeeperFn = Callable[[np.ndarray, np.ndarray, int, RoundTimes], bool]
+# go_deeper(candidate scores so far, frontier scores, levels grown, the round's times[, the candidates' sources, the
+# frontier's sources]) -> grow another level?
+GoDeeperFn = Callable[..., bool]
 # size(candidate scores, the round's times, their sources or None) -> nodes to verify, root included
 SizeFn = Callable[[np.ndarray, RoundTimes, "np.ndarray | None"], int]
 
 
-def _always(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels: int, times: RoundTimes) -> bool:
+def _always(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels: int, times: RoundTimes,
+            sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
     return True  # the tree builder stops at the plan's depth
 
 

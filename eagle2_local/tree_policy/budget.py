@@ -155,7 +155,7 @@ class TreeBudget:
         be, so a round taken on this evidence drafts more than its root. A long exact match of a copied span is
         sure before any round has run, and the lookup learned that rate from this text, per kind and length of
         match."""
-        if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape(2):
+        if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape_at(2):
             return 0.0  # even an endless chain at this rate would not pay for verifying one node
         scores = np.log(rate) * np.arange(1, self.max_depth + 1)
         chain = self.acceptance.prob(scores, np.full(len(scores), LOOKUP, dtype=np.int8))
@@ -233,8 +233,8 @@ class TreeBudget:
         on today's verify costs (while growing, when sources are unknown, the lookups' map: a forced node's
         score 0 falls in its own bin)."""
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=True,
-                         go_deeper=lambda cands, frontier, levels, times: self._deeper(cands, frontier, levels, 0.0,
-                                                                                       LOOKUP_ROUND),
+                         go_deeper=lambda cands, frontier, levels, times, sources=None, frontier_sources=None:
+                         self._deeper(cands, frontier, levels, 0.0, LOOKUP_ROUND, sources, frontier_sources),
                          size=lambda cands, times, sources=None: self._size(cands, sources, 0.0, LOOKUP_ROUND),
                          unasked=True)
 
@@ -262,9 +262,12 @@ class TreeBudget:
         return self.acceptance.prob(scores, sources)
 
     def go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
-                  times: RoundTimes) -> bool:
-        """Is another level worth its cost? A question: asking changes nothing."""
-        return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times), self._kind)
+                  times: RoundTimes, sources: np.ndarray | None = None,
+                  frontier_sources: np.ndarray | None = None) -> bool:
+        """Is another level worth its cost? A question: asking changes nothing. ``sources``: the candidates'
+        drafters (None: all the round kind's own), so each is valued by its own map as the round's size will be."""
+        return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times), self._kind,
+                            sources, frontier_sources)
 
     def best_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
         """Nodes to verify (root included) among the candidates, taken in the tree's order (best score first),
@@ -272,14 +275,17 @@ class TreeBudget:
         return self._size(cand_scores, sources, self._draft_so_far(times), self._kind)
 
     def _deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, draft_s: float,
-                kind: int) -> bool:
+                kind: int, sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
         """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself?"""
         if levels_done >= self.max_depth:
             return False
-        p = np.sort(self._probs(cand_scores, None, kind))[::-1]
-        frontier_mass = float(self._probs(frontier_scores, None, kind).sum())
-        return deeper_can_pay(p, frontier_mass, draft_s, self.max_depth - levels_done, self.costs, self.max_nodes,
-                              level_s=0.0 if kind == LOOKUP_ROUND else None)
+        p = np.sort(self._probs(cand_scores, sources, kind))[::-1]
+        frontier = self._probs(frontier_scores, frontier_sources, kind)
+        if not len(frontier):
+            return False
+        return deeper_can_pay(p, float(frontier.sum()), draft_s, self.max_depth - levels_done, self.costs,
+                              self.max_nodes, level_s=0.0 if kind == LOOKUP_ROUND else None,
+                              frontier_best=float(frontier.max()))
 
     def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int) -> int:
         """The best node count of a ``kind`` round drafted in ``draft_s``, candidates in the tree's order."""

@@ -96,6 +96,7 @@ class CostModel:
         self._level_rel = _median(self._level) if self._level else self.draft_level_s / self.plain_cal
         self._token_rel = (_median(self._token) if self._token else self._root_rel if self.draft_token_s is None
                            else self.draft_token_s / self.plain_cal)
+        self._shape_of: dict[int, float] = {}
         self._refresh_plain()
 
     def _refresh_plain(self) -> None:
@@ -118,6 +119,14 @@ class CostModel:
         out = np.interp(n_arr, self._xs, self._shape)
         out = np.where(n_arr > self._xs[-1], self._shape[-1] + self._slope * (n_arr - self._xs[-1]), out)
         return float(out) if np.ndim(out) == 0 else out
+
+    def shape_at(self, n: int) -> float:
+        """:meth:`shape` of one size, kept until the shape moves (asked at every plain step; the shape moves
+        only when a tree round is observed)."""
+        out = self._shape_of.get(n)
+        if out is None:
+            out = self._shape_of[n] = float(self.shape(n))
+        return out
 
     def calibrated_shape(self, n: int) -> float:
         """Verifying n nodes in plain steps as the calibration measured it (sanitised, no online correction)."""

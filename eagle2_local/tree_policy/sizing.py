@@ -109,23 +109,32 @@ def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes:
 
 
 def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, levels_left: int,
-                   costs: CostModel, max_nodes: int, level_s: float | None = None) -> bool:
+                   costs: CostModel, max_nodes: int, level_s: float | None = None,
+                   frontier_best: float | None = None) -> bool:
     """Could one or more further levels beat the best tree available now?
 
-    A level's nodes are children of the frontier, and children's path probabilities sum to at most their
-    parent's, so j more levels add at most ``j * frontier_mass`` expected tokens. That optimistic gain, at
-    the cost of j more draft levels plus verifying the larger tree, is compared with the best rate now.
-    ``level_s``: a level's draft time (default: the cost model's; 0 for lookup branches).
+    New nodes descend from the frontier: a node's path probability is at most its frontier ancestor's
+    (``frontier_best`` at most; default ``frontier_mass``) and a level's sum at most the frontier's, so k new
+    nodes over j more levels add at most ``min(k * frontier_best, j * frontier_mass)`` expected tokens. That
+    optimistic gain, over the best n current nodes plus the k new ones verified, at the cost of j more draft
+    levels, is compared with the best rate now: a bushy frontier of unlikely nodes (lookups' many weak
+    continuations) has mass, but each of its nodes costs a verify slot for little.
+    ``level_s``: a level's draft time (default: the cost model's; 0 for lookup branches, where more levels
+    cost nothing, so only the deepest bound need be checked).
     """
     level_s = costs.draft_level_now if level_s is None else level_s
+    best = frontier_mass if frontier_best is None else min(frontier_best, frontier_mass)
+    if best <= 0.0:
+        return False
     _, now = best_size(p_sorted, draft_s, costs, max_nodes)
     m = min(len(p_sorted), max_nodes - 1)
-    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])
-    expected = np.concatenate([expected, np.full(max(max_nodes - len(expected), 0), expected[-1])])
-    n = np.arange(1, len(expected) + 1)
-    verify = costs.verify_s(n)
-    for j in range(1, levels_left + 1):
-        bound = (expected + j * frontier_mass) / (draft_s + j * level_s + verify)
-        if float(bound.max()) > now:
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])  # the best n current nodes, n = 1..m+1
+    total = np.arange(1, max_nodes + 1)  # nodes verified: n current + k new
+    new = total[None, :] - np.arange(1, len(expected) + 1)[:, None]  # k, per (n, total); < 0: impossible
+    new_best = np.where(new >= 0, new * best, -np.inf)
+    verify = costs.verify_s(total)
+    for j in range(levels_left if level_s == 0.0 else 1, levels_left + 1):
+        value = (expected[:, None] + np.minimum(new_best, j * frontier_mass)).max(axis=0)
+        if float((value / (draft_s + j * level_s + verify)).max()) > now:
             return True
     return False
