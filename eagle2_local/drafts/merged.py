@@ -12,6 +12,8 @@ the accepted path, as it would without the lookup.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..tree import BOTH, LOOKUP, DraftOutput, Proposals
@@ -39,23 +41,13 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
 
 def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -> Proposals:
     """:func:`merge_proposals` of ``model`` and the lookup's rows as it returns them (Python lists), without
-    building the lookup's arrays first: one ``np.log`` for all its probabilities, the same values as the
-    lookup's own."""
+    building the lookup's arrays first: each probability's ``math.log``, the value the lookup's own proposals
+    hold (a probability of 0 is their padding, never an entry)."""
     tokens, probs = rows
     if not _is_top_k(model):
         return _merge_general(model, lookup.proposals(tokens, probs))
-    flat_probs = [p for row in probs for p in row]
-    if not flat_probs:
-        return model
-    with np.errstate(divide="ignore"):
-        log_probs = np.log(flat_probs).tolist()
-    entries: dict[int, list[tuple[int, float, int]]] = {}
-    first = 0
-    for r, row in enumerate(tokens):
-        if row:
-            entries[r] = [(tok, lp, LOOKUP) for tok, lp in zip(row, log_probs[first:first + len(row)])
-                          if lp != -np.inf]
-            first += len(row)
+    entries = {r: [(tok, math.log(p), LOOKUP) for tok, p in zip(row, row_probs) if p > 0.0]
+               for r, (row, row_probs) in enumerate(zip(tokens, probs)) if row}
     return _merge_into_top_k(model, entries)
 
 
