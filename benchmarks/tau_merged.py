@@ -47,16 +47,19 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--drafts", default=",".join(DRAFTS), help="which of model, lookup, merged to run")
     args = ap.parse_args()
+    drafts = args.drafts.split(",")
     model_draft = ({"draft_model_path": args.draft_model} if args.draft_model else
                    {"head_path": args.head} if args.head else {})
     for prompt_set in load_prompt_sets(args.prompts, args.records):
         for size in (int(s) for s in args.sizes.split(",")):
             taus = {which: tau_of(args.model, model_draft, which, size, args.depth, args.threads,
-                                  prompt_set.prompts, args.max_tokens) for which in DRAFTS}
-            best_part = max(taus["model"], taus["lookup"])
-            print(json.dumps({"set": prompt_set.name, "nodes": size, "depth": args.depth, **taus,
-                              "merged_over_best_part": round(taus["merged"] / best_part, 3)}), flush=True)
+                                  prompt_set.prompts, args.max_tokens) for which in drafts}
+            ratio = ({"merged_over_best_part": round(taus["merged"] / max(taus["model"], taus["lookup"]), 3)}
+                     if len(taus) == len(DRAFTS) else {})
+            print(json.dumps({"set": prompt_set.name, "nodes": size, "depth": args.depth, **taus, **ratio}),
+                  flush=True)
 
 
 if __name__ == "__main__":
