@@ -8,6 +8,12 @@ both propose is one child, with the higher of the two probabilities (each draft'
 The model runs every expanded node, lookup children included, so it always holds the state of a frontier
 node's parent (its KV sequences stay a tree), and its ``commit`` sees the accepted nodes it ran, a prefix of
 the accepted path, as it would without the lookup.
+
+A lookup continuation the model did not propose (a lookup-only child) is the lookup's word against the model's.
+The lookup's rates are learned over all the text, where the model often proposes the same token; where the
+model disagrees the lookup is right less often in prose and as often in a copied span. So a lookup-only child's
+probability is scaled by :class:`LookupOnlyOdds`, learned from the rounds: how often such children were the
+token that came next, against the probability the lookup gave them.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import numpy as np
 
 from ..tree import BOTH, LOOKUP, DraftOutput, Proposals
 from .base import DraftEngine
-from .lookup import LookupDraft, LookupRows
+from .lookup import ROOT, LookupDraft, LookupRows
+
+MIN_SCALE = 0.05  # a lookup-only child keeps at least this share of its probability (the odds can come back)
 
 
 def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
@@ -137,6 +145,29 @@ def _merge_general(model: Proposals, lookup: Proposals) -> Proposals:
                              np.where(kept, np.take_along_axis(sources, order, axis=1), 0).astype(np.int8))
 
 
+class LookupOnlyOdds:
+    """Hits over expected hits of lookup-only children in merged rows whose node was accepted (the next token is
+    then known): the factor their probability is scaled by. Starts at 1 (the lookup's own rate, as before any
+    round) with ``prior`` expected hits; counts are capped at ``max_expected``, so recent rounds weigh most."""
+
+    def __init__(self, prior: float = 4.0, max_expected: float = 64.0) -> None:
+        self.hits = self.expected = prior
+        self.max_expected = max_expected
+
+    @property
+    def scale(self) -> float:
+        return min(1.0, max(self.hits / self.expected, MIN_SCALE))
+
+    def observe(self, probs: list[float], hit: bool) -> None:
+        """One row's lookup-only children (their lookup probabilities) and whether one was the next token."""
+        self.expected += sum(probs)
+        self.hits += float(hit)
+        if self.expected > self.max_expected:
+            shrink = self.max_expected / self.expected
+            self.expected *= shrink
+            self.hits *= shrink
+
+
 class MergedDraft:
     """``model`` and a :class:`LookupDraft` behind one engine interface."""
 
@@ -148,6 +179,10 @@ class MergedDraft:
         self.needs_features = model.needs_features
         self.weights_path = model.weights_path
         self.free_part = self.lookup  # costs ~nothing: runs alone in rounds the model draft cannot pay for
+        self.odds = LookupOnlyOdds()
+        self._only: dict[int, tuple[list[int], list[float]]] = {}  # candidate id -> its lookup-only children
+        self._root_at = 0  # the text position of this round's root
+        self._pending: list[tuple[tuple[list[int], list[float]], int]] = []  # rows whose next token comes later
 
     @property
     def n_read(self) -> int:
@@ -158,33 +193,71 @@ class MergedDraft:
     def n_features(self) -> int:
         return self.model.n_features
 
-    def _merge(self, model_out: DraftOutput, lookup_rows: LookupRows) -> Proposals:
+    def _merge(self, model_out: DraftOutput, lookup_rows: LookupRows, cand_ids: list[int]) -> Proposals:
         if not isinstance(model_out, Proposals):
             model_out = Proposals.from_logits(model_out, self.top_k)
-        return merge_lookup_rows(model_out, self.lookup, lookup_rows)
+        return merge_lookup_rows(model_out, self.lookup, self._scale_lookup_only(model_out, lookup_rows, cand_ids))
+
+    def _scale_lookup_only(self, model_out: Proposals, rows: LookupRows, cand_ids: list[int]) -> LookupRows:
+        """The lookup's rows with each lookup-only child's probability scaled by the learned odds; the children
+        are kept per candidate (unscaled), to be scored once the token after the candidate is known."""
+        scale = self.odds.scale
+        tokens, probs = rows
+        scaled = list(probs)
+        for r, (row, row_probs) in enumerate(zip(tokens, probs)):
+            if not row:
+                continue
+            proposed = set(model_out.tokens[r].tolist())
+            only = [j for j, tok in enumerate(row) if tok not in proposed]
+            if only:
+                self._only[cand_ids[r]] = ([row[j] for j in only], [row_probs[j] for j in only])
+                if scale < 1.0:
+                    scaled[r] = [p * scale if j in only else p for j, p in enumerate(row_probs)]
+        return tokens, scaled
+
+    def _score(self, tokens: np.ndarray) -> None:
+        """The rows whose next token the text now holds: was one of their lookup-only children that token?"""
+        waiting = []
+        for (only_tokens, only_probs), at in self._pending:
+            if at < len(tokens):
+                self.odds.observe(only_probs, int(tokens[at]) in only_tokens)
+            else:
+                waiting.append(((only_tokens, only_probs), at))
+        self._pending = waiting
 
     def reset(self) -> None:
         self.model.reset()
         self.lookup.reset()
+        self._pending = []
 
     def rollback(self, n_tokens: int) -> None:
         self.model.rollback(n_tokens)
         self.lookup.rollback(n_tokens)
+        self._pending = [(row, at) for row, at in self._pending if at < n_tokens]
 
     def begin_answer(self, prompt_tokens: int) -> None:
         self.model.begin_answer(prompt_tokens)
         self.lookup.begin_answer(prompt_tokens)
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> Proposals:
-        return self._merge(self.model.catch_up(tokens, features, features_from), self.lookup.catch_up_rows(tokens))
+        self._score(tokens)
+        self._only.clear()
+        self._root_at = len(tokens) - 1
+        return self._merge(self.model.catch_up(tokens, features, features_from), self.lookup.catch_up_rows(tokens),
+                           [ROOT])
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
         return self._merge(self.model.expand(cand_ids, tokens, parent_ids, level),
-                           self.lookup.expand_rows(cand_ids, tokens, parent_ids, level))
+                           self.lookup.expand_rows(cand_ids, tokens, parent_ids, level), np.asarray(cand_ids).tolist())
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
+        """Also keeps, for the root and each accepted node, its lookup-only children and the text position of
+        the token that follows it (the next accepted node's, or the target's own next token)."""
         self.model.commit(accepted_cand_ids)
         self.lookup.commit(accepted_cand_ids)
+        path = [ROOT] + np.asarray(accepted_cand_ids).tolist()
+        self._pending += [(self._only[c], self._root_at + 1 + i) for i, c in enumerate(path) if c in self._only]
+        self._only.clear()
 
     def close(self) -> None:
         self.model.close()
