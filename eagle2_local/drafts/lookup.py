@@ -23,13 +23,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..tree import LOOKUP, Proposals
+from ..tree import LOOKUP, Proposals, Rows
 from .renames import Divergence, RenameLearner
 
 log = logging.getLogger(__name__)
 
-# Per drafted row: the proposed tokens and their probabilities, best first (Python lists; a row may be empty).
-LookupRows = tuple[list[list[int]], list[list[float]]]
 
 
 # What a match is evidence of: a token of the prompt predicted from the prompt (its own repetitiveness), a token
@@ -144,8 +142,8 @@ class NgramIndex:
         Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
         position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
         for tok in (int(t) for t in tokens):
-            match = self.tail_match() if score else self._tail if self._tail_known else None
-            if match is not None and score:
+            match = self.tail_match() if score else self._tail  # None while unknown (then no bound below)
+            if score and match is not None:
                 n, positions = match
                 kind, hit = self.kind(len(self.text), positions), self.ranked(positions)[0][0] == tok
                 self.confidence.observe(n, hit, kind)
@@ -327,14 +325,14 @@ class LookupDraft:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
         return self.proposals(*self.expand_rows(cand_ids, tokens, parent_ids, level))
 
-    def catch_up_rows(self, tokens: np.ndarray) -> LookupRows:
+    def catch_up_rows(self, tokens: np.ndarray) -> Rows:
         """:meth:`catch_up` as Python lists (what :class:`~.merged.MergedDraft` merges without numpy)."""
         self._clear_round()
         self._extend(np.asarray(tokens)[len(self.index):].tolist())
         return self._continue([[]], [None], [ROOT])
 
     def expand_rows(self, cand_ids: np.ndarray | list[int], tokens: np.ndarray | list[int],
-                    parent_ids: np.ndarray | list[int], level: int) -> LookupRows:
+                    parent_ids: np.ndarray | list[int], level: int) -> Rows:
         """:meth:`expand` as Python lists (arrays or lists in)."""
         paths = []
         cand_ids, parents = _as_list(cand_ids), _as_list(parent_ids)
@@ -345,7 +343,7 @@ class LookupDraft:
         return self._continue(paths, parents, cand_ids)
 
     def _continue(self, paths: list[list[int]], parents: list[int | None], cand_ids: list[int],
-                  width: int | None = None) -> LookupRows:
+                  width: int | None = None) -> Rows:
         """Each node's continuations (``paths``: its tokens below the root; ``parents`` None: no bound on its
         match), at most ``width`` (default ``max_branches``), from the index that matches it on more tokens
         (:meth:`_best_of`)."""
@@ -377,7 +375,7 @@ class LookupDraft:
 
     @staticmethod
     def _best_of(tokens: list[list[int]], probs: list[list[float]], found: list[int], edited_tokens,
-                 edited_probs, edited_found) -> LookupRows:
+                 edited_probs, edited_found) -> Rows:
         """Per node, the rows of the index whose match is longer; the renamed text's on a tie (the context
         just before a renamed identifier reads the same in both texts, and the answer renames)."""
         for i, n in enumerate(edited_found):

@@ -22,9 +22,9 @@ import math
 
 import numpy as np
 
-from ..tree import BOTH, LOOKUP, DraftOutput, Proposals
+from ..tree import BOTH, LOOKUP, DraftOutput, Proposals, Rows
 from .base import DraftEngine
-from .lookup import ROOT, LookupDraft, LookupRows
+from .lookup import ROOT, LookupDraft
 
 MIN_SCALE = 0.05  # a lookup-only child keeps at least this share of its probability (the odds can come back)
 
@@ -47,7 +47,7 @@ def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
     return _merge_into_top_k(model, entries)
 
 
-def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: LookupRows) -> Proposals:
+def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: Rows) -> Proposals:
     """:func:`merge_proposals` of ``model`` and the lookup's rows as it returns them (Python lists), without
     building the lookup's arrays first: each probability's ``math.log``, the value the lookup's own proposals
     hold (a probability of 0 is their padding, never an entry)."""
@@ -193,12 +193,12 @@ class MergedDraft:
     def n_features(self) -> int:
         return self.model.n_features
 
-    def _merge(self, model_out: DraftOutput, lookup_rows: LookupRows, cand_ids: list[int]) -> Proposals:
+    def _merge(self, model_out: DraftOutput, lookup_rows: Rows, cand_ids: list[int]) -> Proposals:
         if not isinstance(model_out, Proposals):
             model_out = Proposals.from_logits(model_out, self.top_k)
         return merge_lookup_rows(model_out, self.lookup, self._scale_lookup_only(model_out, lookup_rows, cand_ids))
 
-    def _scale_lookup_only(self, model_out: Proposals, rows: LookupRows, cand_ids: list[int]) -> LookupRows:
+    def _scale_lookup_only(self, model_out: Proposals, rows: Rows, cand_ids: list[int]) -> Rows:
         """The lookup's rows with each lookup-only child's probability scaled by the learned odds; the children
         are kept per candidate (unscaled), to be scored once the token after the candidate is known."""
         scale = self.odds.scale
