@@ -142,6 +142,7 @@ class LlamaModel:
             why = last_llama_errors() or "llama.cpp could not load it"
             raise ModelError(f"cannot load {self.path.name}: {why}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._pieces: dict[int, bytes] = {}  # token -> its piece (special tokens as text), see piece()
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
@@ -187,6 +188,14 @@ class LlamaModel:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, int(token), buf, -n, 0, special)
         return buf.raw[:n]
+
+    def piece(self, token: int) -> bytes:
+        """:meth:`token_bytes` with special tokens as text, remembered: drafts that read the text (lookups,
+        renames) read the same tokens' pieces every round."""
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self.token_bytes(token, special=True)
+        return text
 
     def detokenize(self, tokens, special: bool = False) -> bytes:
         return b"".join(self.token_bytes(t, special) for t in tokens)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..tree import LOOKUP, Proposals, Rows
 from .renames import Divergence, RenameLearner
+from .text_copy import TextCopy
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 PROMPT, COPY, REPEAT = 0, 1, 2
 ROOT = -1  # the candidate id of a round's root
 LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
+TEXT_BELOW = 2  # a node whose token match is shorter takes a text copy's continuations (text_copy.py), if any
 
 
 def _priors(max_n: int) -> np.ndarray:
@@ -229,17 +231,22 @@ class LookupDraft:
 
     ``renames`` (a :class:`~.renames.RenameLearner`): once the answer has renamed an identifier of the prompt, a
     second index holds the prompt with the rename applied, followed by the answer; each node takes the
-    continuations of whichever index matches its context on more tokens (the renamed one on a tie)."""
+    continuations of whichever index matches its context on more tokens (the renamed one on a tie).
+
+    ``text`` (a :class:`~.text_copy.TextCopy`): inside a quoted string of the answer, a node that neither index
+    matches on :data:`TEXT_BELOW` tokens takes the continuations of the string's text in the prompt's text."""
 
     name = "lookup"
     needs_features = False
     free_part = None
     weights_path = None
 
-    def __init__(self, max_branches: int = 10, max_n: int = 8, renames: RenameLearner | None = None) -> None:
+    def __init__(self, max_branches: int = 10, max_n: int = 8, renames: RenameLearner | None = None,
+                 text: TextCopy | None = None) -> None:
         self.max_branches = max_branches
         self.index = NgramIndex(max_n)
         self.renames = renames
+        self.text = text
         self.edited: NgramIndex | None = None  # the prompt with the answer's renames, then the answer
         self._path: dict[int, list[int]] = {}  # candidate id -> tokens from the root's child down to it
         # per index: candidate id (ROOT: the root) -> length of its context's longest match (0: none)
@@ -254,6 +261,8 @@ class LookupDraft:
         self.index.clear()
         self._forget_renames()
         self._clear_round()
+        if self.text is not None:
+            self.text.clear()
 
     def rollback(self, n_tokens: int) -> None:
         self._clear_round()
@@ -263,12 +272,19 @@ class LookupDraft:
                 self._forget_renames()
             else:
                 self.edited.truncate(self.edited.answer_from + n_tokens - self.index.answer_from)
+        if self.text is not None and self.text.started:
+            if n_tokens < self.index.answer_from:
+                self.text.stop()
+            else:
+                self.text.truncate(n_tokens - self.index.answer_from)
         self.index.truncate(n_tokens)
 
     def begin_answer(self, prompt_tokens: int) -> None:
         """An answer starts after ``prompt_tokens`` tokens: matches from there on lie in the answer."""
         self.index.answer_from = prompt_tokens
         self._forget_renames()
+        if self.text is not None:
+            self.text.stop()  # it starts when the index has read the prompt
 
     def _clear_round(self) -> None:
         self._path.clear()
@@ -286,7 +302,10 @@ class LookupDraft:
         its confidence); a long copy's miss may reveal a rename (renames.py)."""
         if not tokens:
             return
-        self.index.extend(tokens)
+        if self.text is None:
+            self.index.extend(tokens)
+        else:
+            self._extend_text(tokens)
         if self.edited is not None:
             self.edited.extend(tokens, score=False)
         misses, self.index.copy_misses = self.index.copy_misses, []
@@ -295,6 +314,30 @@ class LookupDraft:
         self.renames.diverged(misses)
         if self.renames.learn(self.index.text, self.index.answer_from):
             self._index_renamed()
+
+    def _extend_text(self, tokens: list[int]) -> None:
+        """Index ``tokens`` and follow the answer's text: each answer token first scores the text copy's
+        proposal for it, where a node would have taken one (its token match short, a string open)."""
+        index, text = self.index, self.text
+        prompt_part = min(len(tokens), max(index.answer_from - len(index), 0))
+        if prompt_part:
+            index.extend(tokens[:prompt_part])
+        if not text.started and len(index) >= index.answer_from:
+            text.start(index.text[:index.answer_from])
+            for token in index.text[index.answer_from:]:
+                text.extend(token)
+        for token in tokens[prompt_part:]:
+            if text.started:
+                value = text.value([])
+                if value is not None and self._tail_length(index) < TEXT_BELOW:
+                    text.observe(value, token)
+                text.extend(token)
+            index.extend([token])
+
+    @staticmethod
+    def _tail_length(index: NgramIndex) -> int:
+        match = index.tail_match()
+        return match[0] if match is not None else 0
 
     def _index_renamed(self) -> None:
         """(Re)build the second index: the prompt with every rename learned so far, then the answer."""
@@ -348,10 +391,24 @@ class LookupDraft:
         match), at most ``width`` (default ``max_branches``), from the index that matches it on more tokens
         (:meth:`_best_of`)."""
         width = max(self.max_branches, 1) if width is None else width
-        rows = self._search(self.index, paths, parents, cand_ids, self._match, width)
-        if self.edited is None:
-            return rows[0], rows[1]
-        return self._best_of(*rows, *self._search(self.edited, paths, parents, cand_ids, self._edited_match, width))
+        tokens, probs, found = self._search(self.index, paths, parents, cand_ids, self._match, width)
+        if self.edited is not None:
+            self._best_of(tokens, probs, found,
+                          *self._search(self.edited, paths, parents, cand_ids, self._edited_match, width))
+        if self.text is not None and self.text.started:
+            self._text_rows(tokens, probs, found, paths, width)
+        return tokens, probs
+
+    def _text_rows(self, tokens: list[list[int]], probs: list[list[float]], found: list[int],
+                   paths: list[list[int]], width: int) -> None:
+        """Rows of nodes with a short token match replaced by the text copy's, where it has some."""
+        for i, n in enumerate(found):
+            if n < TEXT_BELOW:
+                value = self.text.value(paths[i])
+                if value is not None:
+                    toks, p = self.text.continuations(value, width)
+                    if toks:
+                        tokens[i], probs[i] = toks, p
 
     @staticmethod
     def _search(index: NgramIndex, paths: list[list[int]], parents: list[int | None], cand_ids: list[int],
@@ -375,13 +432,13 @@ class LookupDraft:
 
     @staticmethod
     def _best_of(tokens: list[list[int]], probs: list[list[float]], found: list[int], edited_tokens,
-                 edited_probs, edited_found) -> Rows:
-        """Per node, the rows of the index whose match is longer; the renamed text's on a tie (the context
-        just before a renamed identifier reads the same in both texts, and the answer renames)."""
+                 edited_probs, edited_found) -> None:
+        """Per node, the rows of the index whose match is longer (in place, ``found`` included); the renamed
+        text's on a tie (the context just before a renamed identifier reads the same in both texts, and the
+        answer renames)."""
         for i, n in enumerate(edited_found):
             if n and n >= found[i]:
-                tokens[i], probs[i] = edited_tokens[i], edited_probs[i]
-        return tokens, probs
+                tokens[i], probs[i], found[i] = edited_tokens[i], edited_probs[i], n
 
     def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
         """Rows of continuations as :class:`Proposals`, as wide as the longest row (padding: log-probability

@@ -25,6 +25,7 @@ from .draft_model import DraftModelEngine, check_same_vocab
 from .lookup import LookupDraft
 from .merged import MergedDraft
 from .renames import RenameLearner
+from .text_copy import TextCopy
 from .open_head import check_head_fits, open_head, read_head_info, target_settings_for
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,9 @@ def _prepare_lookup(spec: DraftSpec, model: LlamaModel, settings: ContextSetting
 
 
 def lookup_draft(model: LlamaModel, tree_params: TreeParams) -> LookupDraft:
-    """Lookups in the text, learning the answer's renames with ``model``'s tokenizer."""
-    return LookupDraft(max_branches=tree_params.top_k, renames=RenameLearner.for_model(model))
+    """Lookups in the text, learning the answer's renames and copying quoted text with ``model``'s tokenizer."""
+    return LookupDraft(max_branches=tree_params.top_k, renames=RenameLearner.for_model(model),
+                       text=TextCopy.for_model(model))
 
 
 DRAFTERS: dict[str, DraftKind] = {

@@ -51,17 +51,8 @@ class RenameLearner:
 
     @classmethod
     def for_model(cls, model) -> "RenameLearner":
-        """A learner with ``model``'s (a :class:`~eagle2_local.llama.LlamaModel`) tokenizer; token pieces are
-        kept once read (a window is read again at every catch-up while a divergence is pending)."""
-        pieces: dict[int, bytes] = {}
-
-        def piece(token: int) -> bytes:
-            text = pieces.get(token)
-            if text is None:
-                text = pieces[token] = model.token_bytes(token, special=True)
-            return text
-
-        return cls(lambda tokens: b"".join(map(piece, tokens)).decode("utf-8", "replace"),
+        """A learner with ``model``'s (a :class:`~eagle2_local.llama.LlamaModel`) tokenizer."""
+        return cls(lambda tokens: b"".join(map(model.piece, tokens)).decode("utf-8", "replace"),
                    lambda text: model.tokenize(text, add_special=False, parse_special=True))
 
     def reset(self) -> None:
