@@ -72,10 +72,11 @@ def test_a_quoted_value_is_continued_from_the_prompts_text():
     tokens, probs = draft.catch_up_rows(np.array(text))
     # the passage reads " Ursula Ward": after "Urs", its text goes on with "ula" (a token the prompt never had)
     assert [w.piece(t) for t in tokens[0]] == [b"ula"]
-    assert probs[0][0] == pytest.approx(PRIOR_RATES[2])  # a 3-byte value: the prior of its length
-    # a deeper node reads its path: after "Urs" + "ula" comes " Ward"
-    tokens, _ = draft.expand_rows([0], [w.ids[b"ula"]], [-1], 1)
+    assert probs[0][0] == pytest.approx(PRIOR_RATES[3])  # inside a word: the prior of a value that goes on
+    # a deeper node reads its path: after "Urs" + "ula" comes " Ward", after a whole word (the value may end)
+    tokens, probs = draft.expand_rows([0], [w.ids[b"ula"]], [-1], 1)
     assert [w.piece(t) for t in tokens[0]] == [b" Ward"]
+    assert probs[0][0] == pytest.approx(PRIOR_RATES[1])
 
 
 def test_nothing_is_proposed_outside_a_string_or_for_an_empty_value():

@@ -234,7 +234,8 @@ class LookupDraft:
     continuations of whichever index matches its context on more tokens (the renamed one on a tie).
 
     ``text`` (a :class:`~.text_copy.TextCopy`): inside a quoted string of the answer, a node that neither index
-    matches on :data:`TEXT_BELOW` tokens takes the continuations of the string's text in the prompt's text."""
+    matches on :data:`TEXT_BELOW` tokens takes the continuations of the string's text in the prompt's text,
+    where they are surer."""
 
     name = "lookup"
     needs_features = False
@@ -401,13 +402,14 @@ class LookupDraft:
 
     def _text_rows(self, tokens: list[list[int]], probs: list[list[float]], found: list[int],
                    paths: list[list[int]], width: int) -> None:
-        """Rows of nodes with a short token match replaced by the text copy's, where it has some."""
+        """Rows of nodes with a short token match replaced by the text copy's, where its top continuation is
+        the surer one."""
         for i, n in enumerate(found):
             if n < TEXT_BELOW:
                 value = self.text.value(paths[i])
                 if value is not None:
                     toks, p = self.text.continuations(value, width)
-                    if toks:
+                    if toks and (not probs[i] or p[0] > probs[i][0]):
                         tokens[i], probs[i] = toks, p
 
     @staticmethod

@@ -10,8 +10,9 @@ the likely next token.
 :class:`TextCopy` keeps the prompt's bytes and the answer's, and for a node (the committed answer plus a path of
 drafted tokens) inside an open string proposes the first tokens of the prompt text after each occurrence of the
 string's value so far, ranked by how many occurrences agree. How often the top proposal was the next token is
-learned per length of the value matched (a one-letter value says little; a few words say a lot), from every
-answer token it had a proposal for. Nothing here decides what is accepted: a wrong proposal is a node the
+learned per kind of value, from every answer token it had a proposal for: a one-letter value says little, and a
+value that ends inside a word of the prompt ("Urs" of " Ursula") nearly always goes on with the rest of it,
+where after a whole word the value may as well end. Nothing here decides what is accepted: a wrong proposal is a node the
 target rejects.
 """
 
@@ -23,15 +24,20 @@ QUOTE = b'"'
 MAX_KEY = 32  # bytes of the value so far that are searched for (its end: what precedes the next token)
 SPAN = 24  # bytes of the prompt after an occurrence that are tokenized: enough for the first token
 MAX_OCCURRENCES = 16  # occurrences of a value looked at (the first ones in the prompt)
-# rate buckets by the value's length in bytes: 1, 2, 3-4, 5-8, 9+
-_BUCKET_OF = [0, 0, 1, 2, 2, 3, 3, 3, 3]
-PRIOR_RATES = (0.25, 0.5, 0.5, 0.5, 0.5)
+# learned rates per kind of value: its length (1 byte, or more) and whether its top continuation goes on inside a
+# word of the prompt (mid-word: a value does not end there, so its next token is nearly sure) or after one
+# (the value may end here instead)
+PRIOR_RATES = (0.25, 0.35, 0.25, 0.8)  # (edge, 1 byte), (edge, 2+), (mid-word, 1 byte), (mid-word, 2+)
 PRIOR_WEIGHT = 4.0
 MAX_TRIALS = 48.0
 
 
-def _bucket(n_bytes: int) -> int:
-    return _BUCKET_OF[n_bytes] if n_bytes < len(_BUCKET_OF) else 4
+def _bucket(value: bytes, mid_word: bool) -> int:
+    return 2 * mid_word + (len(value) > 1)
+
+
+def _is_word(byte: int) -> bool:
+    return 48 <= byte <= 57 or 65 <= byte <= 90 or 97 <= byte <= 122 or byte >= 0x80 or byte == 95
 
 
 def after(state: tuple[bool, bytes], piece: bytes) -> tuple[bool, bytes]:
@@ -83,7 +89,8 @@ class TextCopy:
         self.prompt: bytes | None = None
         self._states: list[tuple[bool, bytes]] = []  # the answer's string state after each of its tokens
         self._first: dict[int, int | None] = {}  # prompt byte offset -> first token of the text from there
-        self._ranked: dict[bytes, list[tuple[int, int]]] = {}  # a value -> its continuations, most agreed first
+        # a value -> its continuations (most agreed first) and whether the top one goes on inside a word
+        self._ranked: dict[bytes, tuple[list[tuple[int, int]], bool]] = {}
 
     def extend(self, token: int) -> None:
         self._states.append(after(self.state(), self._piece(token)))
@@ -107,35 +114,41 @@ class TextCopy:
     def continuations(self, value: bytes, width: int) -> tuple[list[int], list[float]]:
         """The tokens that follow ``value`` in the prompt's text, most agreed first, and their probabilities
         (the learned rate of such a value, scaled by agreement as the token lookup scales by count)."""
-        ranked = self.ranked(value)[:width]
+        ranked, mid_word = self.ranked(value)
         if not ranked:
             return [], []
-        bucket = _bucket(len(value))
+        bucket = _bucket(value, mid_word)
         rate, top = self.hits[bucket] / self.trials[bucket], ranked[0][1]
-        probs = [rate * count / top for _, count in ranked]
+        probs = [rate * count / top for _, count in ranked[:width]]
         total = sum(probs)
         if total > 1.0:
             probs = [p / total for p in probs]
-        return [token for token, _ in ranked], probs
+        return [token for token, _ in ranked[:width]], probs
 
-    def ranked(self, value: bytes) -> list[tuple[int, int]]:
-        """Distinct first tokens of the prompt text after ``value``'s occurrences, with their counts."""
+    def ranked(self, value: bytes) -> tuple[list[tuple[int, int]], bool]:
+        """Distinct first tokens of the prompt text after ``value``'s occurrences with their counts, and
+        whether the top one continues a word the value ends inside of."""
         ranked = self._ranked.get(value)
         if ranked is None:
             ranked = self._ranked[value] = self._rank(value)
         return ranked
 
-    def _rank(self, value: bytes) -> list[tuple[int, int]]:
+    def _rank(self, value: bytes) -> tuple[list[tuple[int, int]], bool]:
         counts: dict[int, int] = {}
+        inside_word: dict[int, bool] = {}
+        word_end = _is_word(value[-1])
         at = self.prompt.find(value)
         for _ in range(MAX_OCCURRENCES):
             if at < 0:
                 break
-            token = self._first_token(at + len(value))
+            end = at + len(value)
+            token = self._first_token(end)
             if token is not None:
                 counts[token] = counts.get(token, 0) + 1
+                inside_word.setdefault(token, word_end and _is_word(self.prompt[end]))
             at = self.prompt.find(value, at + 1)
-        return sorted(counts.items(), key=lambda item: -item[1])  # stable: the earliest occurrence breaks ties
+        ranked = sorted(counts.items(), key=lambda item: -item[1])  # stable: the earliest occurrence breaks ties
+        return ranked, bool(ranked) and inside_word[ranked[0][0]]
 
     def _first_token(self, offset: int) -> int | None:
         """The first token of the prompt's text from byte ``offset`` (None: nothing there, or the middle of a
@@ -152,10 +165,10 @@ class TextCopy:
 
     def observe(self, value: bytes, token: int) -> None:
         """Learn from the answer's next token after ``value``, where a proposal was made for it."""
-        ranked = self.ranked(value)
+        ranked, mid_word = self.ranked(value)
         if not ranked:
             return
-        bucket = _bucket(len(value))
+        bucket = _bucket(value, mid_word)
         self.trials[bucket] += 1.0
         self.hits[bucket] += float(ranked[0][0] == token)
         if self.trials[bucket] > MAX_TRIALS:
