@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 PROMPT, COPY, REPEAT = 0, 1, 2
 ROOT = -1  # the candidate id of a round's root
 LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
+NO_ANSWER = 1 << 62  # answer_from before an answer begins (all text is prompt)
 TEXT_BELOW = 2  # a node whose token match is shorter takes a text copy's continuations (text_copy.py), if any
 
 
@@ -98,7 +99,7 @@ class NgramIndex:
         self.text: list[int] = []
         self._next: dict[tuple[int, ...], list[int]] = {}
         self.confidence = MatchConfidence(max_n)
-        self.answer_from = 1 << 62  # the first position of the answer (all text is prompt until one begins)
+        self.answer_from = NO_ANSWER  # the first position of the answer (all text is prompt until one begins)
         self._ranked_of: dict[int, list[tuple[int, int]]] = {}  # id of a followers list -> its ranking
         self.last_match = 0  # match length of the last continuations() call
         self.copy_misses: list[Divergence] = []  # long copies of the prompt that missed, since last read
@@ -112,7 +113,7 @@ class NgramIndex:
         self._next = {}
         self._ranked_of = {}
         self.confidence = MatchConfidence(self.max_n)
-        self.answer_from = 1 << 62
+        self.answer_from = NO_ANSWER
         self.copy_misses = []
         self._forget_tail()
 
@@ -144,8 +145,11 @@ class NgramIndex:
         Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
         position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
         for tok in (int(t) for t in tokens):
-            match = self.tail_match() if score else self._tail  # None while unknown (then no bound below)
-            if score and match is not None:
+            # a prompt position read once an answer has begun is not scored: drafts predict answer positions,
+            # whose rates are the COPY and REPEAT kinds'
+            scored = score and (len(self.text) >= self.answer_from or self.answer_from == NO_ANSWER)
+            match = self.tail_match() if scored else self._tail  # None while unknown (then no bound below)
+            if scored and match is not None:
                 n, positions = match
                 kind, hit = self.kind(len(self.text), positions), self.ranked(positions)[0][0] == tok
                 self.confidence.observe(n, hit, kind)
