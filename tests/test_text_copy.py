@@ -59,7 +59,8 @@ def test_the_open_string_is_followed_through_quotes():
     state = (False, b"")
     for piece, want in [(b"{", (False, b"")), (b' "', (True, b"")), (b"name", (True, b"name")),
                         (b'":', (False, b"")), (b' "', (True, b"")), (b"Urs", (True, b"Urs")),
-                        (b"ula", (True, b"Ursula")), (b' Ward"}', (False, b"")), (b'"x', (True, b"x"))]:
+                        (b"ula", (True, b"Ursula")), (b' Ward"}', (False, b"")), (b'"x', (True, b"x")),
+                        (b' \\"y\\"', (True, b'x \\"y\\"')), (b'"', (False, b""))]:
         state = after(state, piece)
         assert state == want, piece
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 QUOTE = b'"'
+ESCAPED_QUOTE = b'\\"'  # inside a JSON string (a backslash split from its quote by a token edge is missed)
 MAX_KEY = 32  # bytes of the value so far that are searched for (its end: what precedes the next token)
 SPAN = 24  # bytes of the prompt after an occurrence that are tokenized: enough for the first token
 MAX_OCCURRENCES = 16  # occurrences of a value looked at (the first ones in the prompt)
@@ -41,9 +42,10 @@ def _is_word(byte: int) -> bool:
 
 
 def after(state: tuple[bool, bytes], piece: bytes) -> tuple[bool, bytes]:
-    """``state`` (inside a string, the string's bytes so far) after the text ``piece``."""
+    """``state`` (inside a string, the string's bytes so far) after the text ``piece``; an escaped quote
+    neither opens nor closes one."""
     inside, value = state
-    quotes = piece.count(QUOTE)
+    quotes = piece.count(QUOTE) - piece.count(ESCAPED_QUOTE)
     if not quotes:
         return inside, value + piece if inside else value
     inside = inside ^ bool(quotes & 1)
