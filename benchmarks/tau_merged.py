@@ -4,10 +4,10 @@ model draft's trees keep τ at least that of the better part?
     python benchmarks/tau_merged.py --sizes 16,60 --depth 8 [--model M.gguf --draft-model D.gguf | --head H.gguf] \
         --prompts benchmarks/prompts/eagle --prompts benchmarks/prompts/code_edit_short.jsonl --records 4
 
-For every prompt set and tree size it answers the first ``--records`` records (first turns, greedy, fixed trees
-of that many nodes) three times: the model draft alone (``lookup=False``), the lookup alone, and the two merged
-(the default), and prints τ (tokens per target pass, a count: the machine's load does not move it) per set as
-one JSON line per (set, size). Default draft: the default model's shipped head.
+For every prompt set and tree size it answers ``--records`` records, the first after ``--skip`` (first turns,
+greedy, fixed trees of that many nodes) three times: the model draft alone (``lookup=False``), the lookup alone,
+and the two merged (the default), and prints τ (tokens per target pass, a count: the machine's load does not move
+it) per set as one JSON line per (set, size). Default draft: the default model's shipped head.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--draft-model", help="a same-vocabulary draft model GGUF instead of a head")
     ap.add_argument("--prompts", action="append", required=True, help="a prompt set (.jsonl or a folder of them)")
     ap.add_argument("--records", type=int, default=4)
+    ap.add_argument("--skip", type=int, default=0,
+                    help="leave out each set's first SKIP records (a check on records a setting was not chosen on)")
     ap.add_argument("--sizes", default="16,60", help="tree sizes (nodes, root included), comma-separated")
     ap.add_argument("--depth", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -52,10 +54,11 @@ def main() -> None:
     drafts = args.drafts.split(",")
     model_draft = ({"draft_model_path": args.draft_model} if args.draft_model else
                    {"head_path": args.head} if args.head else {})
-    for prompt_set in load_prompt_sets(args.prompts, args.records):
+    for prompt_set in load_prompt_sets(args.prompts, args.skip + args.records):
+        prompts = prompt_set.prompts[args.skip:]
         for size in (int(s) for s in args.sizes.split(",")):
-            taus = {which: tau_of(args.model, model_draft, which, size, args.depth, args.threads,
-                                  prompt_set.prompts, args.max_tokens) for which in drafts}
+            taus = {which: tau_of(args.model, model_draft, which, size, args.depth, args.threads, prompts,
+                                  args.max_tokens) for which in drafts}
             ratio = ({"merged_over_best_part": round(taus["merged"] / max(taus["model"], taus["lookup"]), 3)}
                      if len(taus) == len(DRAFTS) else {})
             print(json.dumps({"set": prompt_set.name, "nodes": size, "depth": args.depth, **taus, **ratio}),

@@ -482,20 +482,3 @@ def test_merging_the_lookups_lists_equals_merging_its_proposals():
             got, ref = merge_lookup_rows(model, lookup, rows), merge_proposals(model, lookup.proposals(*rows))
             for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
                 assert a.shape == b.shape and np.array_equal(a, b)
-
-
-def test_lookup_only_odds_follow_what_came_next():
-    """Lookup-only children that never come next scale their probability down, to a floor; children that come
-    next as often as the lookup said keep it whole."""
-    from eagle2_local.drafts.merged import MIN_SCALE, LookupOnlyOdds
-    missing, hitting = LookupOnlyOdds(), LookupOnlyOdds()
-    assert missing.scale == hitting.scale == 1.0  # before any round: the lookup's own rate
-    for _ in range(300):
-        missing.observe([0.5], hit=False)
-        hitting.observe([0.5], hit=True)
-        hitting.observe([0.5], hit=False)
-    assert missing.scale == MIN_SCALE
-    assert hitting.scale > 0.95
-    for _ in range(8):  # capped counts: recent rounds bring the odds back
-        missing.observe([0.5], hit=True)
-    assert missing.scale > MIN_SCALE

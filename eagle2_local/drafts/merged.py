@@ -11,9 +11,10 @@ the accepted path, as it would without the lookup.
 
 A lookup continuation the model did not propose (a lookup-only child) is the lookup's word against the model's.
 The lookup's rates are learned over all the text, where the model often proposes the same token; where the
-model disagrees the lookup is right less often in prose and as often in a copied span. So a lookup-only child's
-probability is scaled by :class:`LookupOnlyOdds`, learned from the rounds: how often such children were the
-token that came next, against the probability the lookup gave them.
+model disagrees the lookup is right less often, the more so the weaker its match. So a lookup-only child's
+probability p is weighed as p * p times odds learned from the rounds (:class:`LookupOnlyOdds`). And no lookup
+entry may claim more than the model's row leaves to it (``MergedDraft._weigh_lookup``): where a confident model
+proposes other tokens, a lookup branch must not push its sure chain out of a small tree.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ..tree import BOTH, LOOKUP, DraftOutput, Proposals, Rows
 from .base import DraftEngine
 from .lookup import ROOT, LookupDraft
 
-MIN_SCALE = 0.05  # a lookup-only child keeps at least this share of its probability (the odds can come back)
+MIN_ODDS = 0.05  # the odds of a lookup-only child never fall below this (they can come back)
+MIN_PROB = 1e-6  # a lookup-only child the model's row leaves no room for stays a (last) candidate
 
 
 def merge_proposals(model: Proposals, lookup: Proposals) -> Proposals:
@@ -146,26 +148,42 @@ def _merge_general(model: Proposals, lookup: Proposals) -> Proposals:
 
 
 class LookupOnlyOdds:
-    """Hits over expected hits of lookup-only children in merged rows whose node was accepted (the next token is
-    then known): the factor their probability is scaled by. Starts at 1 (the lookup's own rate, as before any
-    round) with ``prior`` expected hits; counts are capped at ``max_expected``, so recent rounds weigh most."""
+    """What a lookup-only child (a continuation the model did not propose) is worth: its lookup probability p
+    becomes p * p * odds, at most p.
 
-    def __init__(self, prior: float = 4.0, max_expected: float = 64.0) -> None:
-        self.hits = self.expected = prior
+    The lookup's rates are learned over all the text, mostly where the model proposes the same token; where the
+    model disagrees, a weak match is rarely right and a long one nearly as often as the lookup says: measured,
+    such children came next about p * p of the time at every p (NOTES.md). The odds are that rule's hits over its
+    expected hits, learned from the rounds apart for each band of p (``edges``: a prose answer's weak matches miss
+    where its copied spans hit), starting at 1 with ``prior`` expected hits; counts are capped at
+    ``max_expected``, so recent rounds weigh most."""
+
+    def __init__(self, prior: float = 1.0, max_expected: float = 32.0, edges: tuple[float, ...] = (0.3, 0.7)) -> None:
+        self.edges = edges
+        self.hits = [prior] * (len(edges) + 1)
+        self.expected = [prior] * (len(edges) + 1)
         self.max_expected = max_expected
 
-    @property
-    def scale(self) -> float:
-        return min(1.0, max(self.hits / self.expected, MIN_SCALE))
+    def band(self, p: float) -> int:
+        return sum(p >= edge for edge in self.edges)
 
-    def observe(self, probs: list[float], hit: bool) -> None:
-        """One row's lookup-only children (their lookup probabilities) and whether one was the next token."""
-        self.expected += sum(probs)
-        self.hits += float(hit)
-        if self.expected > self.max_expected:
-            shrink = self.max_expected / self.expected
-            self.expected *= shrink
-            self.hits *= shrink
+    def odds(self, band: int) -> float:
+        return max(self.hits[band] / self.expected[band], MIN_ODDS)
+
+    def factors(self) -> list[float]:
+        """Per band, the odds (read once per tree level: a child's factor is then ``min(1, p * odds)``)."""
+        return [self.odds(b) for b in range(len(self.expected))]
+
+    def observe(self, tokens: list[int], probs: list[float], next_token: int) -> None:
+        """One row's lookup-only children (tokens, lookup probabilities) and the token that came next."""
+        for tok, p in zip(tokens, probs):
+            b = self.band(p)
+            self.expected[b] += p * p
+            self.hits[b] += float(tok == next_token)
+            if self.expected[b] > self.max_expected:
+                shrink = self.max_expected / self.expected[b]
+                self.expected[b] *= shrink
+                self.hits[b] *= shrink
 
 
 class MergedDraft:
@@ -196,31 +214,48 @@ class MergedDraft:
     def _merge(self, model_out: DraftOutput, lookup_rows: Rows, cand_ids: list[int]) -> Proposals:
         if not isinstance(model_out, Proposals):
             model_out = Proposals.from_logits(model_out, self.top_k)
-        return merge_lookup_rows(model_out, self.lookup, self._scale_lookup_only(model_out, lookup_rows, cand_ids))
+        return merge_lookup_rows(model_out, self.lookup, self._weigh_lookup(model_out, lookup_rows, cand_ids))
 
-    def _scale_lookup_only(self, model_out: Proposals, rows: Rows, cand_ids: list[int]) -> Rows:
-        """The lookup's rows with each lookup-only child's probability scaled by the learned odds; the children
-        are kept per candidate (unscaled), to be scored once the token after the candidate is known."""
-        scale = self.odds.scale
+    def _weigh_lookup(self, model_out: Proposals, rows: Rows, cand_ids: list[int]) -> Rows:
+        """The lookup's rows as the merge should weigh them beside the model's: a lookup-only child's probability
+        p becomes ``min(p, p * p * odds)`` (:class:`LookupOnlyOdds`), and no lookup entry claims more than the
+        model leaves to it: a row's probabilities sum to at most 1, so where the model gives its other tokens
+        mass M, a token is worth at most 1 - M (a confident draft model rules out the continuations it did not
+        propose; a lookup match the answer does not follow must not outrank its sure chain). The lookup-only
+        children are kept per candidate (unweighed), to be scored once the token after the candidate is known.
+        One numpy call per tree level, none per node."""
+        odds, band = self.odds.factors(), self.odds.band
         tokens, probs = rows
-        scaled = list(probs)
+        weighed = list(probs)
+        if not any(tokens):
+            return rows
+        model_tokens, model_log_probs = model_out.tokens.tolist(), model_out.log_probs.tolist()
+        left = (1.0 - np.exp(model_out.log_probs).sum(axis=1)).tolist()  # what each row's model leaves to others
         for r, (row, row_probs) in enumerate(zip(tokens, probs)):
             if not row:
                 continue
-            proposed = set(model_out.tokens[r].tolist())
-            only = [j for j, tok in enumerate(row) if tok not in proposed]
-            if only:
-                self._only[cand_ids[r]] = ([row[j] for j in only], [row_probs[j] for j in only])
-                if scale < 1.0:
-                    scaled[r] = [p * scale if j in only else p for j, p in enumerate(row_probs)]
-        return tokens, scaled
+            model_probs = dict(zip(model_tokens[r], model_log_probs[r]))
+            room = max(left[r], 0.0)
+            only_tokens, only_probs, new_probs = [], [], []
+            for tok, p in zip(row, row_probs):
+                lp = model_probs.get(tok)
+                if lp is None:  # lookup-only
+                    only_tokens.append(tok)
+                    only_probs.append(p)
+                    new_probs.append(max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB))
+                else:  # shared: the merge keeps the higher of this and the model's own probability
+                    new_probs.append(min(p, room + math.exp(lp)))
+            if only_tokens:
+                self._only[cand_ids[r]] = (only_tokens, only_probs)
+            weighed[r] = new_probs
+        return tokens, weighed
 
     def _score(self, tokens: np.ndarray) -> None:
-        """The rows whose next token the text now holds: was one of their lookup-only children that token?"""
+        """The rows whose next token the text now holds: which of their lookup-only children was that token?"""
         waiting = []
         for (only_tokens, only_probs), at in self._pending:
             if at < len(tokens):
-                self.odds.observe(only_probs, int(tokens[at]) in only_tokens)
+                self.odds.observe(only_tokens, only_probs, int(tokens[at]))
             else:
                 waiting.append(((only_tokens, only_probs), at))
         self._pending = waiting
