@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local.drafts.lookup import LookupDraft
+from eagle2_local.drafts.lookup import COPY, LookupDraft
 from eagle2_local.drafts.renames import RenameLearner
 
 PROMPT = "Rename check.\n```\ndef f(check):\n    if check > 1:\n        return check + 1\n    return 0\n```\n"
@@ -72,4 +72,18 @@ def test_an_edit_that_is_no_rename_teaches_nothing_and_answers_forget_renames():
     draft.rollback(len(PROMPT) + 6)  # inside the answer: the renamed text follows
     assert len(draft.edited) == draft.edited.answer_from + 6
     draft.begin_answer(len(PROMPT) + 6)
+    assert learner.renames == {} and draft.edited is None
+
+
+def test_an_answer_that_paraphrases_learns_no_renames():
+    """Where the answer's copies of a few tokens often stop (a summary rewording its passage), a swapped word
+    is no rename: nothing is learned and no renamed text is built."""
+    learner = chars_learner()
+    draft = LookupDraft(max_n=24, renames=learner)
+    answer_with(draft, "")
+    for _ in range(40):  # copies matched on 4 tokens went on less than half the time
+        draft.index.confidence.observe(4, False, COPY)
+        draft.index.confidence.observe(4, True, COPY)
+    renamed = "```\ndef f(last_word):\n    if last_word"
+    draft.catch_up_rows(np.array(tokens(PROMPT + renamed)))
     assert learner.renames == {} and draft.edited is None

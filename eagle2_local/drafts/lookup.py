@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 PROMPT, COPY, REPEAT = 0, 1, 2
 ROOT = -1  # the candidate id of a round's root
 LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
+# renames are learned while copies matched on FAITHFUL_MATCH tokens go on at least at FAITHFUL_RATE (the
+# answer's own learned rate): code edits 0.93-0.99 where they learned renames, summaries 0.60-0.73 (NOTES.md)
+FAITHFUL_MATCH, FAITHFUL_RATE = 4, 0.85
 NO_ANSWER = 1 << 62  # answer_from before an answer begins (all text is prompt)
 TEXT_BELOW = 2  # a node whose token match is shorter takes a text copy's continuations (text_copy.py), if any
 
@@ -316,9 +319,16 @@ class LookupDraft:
         misses, self.index.copy_misses = self.index.copy_misses, []
         if self.renames is None:
             return
-        self.renames.diverged(misses)
+        if misses and self._copies_faithfully():
+            self.renames.diverged(misses)
         if self.renames.learn(self.index.text, self.index.answer_from):
             self._index_renamed()
+
+    def _copies_faithfully(self) -> bool:
+        """Does the answer re-emit its prompt (a code edit), so that a word it changed is a rename? An answer
+        that paraphrases (a summary) goes on with a copy of a few tokens far less often, and the words it swaps
+        recur nowhere it copies: rebuilding the renamed text for them only costs time between rounds."""
+        return self.index.confidence.rate(min(FAITHFUL_MATCH, self.index.max_n), COPY) >= FAITHFUL_RATE
 
     def _extend_text(self, tokens: list[int]) -> None:
         """Index ``tokens`` and follow the answer's text: each answer token first scores the text copy's
