@@ -418,7 +418,8 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
 
 
 # Rows of a drafter that has its candidates as short Python lists (a lookup): per drafted row, the proposed tokens
-# and their probabilities, best first (a row may be empty). expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
+# and their probabilities, best first (a row may be empty).
+# expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
 Rows = tuple[list[list[int]], list[list[float]]]
 ExpandRowsFn = Callable[[list[int], list[int], list[int], int], Rows]
 

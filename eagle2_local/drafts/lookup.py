@@ -30,7 +30,6 @@ from .text_copy import TextCopy
 log = logging.getLogger(__name__)
 
 
-
 # What a match is evidence of: a token of the prompt predicted from the prompt (its own repetitiveness), a token
 # of the answer predicted from the prompt (copying it: a code edit re-emitting a function) or from the answer so
 # far (repeating itself)

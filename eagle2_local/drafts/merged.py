@@ -224,11 +224,11 @@ class MergedDraft:
         propose; a lookup match the answer does not follow must not outrank its sure chain). The lookup-only
         children are kept per candidate (unweighed), to be scored once the token after the candidate is known.
         One numpy call per tree level, none per node."""
-        odds, band = self.odds.factors(), self.odds.band
         tokens, probs = rows
-        weighed = list(probs)
         if not any(tokens):
             return rows
+        odds, band = self.odds.factors(), self.odds.band
+        weighed = list(probs)
         model_tokens, model_log_probs = model_out.tokens.tolist(), model_out.log_probs.tolist()
         left = (1.0 - np.exp(model_out.log_probs).sum(axis=1)).tolist()  # what each row's model leaves to others
         for r, (row, row_probs) in enumerate(zip(tokens, probs)):

@@ -12,8 +12,8 @@ drafted tokens) inside an open string proposes the first tokens of the prompt te
 string's value so far, ranked by how many occurrences agree. How often the top proposal was the next token is
 learned per kind of value, from every answer token it had a proposal for: a one-letter value says little, and a
 value that ends inside a word of the prompt ("Urs" of " Ursula") nearly always goes on with the rest of it,
-where after a whole word the value may as well end. Nothing here decides what is accepted: a wrong proposal is a node the
-target rejects.
+where after a whole word the value may as well end. Nothing here decides what is accepted: a wrong proposal is
+a node the target rejects.
 """
 
 from __future__ import annotations
