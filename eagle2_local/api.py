@@ -39,7 +39,7 @@ from .tree import TreeParams
 
 log = logging.getLogger(__name__)
 
-LOOKUP_DEPTH = 12  # default draft levels for a lookup draft alone (a model draft's default is 6)
+LOOKUP_DEPTH = 16  # default draft levels for a lookup draft alone (a model draft's default is 6): NOTES.md
 
 
 class Eagle2:
@@ -65,7 +65,7 @@ class Eagle2:
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
         :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
         ``plain``: none, and no speculation at all (not even on the tokens a grammar forces): the baseline.
-        ``depth``: draft levels (default 6; 12 for a lookup draft alone, whose levels cost
+        ``depth``: draft levels (default 6; 16 for a lookup draft alone, whose levels cost
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
         into a head's or draft model's trees; True: also alone when no other draft is named; False: never).
         ``draft_timer`` hears how long each draft call takes (benchmarks). ``cache_prompt``: the default of

@@ -11,8 +11,9 @@ from budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World,
 from eagle2_local.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
 from eagle2_local.costs import CostKey, cached_or_measured, load_costs, save_costs
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
-                                      RoundTimes, TreeBudget, best_size, deeper_can_pay)
+                                      RoundTimes, SourceAcceptance, TreeBudget, best_size, deeper_can_pay)
 from eagle2_local.tree_policy.budget import LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
+from eagle2_local.tree import LOOKUP
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
@@ -231,6 +232,24 @@ def test_acceptance_map_starts_at_path_confidence_and_converges():
         expected = np.mean(truth(np.linspace(lo, lo + 0.5, 101)))
         assert abs(amap.prob(np.array([mid]))[0] - expected) < 0.06, (lo, amap.prob(np.array([mid])), expected)
     assert np.all(np.diff(amap.rates()) >= 0)  # monotone: better scores never rank lower
+
+
+def test_lookup_map_tells_a_chains_first_node_from_its_fifteenth():
+    """A lookup chain's nodes all score within a nat of 0: the lookup's map learns their acceptance apart (a
+    model draft's half-nat bins would value the first and the fifteenth node alike)."""
+    rng = np.random.default_rng(1)
+    depth = np.arange(1, 16)
+    scores = depth * np.log(0.97)  # a copy the lookup rates 0.97 a token
+    fine, coarse = SourceAcceptance(), SourceAcceptance(lookup_fine=None)
+    lookup = np.full(len(depth), LOOKUP, dtype=np.int8)
+    for _ in range(200):  # the answer goes on with the copy 0.9 of the time a token
+        accepted = depth <= rng.geometric(0.1) - 1
+        fine.observe(scores, lookup, accepted)
+        coarse.observe(scores, lookup, accepted)
+    first, last = fine.prob(scores[[0, -1]], lookup[:2])
+    assert first > 0.8 and last < 0.4 and first - last > 0.5
+    assert np.ptp(coarse.prob(scores, lookup)) < 0.05  # one bin: the reason for the fine ones
+    assert np.all(np.diff(fine.maps[LOOKUP].rates()) >= 0)
 
 
 def test_cost_model_interpolates_and_learns_load_and_shape_online():

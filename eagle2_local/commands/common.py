@@ -88,7 +88,7 @@ def runtime_options(fn):
                      help="Re-measure the costs --budget auto uses instead of reading them from the cache "
                           "($EAGLE2_LOCAL_CACHE or ~/.cache/eagle2-local)."),
         depth_option(default=None, show_default=False,
-                     help="Draft levels below the root (draft passes per round) [default: 6; 12 for --draft "
+                     help="Draft levels below the root (draft passes per round) [default: 6; 16 for --draft "
                           "lookup, whose levels cost nothing]."),
         tree_top_k_option(),
         click.option("--cache-prompt/--no-cache-prompt", default=False, show_default=True,

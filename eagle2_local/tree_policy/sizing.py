@@ -8,32 +8,44 @@ import numpy as np
 from ..tree import LOOKUP, SOURCE_NAMES
 from .costs import CostModel
 
+LOOKUP_FINE_BINS = 0.05  # nats per bin of the lookup's acceptance map above -1 (NOTES.md: code edits' chains)
+
 
 class AcceptanceMap:
     """Path confidence (cumulative log-prob) -> probability that the node lies on the accepted path.
 
-    Bins of ``width`` nats from ``low`` to 0; each bin holds pseudo-counts seeded with ``prior_weight``
-    observations at exp(bin centre), so the map starts as EAGLE-2's own assumption and moves to the measured
-    rate as rounds come in. Counts are capped (scaled down together) so the map keeps following a drifting
-    conversation instead of freezing after the first thousand rounds. Estimates are made monotone in the
-    score: the tree builder ranks by score, so a better score must never map to a lower probability.
+    Bins of ``width`` nats from ``low`` to 0 (``fine``: bins of ``fine`` nats above ``fine_above``); each bin
+    holds pseudo-counts seeded with ``prior_weight`` observations at exp(bin centre), so the map starts as
+    EAGLE-2's own assumption and moves to the measured rate as rounds come in. Counts are capped (scaled down
+    together) so the map keeps following a drifting conversation instead of freezing after the first thousand
+    rounds. Estimates are made monotone in the score: the tree builder ranks by score, so a better score must
+    never map to a lower probability.
     """
 
     def __init__(self, low: float = -8.0, width: float = 0.5, prior_weight: float = 4.0,
-                 max_count: float = 400.0) -> None:
-        self.edges = np.arange(low, 0.0 + 1e-9, width)  # bin i covers [edges[i-1], edges[i]); bin 0 is < low
-        centres = np.concatenate([[low - width / 2], self.edges[:-1] + width / 2, [0.0]])
+                 max_count: float = 400.0, fine: float | None = None, fine_above: float = -1.0) -> None:
+        if fine is None:
+            self.edges = np.arange(low, 0.0 + 1e-9, width)  # bin i covers [edges[i-1], edges[i]); bin 0 is < low
+        else:
+            self.edges = np.concatenate([np.arange(low, fine_above - 1e-9, width),
+                                         np.linspace(fine_above, 0.0, round(-fine_above / fine) + 1)])
+        centres = np.concatenate([[low - width / 2], (self.edges[:-1] + self.edges[1:]) / 2, [0.0]])
         self.counts = np.full(len(centres), prior_weight)
         self.hits = prior_weight * np.exp(np.minimum(centres, 0.0))
         self.max_count = max_count
         self.n_observed = 0
+        self._rates: np.ndarray | None = None  # rates() until the next observation
 
     def _bin(self, scores: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.edges, np.asarray(scores, dtype=np.float64), side="right")
 
     def rates(self) -> np.ndarray:
-        """Per-bin acceptance estimate, monotone non-decreasing in the score."""
-        return np.clip(np.maximum.accumulate(self.hits / self.counts), 0.0, 1.0)
+        """Per-bin acceptance estimate, monotone non-decreasing in the score: where a bin's rate exceeds a better
+        bin's, the two are pooled by their counts (isotonic regression), so a bin holding only its prior cannot
+        lift the measured bins above it, as a running maximum would."""
+        if self._rates is None:
+            self._rates = np.clip(isotonic(self.hits / self.counts, self.counts), 0.0, 1.0)
+        return self._rates
 
     def prob(self, scores: np.ndarray) -> np.ndarray:
         return self.rates()[self._bin(scores)]
@@ -49,6 +61,24 @@ class AcceptanceMap:
             self.counts *= scale
             self.hits *= scale
         self.n_observed += len(bins)
+        self._rates = None
+
+
+def isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in weighted squared error (pool adjacent violators)."""
+    means: list[float] = []
+    sizes: list[float] = []
+    runs: list[int] = []
+    for v, w in zip(values.tolist(), weights.tolist()):
+        means.append(v)
+        sizes.append(w)
+        runs.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            m2, w2, r2 = means.pop(), sizes.pop(), runs.pop()
+            means[-1] = (means[-1] * sizes[-1] + m2 * w2) / (sizes[-1] + w2)
+            sizes[-1] += w2
+            runs[-1] += r2
+    return np.repeat(means, runs)
 
 
 class SourceAcceptance:
@@ -57,17 +87,18 @@ class SourceAcceptance:
     look unsure, and the reverse. Each starts at path confidence, as EAGLE-2 assumes; a lookup's path
     confidence is already its own learned rate per match length and place (drafts/lookup.py)."""
 
-    def __init__(self, n_sources: int = len(SOURCE_NAMES), lookup_prior_weight: float = 16.0, **map_kw) -> None:
+    def __init__(self, n_sources: int = len(SOURCE_NAMES), lookup_prior_weight: float = 16.0,
+                 lookup_fine: float | None = LOOKUP_FINE_BINS, **map_kw) -> None:
         # a lookup's path confidence is already learned from the text (its hit rates per kind of match), so its
-        # map trusts it more: a few chains that miss at an edit point must not talk the budget out of copying
+        # map trusts it more: a few chains that miss at an edit point must not talk the budget out of copying.
+        # Its chains score between 0 and -1 nats (rates of 0.9-0.99 a token over ten or more tokens), where
+        # half-nat bins would value a chain's first and its tenth node alike: its map has fine bins there.
         self._map_kw = map_kw
-        self._weights = {LOOKUP: lookup_prior_weight}
+        self._own = {LOOKUP: {"prior_weight": lookup_prior_weight, "fine": lookup_fine}}
         self.maps = [self._new_map(source) for source in range(n_sources)]
 
     def _new_map(self, source: int) -> AcceptanceMap:
-        weight = self._weights.get(source)
-        return AcceptanceMap(**self._map_kw) if weight is None else AcceptanceMap(**{**self._map_kw,
-                                                                                    "prior_weight": weight})
+        return AcceptanceMap(**{**self._map_kw, **self._own.get(source, {})})
 
     def prob(self, scores: np.ndarray, sources: np.ndarray | None = None) -> np.ndarray:
         """Acceptance probability of each node (``sources`` None: all from the model draft, source 0)."""
