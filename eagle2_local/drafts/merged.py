@@ -20,6 +20,7 @@ proposes other tokens, a lookup branch must not push its sure chain out of a sma
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -61,6 +62,58 @@ def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: Rows) -> Prop
     return _merge_into_top_k(model, entries)
 
 
+def weigh_into_top_k(model: Proposals, rows: Rows, odds: list[float], band: Callable[[float], int]
+                     ) -> tuple[Proposals, dict[int, tuple[list[int], list[float]]]] | None:
+    """:meth:`MergedDraft._weigh_lookup` then :func:`merge_lookup_rows`, in one pass over the rows the lookup
+    proposes in, where every model row is a top-k (None otherwise: the caller takes the two steps). Also returns,
+    per row, its lookup-only children (tokens and unweighed probabilities).
+
+    The two steps each turned the model's arrays into lists and built a token map per row, on every tree level;
+    here each array becomes a list once and each row has one map. ``odds``: :meth:`LookupOnlyOdds.factors`,
+    ``band``: :meth:`LookupOnlyOdds.band`."""
+    log_probs = model.log_probs.tolist()
+    if not (model.ranked and model.distinct and all(math.isfinite(row[-1]) for row in log_probs)) \
+            and not _is_top_k(model):
+        return None
+    left = (1.0 - np.exp(model.log_probs).sum(axis=1)).tolist()  # what each row's model leaves to others
+    tokens, sources = model.tokens.tolist(), model.sources.tolist()
+    only: dict[int, tuple[list[int], list[float]]] = {}
+    at = []
+    for r, (row, row_probs) in enumerate(zip(*rows)):
+        if row and _weigh_into_row(tokens[r], log_probs[r], sources[r], row, row_probs, max(left[r], 0.0), odds,
+                                   band, only.setdefault(r, ([], []))):
+            at.append(r)
+            if model.ranked:
+                tokens[r], log_probs[r], sources[r] = _best_first(tokens[r], log_probs[r], sources[r])
+    only = {r: children for r, children in only.items() if children[0]}
+    if not at:
+        return model, only
+    return _padded(tokens, log_probs, sources, at, model.tokens.shape[1], model.ranked), only
+
+
+def _weigh_into_row(tokens: list[int], log_probs: list[float], sources: list[int], row: list[int],
+                    row_probs: list[float], room: float, odds: list[float], band: Callable[[float], int],
+                    only: tuple[list[int], list[float]]) -> bool:
+    """One model row (a top-k: distinct tokens) with the lookup's row for it, weighed as
+    :meth:`MergedDraft._weigh_lookup` weighs it and merged as :func:`_merge_row` merges it (the lists are
+    changed in place; ``only`` gets the lookup-only children). Whether any entry joined (a weighed probability
+    of 0 is no entry)."""
+    column = dict(zip(tokens, range(len(tokens))))
+    entries = []
+    for tok, p in zip(row, row_probs):
+        j = column.get(tok)
+        if j is None:  # lookup-only
+            only[0].append(tok)
+            only[1].append(p)
+            p = max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB)
+        else:  # shared: the merge keeps the higher of this and the model's own probability
+            p = min(p, room + math.exp(log_probs[j]))
+        if p > 0.0:
+            entries.append((tok, math.log(p), LOOKUP))
+    _merge_row(tokens, log_probs, sources, entries, column)
+    return bool(entries)
+
+
 def _is_top_k(model: Proposals) -> bool:
     """Whether every row is a top-k: finite log-probabilities and distinct tokens (checked on all rows at once,
     or taken from the producer's flags; the merge then visits only the rows the other draft proposes in)."""
@@ -85,12 +138,18 @@ def _merge_into_top_k(model: Proposals, entries: dict[int, list[tuple[int, float
     at = [r for r, row in entries.items() if row]
     if not at:
         return model
-    k = model.tokens.shape[1]
     tokens, log_probs, sources = model.tokens.tolist(), model.log_probs.tolist(), model.sources.tolist()
     for r in at:
         row = _merge_row(tokens[r], log_probs[r], sources[r], entries[r])
         if model.ranked:
             tokens[r], log_probs[r], sources[r] = _best_first(*row)
+    return _padded(tokens, log_probs, sources, at, model.tokens.shape[1], model.ranked)
+
+
+def _padded(tokens: list[list[int]], log_probs: list[list[float]], sources: list[list[int]], at: list[int], k: int,
+            ranked: bool) -> Proposals:
+    """Merged rows (the rows ``at`` grew past the model's ``k`` columns) as :class:`Proposals` of distinct tokens,
+    every row padded to the widest."""
     width = max(len(tokens[r]) for r in at)
     if width > k:
         for tok_row, lp_row, src_row in zip(tokens, log_probs, sources):
@@ -99,15 +158,16 @@ def _merge_into_top_k(model: Proposals, entries: dict[int, list[tuple[int, float
             lp_row += [-np.inf] * pad
             src_row += [0] * pad
     return Proposals.trusted(np.array(tokens, dtype=np.int64), np.array(log_probs), np.array(sources, dtype=np.int8),
-                             ranked=model.ranked, distinct=True)
+                             ranked=ranked, distinct=True)
 
 
-def _merge_row(tokens: list[int], log_probs: list[float], sources: list[int],
-               entries: list[tuple[int, float, int]]) -> tuple[list[int], list[float], list[int]]:
+def _merge_row(tokens: list[int], log_probs: list[float], sources: list[int], entries: list[tuple[int, float, int]],
+               column: dict[int, int] | None = None) -> tuple[list[int], list[float], list[int]]:
     """One model row (distinct tokens) with the other draft's entries for it: a new token is appended, a token
     already in the row keeps its place with the higher log-probability and becomes BOTH (the lists are changed
-    in place and returned)."""
-    column = dict(zip(tokens, range(len(tokens))))
+    in place and returned). ``column``: the row's token -> column map, if the caller has it."""
+    if column is None:
+        column = dict(zip(tokens, range(len(tokens))))
     for tok, lp, src in entries:
         j = column.get(tok)
         if j is None:
@@ -214,6 +274,13 @@ class MergedDraft:
     def _merge(self, model_out: DraftOutput, lookup_rows: Rows, cand_ids: list[int]) -> Proposals:
         if not isinstance(model_out, Proposals):
             model_out = Proposals.from_logits(model_out, self.top_k)
+        if any(lookup_rows[0]):
+            folded = weigh_into_top_k(model_out, lookup_rows, self.odds.factors(), self.odds.band)
+            if folded is not None:
+                merged, only = folded
+                for r, children in only.items():
+                    self._only[cand_ids[r]] = children
+                return merged
         return merge_lookup_rows(model_out, self.lookup, self._weigh_lookup(model_out, lookup_rows, cand_ids))
 
     def _weigh_lookup(self, model_out: Proposals, rows: Rows, cand_ids: list[int]) -> Rows:
