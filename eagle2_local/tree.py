@@ -422,25 +422,45 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
 # expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
 Rows = tuple[list[list[int]], list[list[float]]]
 ExpandRowsFn = Callable[[list[int], list[int], list[int], int], Rows]
+# Rows with log-probabilities and sources (a merged draft's): per drafted row its tokens, log-probabilities and
+# sources, best first (ties in the order the stable ranking keeps; -inf entries are padding).
+ListRows = tuple[list[list[int]], list[list[float]], list[list[int]]]
+ExpandListsFn = Callable[[list[int], list[int], list[int], int], ListRows]
 
 
 def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: TreeParams, source: int,
                         should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
                         final_tokens: frozenset[int] = frozenset()) -> Candidates:
-    """:func:`grow_candidates` for a drafter whose rows are Python lists (a lookup; every candidate from
-    ``source``): the same candidates in the same order, ranked the same way, grown in plain Python. A lookup's
-    levels are one to three rows of one to three entries, where each of the array path's ~20 numpy calls a level
-    costs more than the rows' own work. Scores are ``math.log`` of the probabilities, as the lookup's
-    :class:`Proposals` are; a probability of 0 is never a candidate (its log is the array path's padding)."""
+    """:func:`grow_candidates` for a drafter whose rows are Python lists of probabilities (a lookup; every
+    candidate from ``source``): :func:`grow_list_candidates` of ``math.log`` of each probability, as the lookup's
+    :class:`Proposals` hold (a probability of 0 is never a candidate: its log is the array path's padding)."""
+    def with_logs(rows: Rows) -> ListRows:
+        tokens, probs = rows
+        return (tokens, [[math.log(p) if p > 0.0 else -math.inf for p in row] for row in probs],
+                [[source] * len(row) for row in tokens])
+
+    return grow_list_candidates(with_logs(root_rows), lambda *args: with_logs(expand_rows(*args)), params,
+                                should_expand, level_done, final_tokens)
+
+
+def grow_list_candidates(root_rows: ListRows, expand_lists: ExpandListsFn, params: TreeParams,
+                         should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
+                         final_tokens: frozenset[int] = frozenset()) -> Candidates:
+    """:func:`grow_candidates` for a drafter whose rows are Python lists, best first (:data:`ListRows`: a lookup's,
+    a merged draft's): the same candidates in the same order, ranked the same way, scores bit for bit, grown in
+    plain Python. A level is ten rows of about ten entries or fewer, where each of the array path's ~20 numpy calls
+    a level costs more than the rows' own work on the cold caches right after a draft's decode."""
     k = params.top_k
     tok: list[int] = []
     score: list[float] = []
     parent: list[int] = []
-    for t, p in zip(root_rows[0][0][:k], root_rows[1][0][:k]):
-        if p > 0.0:
+    src: list[int] = []
+    for t, lp, s in zip(root_rows[0][0][:k], root_rows[1][0][:k], root_rows[2][0][:k]):
+        if lp > -math.inf:
             tok.append(t)
-            score.append(math.log(p))
+            score.append(lp)
             parent.append(-1)
+            src.append(s)
     frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
     levels = 1
     for level in range(2, params.depth + 1):
@@ -449,26 +469,28 @@ def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: Tree
         if not frontier:
             break
         if should_expand is not None and not should_expand(np.array(score), np.array([score[i] for i in frontier]),
-                                                           levels, np.full(len(score), source, dtype=np.int8),
-                                                           np.full(len(frontier), source, dtype=np.int8)):
+                                                           levels, np.array(src, dtype=np.int8),
+                                                           np.array([src[i] for i in frontier], dtype=np.int8)):
             break
-        rows_tok, rows_prob = expand_rows(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier],
-                                          level - 1)
+        rows_tok, rows_lp, rows_src = expand_lists(frontier, [tok[i] for i in frontier],
+                                                   [parent[i] for i in frontier], level - 1)
         first = len(tok)
-        for cand, toks, probs in zip(frontier, rows_tok, rows_prob):
+        for cand, toks, lps, srcs in zip(frontier, rows_tok, rows_lp, rows_src):
             base = score[cand]
-            for t, p in zip(toks[:k], probs[:k]):
-                if p > 0.0:
+            for t, lp, s in zip(toks[:k], lps[:k], srcs[:k]):
+                cum = base + lp
+                if cum > -math.inf:
                     tok.append(t)
-                    score.append(base + math.log(p))
+                    score.append(cum)
                     parent.append(cand)
+                    src.append(s)
         best = sorted(range(first, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
         frontier = [i for i in best if tok[i] not in final_tokens][:k]
         levels = level
     if level_done is not None and levels == params.depth:
         level_done(levels)
     return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
-                      np.array(parent, dtype=np.int64), levels, np.full(len(tok), source, dtype=np.int8))
+                      np.array(parent, dtype=np.int64), levels, np.array(src, dtype=np.int8))
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

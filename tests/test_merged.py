@@ -12,7 +12,7 @@ from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft
 from eagle2_local.drafts.lookup import ROOT
 from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, merge_lookup_rows, weigh_into_top_k
 from eagle2_local.llama import LlamaModel
-from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals
+from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, grow_list_candidates
 from helpers import ONE_THREAD
 
 
@@ -150,3 +150,33 @@ def test_weighing_folded_into_the_merge_equals_weighing_then_merging(synth):
     assert n_checked > 150, "few rows took lookup entries: the fold was hardly tested"
     padded = Proposals([[3, 4, 0]], np.log([[0.5, 0.2, 1e-300]]) + np.array([[0, 0, -np.inf]]))
     assert weigh_into_top_k(padded, ([[5]], [[0.5]]), merged.odds.factors(), merged.odds.band) is None
+
+
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_merged_trees_grow_from_lists_as_from_proposals(synth, in_graph):
+    """Two merged drafts in lockstep over rounds of a repetitive text, one growing its trees from Python lists
+    (``catch_up_lists`` / ``expand_lists``, as the generator does), the other from :class:`Proposals`: the same
+    candidates, scores bit for bit, and the same lookup-only children kept; dense and in-graph model rows."""
+    text = synth.tokenize("a b c d a b c e a b c f a b c g a b c d a b c")
+    params = TreeParams(24, 4, 3)
+    drafts = [MergedDraft(DraftModelEngine(synth, ONE_THREAD, 3, 4, in_graph_top_k=in_graph), 3,
+                          LookupDraft(max_branches=3)) for _ in range(2)]
+    final = frozenset(synth.eog_tokens)
+    n_lookup = 0
+    for end in range(8, len(text)):
+        tokens = np.asarray(text[:end])
+        by_lists = grow_list_candidates(drafts[0].catch_up_lists(tokens, None), drafts[0].expand_lists, params,
+                                        final_tokens=final)
+        by_arrays = grow_candidates(drafts[1].catch_up(tokens, None), drafts[1].expand, params,
+                                    final_tokens=np.array(sorted(final), dtype=np.int64))
+        assert by_lists.levels == by_arrays.levels
+        for name in ("tokens", "scores", "parents", "sources"):
+            a, b = getattr(by_lists, name), getattr(by_arrays, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        assert drafts[0]._only == drafts[1]._only
+        n_lookup += int((by_lists.sources != MODEL).sum())
+        for draft in drafts:
+            draft.commit(np.array([], dtype=np.int64))
+    assert n_lookup > 20, "the lookup hardly joined the trees"
+    for draft in drafts:
+        draft.close()

@@ -30,7 +30,7 @@ from llama_cpp import llama_cpp_ext
 from ..errors import IncompatibleDraftError, ModelError, TreeError
 from .. import gguf_keys as keys
 from ..llama_ext import LAYER_INPUT_ARCHS, buffer_view
-from .base import TreeSequences
+from .base import TreeSequences, as_list
 from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
 from ..models import GGUFInfo
 from .. import backend_topk
@@ -244,7 +244,7 @@ class Eagle3Engine:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
-        cands, parents = cand_ids.tolist(), parent_ids.tolist()
+        cands, parents = as_list(cand_ids), as_list(parent_ids)
         seqs = self.seqs.assign(cands, parents)
         g_row = self._g_row
         g = self._g[[g_row[parent] for parent in parents]]
