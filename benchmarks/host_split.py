@@ -26,7 +26,7 @@ from eagle2_local.drafts import base, draft_model, eagle3_llama, lookup, merged 
 
 WRAPPED = {  # owner -> functions whose own host time is listed
     generator.Generator: ["_tree_round"],
-    merged.MergedDraft: ["catch_up", "expand", "commit"],
+    merged.MergedDraft: ["catch_up", "expand", "catch_up_lists", "expand_lists", "commit"],
     eagle3_llama.Eagle3Engine: ["catch_up", "expand", "_encode", "_process_entries", "_rows", "_prenorm", "commit"],
     draft_model.DraftModelEngine: ["catch_up", "expand", "_rows", "commit"],
     lookup.LookupDraft: ["catch_up_rows", "expand_rows", "_continue", "proposals", "next_rate"],
@@ -39,7 +39,7 @@ WRAPPED = {  # owner -> functions whose own host time is listed
     backlog.FeatureBacklog: ["take", "restart", "extend"],
     merged: ["merge_proposals", "merge_lookup_rows"],
     tree: ["top_children"],
-    generator: ["accept", "select_tree", "grow_candidates", "grow_row_candidates"],
+    generator: ["accept", "select_tree", "grow_candidates", "grow_row_candidates", "grow_list_candidates"],
 }
 
 own: collections.defaultdict[str, float] = collections.defaultdict(float)

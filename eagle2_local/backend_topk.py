@@ -107,6 +107,7 @@ class BackendTopK:
         self.n_rows = 0  # output rows of the batch about to run
         # this graph's logit row stride and its batch-wide (top ids, top logits, top probs)
         self._batched: tuple[int, int, int, int] | None = None
+        self.carrier: int | None = None  # the output row whose slots hold the whole batch's values (this graph)
         self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._row_index = np.arange(256)[:, None]
         self._g = _ggml()
@@ -129,6 +130,7 @@ class BackendTopK:
 
         def backend_reset(_smpl):
             self._batched = None
+            self.carrier = None
 
         def backend_apply(_smpl, gctx, _gf, data_p):
             # an inactive sequence's call is timed by llama.cpp's clock: its own work is this test, and two more
@@ -168,7 +170,8 @@ class BackendTopK:
         data.probs = g.ggml_get_rows(gctx, g.ggml_reshape_2d(gctx, g.ggml_soft_max(gctx, logits), 1, n), top)
 
     def _build(self, gctx, data) -> None:
-        """Views of this row in the batch-wide top-k (built on the graph's first active row)."""
+        """The batch-wide top-k, built on the graph's first active row, which carries all of it (:attr:`carrier`)
+        where it fits one row's slots; else views of each row's part."""
         head = _TensorHead.from_address(data.logits)
         if not head.view_src or self.n_rows < 1:
             self._build_row(gctx, data)
@@ -176,6 +179,13 @@ class BackendTopK:
         if self._batched is None:
             row_bytes = int(_TensorHead.from_address(head.view_src).nb[1])
             self._batched = (row_bytes, *self._build_batch(gctx, head.view_src, row_bytes))
+            if self.n_rows * self.k <= self.n_vocab:  # llama.cpp copies at most a vocabulary per row and slot
+                self.carrier = head.view_offs // row_bytes
+                data.candidates, data.logits, data.probs = self._batched[1:]
+                return
+        if self.carrier is not None:  # this row's values travel in the carrier's slots
+            data.logits = None
+            return
         row_bytes, top, lg, pr = self._batched
         g, k, off = self._g, self.k, head.view_offs // row_bytes * self.k * 4
         data.candidates = g.ggml_view_1d(gctx, top, k, off)
@@ -200,9 +210,12 @@ class BackendTopK:
     def read(self, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and float64 log-probabilities of the last decode's n output rows, best first (ties: lower id).
 
-        llama.cpp keeps each row's k values at the start of a vocabulary-wide slot (row-major, one slot per
-        output row, in batch order for a batch of one micro-batch). Its three buffers are allocated once per
-        context, so their views are cached by the candidates' address (one llama.cpp call per read)."""
+        llama.cpp copies what a row's sampler returns to the start of that row's vocabulary-wide slot, one slot
+        per output row and buffer (row-major, in batch order for a batch of one micro-batch). The carrier row's
+        slots hold every row's k values (:meth:`_build`): three copies for llama.cpp instead of three per row (on
+        a GPU, three transfers instead of 3n) and three ggml views fewer per row in the callbacks. Its three
+        buffers are allocated once per context, so their views are cached by the candidates' address (one
+        llama.cpp call per read)."""
         cand, lg, pr = self._views_of(n_rows)
         order = np.lexsort((cand, -lg), axis=-1)
         rows = self._row_index[:n_rows]
@@ -215,14 +228,18 @@ class BackendTopK:
         """The first k columns of the first ``n_rows`` slots of llama.cpp's sampled candidates, logits and
         probabilities. Indices count from the end (the last n outputs): a positive index would be a *batch*
         position, and a prompt chunk's only output is its last token."""
+        at = -n_rows if self.carrier is None else self.carrier - n_rows
         t0 = time.perf_counter()
-        ptr = llama_cpp.llama_get_sampled_candidates_ith(self.ctx, -n_rows)  # waits for a GPU to finish
+        ptr = llama_cpp.llama_get_sampled_candidates_ith(self.ctx, at)  # waits for a GPU to finish
         charge_llama(t0)
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_rows)
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_rows, self.carrier is None)
         views = self._views.get(key)
         if views is None:
-            shape = (n_rows, self.n_vocab)
-            views = self._views[key] = tuple(np.ctypeslib.as_array(p, shape=shape)[:, :self.k] for p in (
-                ptr, llama_cpp.llama_get_sampled_logits_ith(self.ctx, -n_rows),
-                llama_cpp.llama_get_sampled_probs_ith(self.ctx, -n_rows)))
+            pointers = (ptr, llama_cpp.llama_get_sampled_logits_ith(self.ctx, at),
+                        llama_cpp.llama_get_sampled_probs_ith(self.ctx, at))
+            if self.carrier is None:
+                views = tuple(np.ctypeslib.as_array(p, shape=(n_rows, self.n_vocab))[:, :self.k] for p in pointers)
+            else:
+                views = tuple(np.ctypeslib.as_array(p, shape=(n_rows, self.k)) for p in pointers)
+            self._views[key] = views
         return views

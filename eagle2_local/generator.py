@@ -19,13 +19,15 @@ from .drafts.base import DraftEngine
 from .drafts.constrained import ConstrainedDraft
 from .drafts.forced import ForcedDraft, VocabForest
 from .drafts.lookup import LookupDraft
+from .drafts.merged import MergedDraft
 from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from .llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
-from .tree import LOOKUP, SOURCE_NAMES, TreeParams, grow_candidates, grow_row_candidates, select_tree
+from .tree import (LOOKUP, SOURCE_NAMES, TreeParams, grow_candidates, grow_list_candidates, grow_row_candidates,
+                   select_tree)
 from .tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
 
 log = logging.getLogger(__name__)
@@ -432,6 +434,9 @@ class Generator:
         if isinstance(engine, LookupDraft):  # rows of Python lists: the tree grows without numpy per level
             cands = grow_row_candidates(engine.catch_up_rows(text), engine.expand_rows, params, LOOKUP,
                                         should_expand=deeper, level_done=level_done, final_tokens=self.stop_tokens)
+        elif isinstance(engine, MergedDraft):  # likewise: its merge works on lists
+            cands = grow_list_candidates(engine.catch_up_lists(text, *features), engine.expand_lists, params,
+                                         should_expand=deeper, level_done=level_done, final_tokens=self.stop_tokens)
         else:
             cands = grow_candidates(engine.catch_up(text, *features), engine.expand, params, should_expand=deeper,
                                     level_done=level_done, final_tokens=self._final)

@@ -272,14 +272,14 @@ class Batch:
 
     def fill(self, tokens: np.ndarray | None, pos: np.ndarray | int, seq_mask: np.ndarray | None,
              seq_ids: np.ndarray | list[int] | None, single_seq: int, outputs: np.ndarray | int,
-             embd: np.ndarray | None = None) -> int:
+             embd: np.ndarray | None = None, embd_rows: list[int] | None = None) -> int:
         """Write n entries. Every token belongs to ``single_seq``, or (``seq_mask`` None, ``seq_ids`` given)
         token i to ``seq_ids[i]`` alone (a draft's tree level), or ``seq_mask[i, j]`` says whether token i
         belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want (``pos`` and
         ``outputs`` may be one value for all). ``embd``: one row per entry, beside its token, or alone where
-        ``tokens`` is None."""
-        n = len(tokens) if tokens is not None else len(embd)
-        self._fill_inputs(tokens, embd, n)
+        ``tokens`` is None; or, with ``embd_rows``, the rows ``embd_rows`` of it, in that order."""
+        n = len(tokens) if tokens is not None else len(embd if embd_rows is None else embd_rows)
+        self._fill_inputs(tokens, embd, embd_rows, n)
         self.pos[:n] = pos
         self.logits[:n] = outputs
         if seq_mask is None:
@@ -298,7 +298,8 @@ class Batch:
         self.struct.n_tokens = n
         return n
 
-    def _fill_inputs(self, tokens: np.ndarray | None, embd: np.ndarray | None, n: int) -> None:
+    def _fill_inputs(self, tokens: np.ndarray | None, embd: np.ndarray | None, embd_rows: list[int] | None,
+                     n: int) -> None:
         """The token ids and embedding rows, and which of the two arrays llama.cpp reads (a null pointer: none)."""
         if tokens is not None:
             self.token[:n] = tokens
@@ -310,7 +311,10 @@ class Batch:
         if self.embd.size < size:
             self.embd = np.zeros(self.capacity * embd.shape[1], dtype=np.float32)
             self._embd_p = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        self.embd[:size].reshape(n, -1)[:] = embd
+        if embd_rows is None:
+            self.embd[:size].reshape(n, -1)[:] = embd
+        else:
+            np.take(embd, embd_rows, axis=0, out=self.embd[:size].reshape(n, -1))
         self.struct.embd = self._embd_p
 
 
@@ -381,14 +385,15 @@ class LlamaContext:
     # ------------------------------------------------------------ decode
     def decode(self, tokens: np.ndarray | None, pos: np.ndarray | int, outputs: np.ndarray | int, *, seq: int = 0,
                seq_mask: np.ndarray | None = None, seq_ids: np.ndarray | list[int] | None = None,
-               embd: np.ndarray | None = None, encode: bool = False) -> None:
+               embd: np.ndarray | None = None, embd_rows: list[int] | None = None, encode: bool = False) -> None:
         """Submit one batch: every token in sequence ``seq``, or token i in ``seq_ids[i]`` (``seq_mask`` None),
         or in the sequences ``seq_ids[j]`` where ``seq_mask[i, j]``. ``pos`` and ``outputs``: per token, or one
         value for all (a tree level). ``embd``: an embedding row per entry, beside its token (decoder input rows,
-        ``n_embd_inp`` wide) or alone (``tokens`` None; with ``encode``, the encoder graph's input rows). Sizes are
+        ``n_embd_inp`` wide) or alone (``tokens`` None; with ``encode``, the encoder graph's input rows); with
+        ``embd_rows``, entry i takes row ``embd_rows[i]`` of ``embd`` (gathered into the batch). Sizes are
         checked here because llama.cpp aborts the process on oversize batches and reads embedding rows at the
         width its graph expects."""
-        n = len(tokens) if tokens is not None else len(embd)
+        n = len(tokens) if tokens is not None else len(embd if embd_rows is None else embd_rows)
         if n == 0:
             return
         if n > self.n_batch:
@@ -405,7 +410,7 @@ class LlamaContext:
         if embd is not None and not encode and embd.shape[1] != self.n_embd_inp:
             raise DecodeError(f"embedding rows of width {embd.shape[1]}; {self.model.path.name} reads "
                               f"{self.n_embd_inp}")
-        self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs, embd)
+        self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs, embd, embd_rows)
         mark = _n_errors
         t0 = time.perf_counter()
         rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self._ctx, self.batch.struct)

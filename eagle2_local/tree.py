@@ -422,6 +422,10 @@ def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreePara
 # expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
 Rows = tuple[list[list[int]], list[list[float]]]
 ExpandRowsFn = Callable[[list[int], list[int], list[int], int], Rows]
+# Rows with log-probabilities and sources (a merged draft's): per drafted row its tokens, log-probabilities and
+# sources, best first (ties in the order the stable ranking keeps; -inf entries are padding).
+ListRows = tuple[list[list[int]], list[list[float]], list[list[int]]]
+ExpandListsFn = Callable[[list[int], list[int], list[int], int], ListRows]
 
 
 def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: TreeParams, source: int,
@@ -433,28 +437,15 @@ def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: Tree
     costs more than the rows' own work. Scores are ``math.log`` of the probabilities, as the lookup's
     :class:`Proposals` are; a probability of 0 is never a candidate (its log is the array path's padding)."""
     k = params.top_k
-    tok: list[int] = []
-    score: list[float] = []
-    parent: list[int] = []
+    grown = _Grown()
     for t, p in zip(root_rows[0][0][:k], root_rows[1][0][:k]):
         if p > 0.0:
-            tok.append(t)
-            score.append(math.log(p))
-            parent.append(-1)
-    frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
-    levels = 1
-    for level in range(2, params.depth + 1):
-        if level_done is not None:
-            level_done(levels)
-        if not frontier:
-            break
-        if should_expand is not None and not should_expand(np.array(score), np.array([score[i] for i in frontier]),
-                                                           levels, np.full(len(score), source, dtype=np.int8),
-                                                           np.full(len(frontier), source, dtype=np.int8)):
-            break
-        rows_tok, rows_prob = expand_rows(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier],
-                                          level - 1)
-        first = len(tok)
+            grown.add(t, math.log(p), -1, source)
+
+    def add_level(frontier: list[int], level: int) -> None:
+        rows_tok, rows_prob = expand_rows(frontier, [grown.tok[i] for i in frontier],
+                                          [grown.parent[i] for i in frontier], level)
+        tok, score, parent, src = grown.tok, grown.score, grown.parent, grown.src
         for cand, toks, probs in zip(frontier, rows_tok, rows_prob):
             base = score[cand]
             for t, p in zip(toks[:k], probs[:k]):
@@ -462,13 +453,85 @@ def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: Tree
                     tok.append(t)
                     score.append(base + math.log(p))
                     parent.append(cand)
-        best = sorted(range(first, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
-        frontier = [i for i in best if tok[i] not in final_tokens][:k]
-        levels = level
-    if level_done is not None and levels == params.depth:
-        level_done(levels)
-    return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
-                      np.array(parent, dtype=np.int64), levels, np.full(len(tok), source, dtype=np.int8))
+                    src.append(source)
+
+    return grown.levels(add_level, params, should_expand, level_done, final_tokens)
+
+
+def grow_list_candidates(root_rows: ListRows, expand_lists: ExpandListsFn, params: TreeParams,
+                         should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
+                         final_tokens: frozenset[int] = frozenset()) -> Candidates:
+    """:func:`grow_candidates` for a drafter whose rows are Python lists with log-probabilities and sources, best
+    first (:data:`ListRows`: a merged draft's): the same candidates in the same order, ranked the same way, scores
+    bit for bit, grown in plain Python. A level is ten rows of about ten entries or fewer, where each of the array
+    path's ~20 numpy calls a level costs more than the rows' own work on the cold caches right after a draft's
+    decode."""
+    k = params.top_k
+    grown = _Grown()
+    for t, lp, s in zip(root_rows[0][0][:k], root_rows[1][0][:k], root_rows[2][0][:k]):
+        if lp > -math.inf:
+            grown.add(t, lp, -1, s)
+
+    def add_level(frontier: list[int], level: int) -> None:
+        rows_tok, rows_lp, rows_src = expand_lists(frontier, [grown.tok[i] for i in frontier],
+                                                   [grown.parent[i] for i in frontier], level)
+        tok, score, parent, src = grown.tok, grown.score, grown.parent, grown.src
+        for cand, toks, lps, srcs in zip(frontier, rows_tok, rows_lp, rows_src):
+            base = score[cand]
+            for t, lp, s in zip(toks[:k], lps[:k], srcs[:k]):
+                cum = base + lp
+                if cum > -math.inf:  # the array path's isfinite: a padding entry (-inf) is never a candidate
+                    tok.append(t)
+                    score.append(cum)
+                    parent.append(cand)
+                    src.append(s)
+
+    return grown.levels(add_level, params, should_expand, level_done, final_tokens)
+
+
+class _Grown:
+    """The candidates of :func:`grow_row_candidates` and :func:`grow_list_candidates` as Python lists, and the
+    level loop they share (EAGLE-2's, as :func:`grow_candidates` runs it on arrays)."""
+
+    def __init__(self) -> None:
+        self.tok: list[int] = []
+        self.score: list[float] = []
+        self.parent: list[int] = []
+        self.src: list[int] = []
+
+    def add(self, tok: int, score: float, parent: int, src: int) -> None:
+        self.tok.append(tok)
+        self.score.append(score)
+        self.parent.append(parent)
+        self.src.append(src)
+
+    def levels(self, add_level: Callable[[list[int], int], None], params: TreeParams,
+               should_expand: ShouldExpandFn | None, level_done: LevelDoneFn | None,
+               final_tokens: frozenset[int]) -> Candidates:
+        """Grow from the root's children (added already): each level, ``add_level(frontier, level)`` appends the
+        children of the frontier; the next frontier is the level's k best (stable: ties keep their order) that
+        may have children."""
+        tok, score, src = self.tok, self.score, self.src
+        frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
+        levels = 1
+        for level in range(2, params.depth + 1):
+            if level_done is not None:
+                level_done(levels)
+            if not frontier:
+                break
+            if should_expand is not None and not should_expand(
+                    np.array(score), np.array([score[i] for i in frontier]), levels, np.array(src, dtype=np.int8),
+                    np.array([src[i] for i in frontier], dtype=np.int8)):
+                break
+            first = len(tok)
+            add_level(frontier, level - 1)
+            best = sorted(range(first, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
+            frontier = [i for i in best if tok[i] not in final_tokens][:params.top_k]
+            levels = level
+        if level_done is not None and levels == params.depth:
+            level_done(levels)
+        return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
+                          np.array(self.parent, dtype=np.int64), levels, np.array(src, dtype=np.int8))
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from eagle2_local.backend_topk import BackendTopK
 from eagle2_local.drafts.draft_model import DraftModelEngine
-from eagle2_local.llama import ContextSettings, LlamaModel
+from eagle2_local.llama import ContextSettings, LlamaContext, LlamaModel
 from eagle2_local.tree import top_k_log_probs
 from helpers import ONE_THREAD, assert_lossless, make, random_prompts
 
@@ -50,3 +51,32 @@ def test_draft_model_in_graph_is_lossless(synth_q8, synth_q8_weak):
                                                                  in_graph_top_k=True), params)
     for i, prompt in enumerate(random_prompts(model, 2, seed=11)):
         assert_lossless(plain, spec, prompt, 40, i)
+
+
+def test_rows_come_back_carried_by_one_row_or_row_by_row(synth_q8):
+    """One output row carries every row's values where they fit its slot (here the row of the lowest active
+    sequence, the batch's last), else each row carries its own (n * k beyond the 604-token vocabulary): either
+    way each row's tokens and log-probabilities equal numpy's top-k of the same context's dense rows."""
+    model = LlamaModel(synth_q8)
+    prompt = np.r_[1, np.random.default_rng(9).integers(5, model.n_vocab, 12)].astype(np.int32)
+    for k, n, carrier in ((3, 5, 4), (40, 16, None)):
+        settings = ContextSettings(n_ctx=256, n_batch=32, n_seq_max=n + 1, n_threads=1)
+        dense, graph = LlamaContext(model, settings), LlamaContext(model, settings)
+        top = BackendTopK(graph.ptr, model.n_vocab, k, range(n + 1))
+        seqs = list(range(n, 0, -1))
+        toks = np.arange(20, 20 + n, dtype=np.int32)
+        top.activate((), 0)
+        for ctx in (dense, graph):
+            ctx.decode(prompt, np.arange(len(prompt), dtype=np.int32), 0, seq=0)
+            ctx.seq_cp_many([0] * n, seqs)
+        top.activate(seqs, n)
+        for ctx in (dense, graph):
+            ctx.decode(toks, len(prompt), 1, seq_ids=seqs)
+        assert top.carrier == carrier
+        got_tok, got_lp = top.read(n)
+        want_tok, want_lp = top_k_log_probs(dense.logits(n), k)
+        np.testing.assert_array_equal(got_tok, want_tok)
+        np.testing.assert_allclose(got_lp, want_lp, rtol=0, atol=1e-5)
+        dense.close()
+        graph.close()
+    model.close()

@@ -130,6 +130,25 @@ def test_embedding_rows_of_the_wrong_width_are_refused(head, target4):
     model.close()
 
 
+def test_a_level_reads_its_parents_from_the_level_before(head, target4):
+    """A node's g is its parent's row of the last decode's pre-norm output: a level whose parent was decoded two
+    levels up (or not at all) is one clear error, and the tree goes on from the level before."""
+    path, _, _, _ = head
+    model, target, engine = engine_on(path, target4, max_width=2, max_depth=4)
+    prompt = model.tokenize("the water is")
+    ver = target.prefill(prompt)
+    engine.catch_up(np.asarray(prompt + [int(np.argmax(ver.logits[0]))]), ver.features, 0)
+    engine.expand(np.array([0, 1]), np.array([11, 12]), np.array([-1, -1]), 1)
+    engine.expand(np.array([2, 3]), np.array([13, 14]), np.array([0, 1]), 2)
+    for parents in ([-1, 2], [0, 3], [2, 9]):
+        with pytest.raises(TreeError, match="parents must be the nodes of the level before"):
+            engine.expand(np.array([4, 5]), np.array([15, 16]), np.array(parents), 3)
+    assert np.array(engine.expand(np.array([4, 5]), np.array([15, 16]), np.array([2, 3]), 3)).shape[0] == 2
+    engine.close()
+    target.close()
+    model.close()
+
+
 def test_in_graph_top_k_equals_numpy_on_dense_rows(head, target4):
     """The in-graph top-k (llama.cpp backend sampling) gives each row's k best tokens and log-probabilities as
     numpy's top_k_log_probs does on the same head's dense rows: same tokens in the same order, log-probabilities

@@ -10,9 +10,9 @@ import pytest
 
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft
 from eagle2_local.drafts.lookup import ROOT
-from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, merge_lookup_rows
+from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, merge_lookup_rows, weigh_into_top_k
 from eagle2_local.llama import LlamaModel
-from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals
+from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, grow_list_candidates
 from helpers import ONE_THREAD
 
 
@@ -106,3 +106,77 @@ def test_merged_draft_learns_from_the_token_that_came_next(synth):
         b = merged.odds.band(p)
         expected[b] += p * p
     assert merged.odds.hits == hits and merged.odds.expected == pytest.approx(expected)
+
+
+def test_weighing_folded_into_the_merge_equals_weighing_then_merging(synth):
+    """The merged draft's one pass (weigh_into_top_k) against its two steps (``_weigh_lookup``, then
+    ``merge_lookup_rows``) on top-k model rows, ranked or not: shared tokens, confident and unsure rows, lookup
+    rows repeating a token or holding a probability of 0, empty rows, learned odds; the same arrays bit for bit,
+    the same flags, the same lookup-only children kept. A model row that is not a top-k is left to the two steps."""
+    rng = np.random.default_rng(23)
+    lookup = LookupDraft(max_branches=4)
+    merged = MergedDraft(DraftModelEngine(synth, ONE_THREAD, 2, 4), 2, lookup)
+    for _ in range(20):
+        merged.odds.observe([7], [float(rng.uniform(0.05, 1.0))], next_token=int(rng.integers(6, 9)))
+    n_checked = 0
+    for n_rows, km in [(1, 3), (10, 10), (6, 4), (4, 1)]:
+        for trial in range(60):
+            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
+            lp = np.log(rng.dirichlet(np.full(km + 1, 0.3 if trial % 3 else 3.0), n_rows)[:, :km] + 1e-9)
+            ranked = trial % 2 == 0
+            if ranked:
+                lp = -np.sort(-lp, axis=1)
+            model = Proposals.trusted(tokens, lp, ranked=ranked, distinct=bool(trial % 4 < 2))
+            rows = ([], [])
+            for _ in range(n_rows):
+                n = int(rng.integers(0, 5))
+                row = rng.integers(0, 16, n).tolist()  # repeats and model tokens now and then
+                probs = rng.uniform(0.0, 1.0, n)
+                probs[rng.random(n) < 0.15] = 0.0
+                rows[0].append(row)
+                rows[1].append(probs.tolist())
+            cand_ids = rng.permutation(100)[:n_rows].tolist()
+            merged._only.clear()
+            want = merge_lookup_rows(model, lookup, merged._weigh_lookup(model, rows, cand_ids))
+            want_only = dict(merged._only)
+            folded = weigh_into_top_k(model, rows, merged.odds.factors(), merged.odds.band)
+            assert folded is not None
+            got, only = folded
+            for a, b in ((got.tokens, want.tokens), (got.log_probs, want.log_probs), (got.sources, want.sources)):
+                assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+            assert (got.ranked, got.distinct) == (want.ranked, want.distinct)
+            assert {cand_ids[r]: children for r, children in only.items()} == want_only
+            n_checked += got is not model
+    assert n_checked > 150, "few rows took lookup entries: the fold was hardly tested"
+    padded = Proposals([[3, 4, 0]], np.log([[0.5, 0.2, 1e-300]]) + np.array([[0, 0, -np.inf]]))
+    assert weigh_into_top_k(padded, ([[5]], [[0.5]]), merged.odds.factors(), merged.odds.band) is None
+
+
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_merged_trees_grow_from_lists_as_from_proposals(synth, in_graph):
+    """Two merged drafts in lockstep over rounds of a repetitive text, one growing its trees from Python lists
+    (``catch_up_lists`` / ``expand_lists``, as the generator does), the other from :class:`Proposals`: the same
+    candidates, scores bit for bit, and the same lookup-only children kept; dense and in-graph model rows."""
+    text = synth.tokenize("a b c d a b c e a b c f a b c g a b c d a b c")
+    params = TreeParams(24, 4, 3)
+    drafts = [MergedDraft(DraftModelEngine(synth, ONE_THREAD, 3, 4, in_graph_top_k=in_graph), 3,
+                          LookupDraft(max_branches=3)) for _ in range(2)]
+    final = frozenset(synth.eog_tokens)
+    n_lookup = 0
+    for end in range(8, len(text)):
+        tokens = np.asarray(text[:end])
+        by_lists = grow_list_candidates(drafts[0].catch_up_lists(tokens, None), drafts[0].expand_lists, params,
+                                        final_tokens=final)
+        by_arrays = grow_candidates(drafts[1].catch_up(tokens, None), drafts[1].expand, params,
+                                    final_tokens=np.array(sorted(final), dtype=np.int64))
+        assert by_lists.levels == by_arrays.levels
+        for name in ("tokens", "scores", "parents", "sources"):
+            a, b = getattr(by_lists, name), getattr(by_arrays, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        assert drafts[0]._only == drafts[1]._only
+        n_lookup += int((by_lists.sources != MODEL).sum())
+        for draft in drafts:
+            draft.commit(np.array([], dtype=np.int64))
+    assert n_lookup > 20, "the lookup hardly joined the trees"
+    for draft in drafts:
+        draft.close()

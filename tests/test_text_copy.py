@@ -80,6 +80,30 @@ def test_a_quoted_value_is_continued_from_the_prompts_text():
     assert probs[0][0] == pytest.approx(PRIOR_RATES[1])
 
 
+def test_tree_nodes_read_their_strings_from_their_parents():
+    """Each node's string state comes from its parent's, kept per candidate: three levels of a tree, one node
+    opening a string on its own path and siblings sharing a parent, give the rows of a replay of each node's
+    whole path (the text copy's own value of it)."""
+    w = Words()
+    answer = w.tokens("{", '"', "name", '"', ":", " ")
+    draft, text = draft_after(w, answer)
+    draft.catch_up_rows(np.array(text))
+    levels = [([0, 1], w.tokens('"', " The"), [-1, -1]), ([2, 3, 4], w.tokens("Urs", "U", " nurse"), [0, 0, 1]),
+              ([5, 6], w.tokens("ula", "rs"), [2, 3])]
+    paths = {-1: []}
+    n_text = 0
+    for cands, toks, parents in levels:
+        tokens, probs = draft.expand_rows(cands, toks, parents, 1)
+        for i, (cand, tok, parent) in enumerate(zip(cands, toks, parents)):
+            paths[cand] = paths[parent] + [tok]
+            value = draft.text.value(paths[cand])
+            if value is not None and draft.index.longest_match(text + paths[cand]) is None:
+                want = draft.text.continuations(value, 4)
+                assert (tokens[i], probs[i]) == want and want[0], paths[cand]
+                n_text += 1
+    assert n_text >= 3, "few nodes took the text copy's rows"
+
+
 def test_nothing_is_proposed_outside_a_string_or_for_an_empty_value():
     """There the rows are the token lookup's own, as without a text copy."""
     w = Words()

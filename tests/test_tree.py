@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 from eagle2_local.errors import TreeError
 from eagle2_local.drafts.lookup import LookupDraft
 from eagle2_local.tree import (LOOKUP, DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates,
-                               grow_row_candidates, leaf_membership, log_softmax, node_depths, select_tree,
-                               tree_leaves)
+                               grow_list_candidates, grow_row_candidates, leaf_membership, log_softmax, node_depths,
+                               select_tree, tree_leaves)
 from helpers import path_to
 
 V = 50
@@ -158,6 +158,16 @@ def _same_candidates(a, b) -> None:
         assert x.dtype == y.dtype and np.array_equal(x, y), name  # scores bit for bit
 
 
+def _stopping(asked: dict[str, list], stop_at: int):
+    """should_expand functions, one per name, that record what they were asked and stop after ``stop_at`` levels."""
+    def stop(name):
+        def ask(scores, frontier, levels, sources, frontier_sources):
+            asked[name].append((scores.tolist(), frontier.tolist(), sources.tolist(), frontier_sources.tolist()))
+            return levels < stop_at
+        return ask
+    return stop
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), depth=st.integers(1, 8), top_k=st.integers(1, 4),
        stop_at=st.integers(1, 9), n_final=st.integers(0, 3))
@@ -189,19 +199,57 @@ def test_row_growth_is_the_array_growth(seed, depth, top_k, stop_at, n_final):
     final = rng.choice(12, size=n_final, replace=False)
     params = TreeParams(60, depth, top_k)
     asked = {"array": [], "rows": []}
-
-    def stop(name):
-        def ask(scores, frontier, levels, sources, frontier_sources):
-            asked[name].append((scores.tolist(), frontier.tolist(), sources.tolist(), frontier_sources.tolist()))
-            return levels < stop_at
-        return ask
-
+    stop = _stopping(asked, stop_at)
     done = {"array": [], "rows": []}
     by_array = grow_candidates(lookup.proposals(*root), expand, params, stop("array"), done["array"].append, final)
     by_rows = grow_row_candidates(root, expand_rows, params, LOOKUP, stop("rows"), done["rows"].append,
                                   frozenset(final.tolist()))
     _same_candidates(by_array, by_rows)
     assert asked["array"] == asked["rows"] and done["array"] == done["rows"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 7), top_k=st.integers(1, 5),
+       stop_at=st.integers(1, 8), n_final=st.integers(0, 3))
+def test_list_growth_is_the_array_growth(seed, depth, top_k, stop_at, n_final):
+    """Best-first rows of Python lists with log-probabilities and sources (a merged draft's) grow exactly the
+    candidates their ranked :class:`Proposals` grow (padded to each level's widest row): the same tokens,
+    parents, sources, levels and scores bit for bit, with ties, rows wider than top_k, empty rows, -inf entries,
+    end-of-generation tokens and a should_expand that stops."""
+    rng = np.random.default_rng(seed)
+    table = {}  # (token, level) -> its row, drawn once
+
+    def row(token: int, level: int) -> tuple[list[int], list[float], list[int]]:
+        if (token, level) not in table:
+            width = int(rng.integers(0, 8))
+            toks = rng.choice(12, size=width, replace=False).tolist()
+            lps = sorted(rng.choice([0.0, -0.5, -0.5, -1.25, -3.0, -np.inf], size=width).tolist(), reverse=True)
+            table[token, level] = (toks, lps, rng.integers(0, 3, width).tolist())
+        return table[token, level]
+
+    def expand_lists(cand_ids, tokens, parent_ids, level):
+        rows = [row(int(t), level) for t in tokens]
+        return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+
+    def padded(rows) -> Proposals:
+        width = max(1, max(map(len, rows[0])))
+        pad = [width - len(r) for r in rows[0]]
+        return Proposals([r + [0] * n for r, n in zip(rows[0], pad)], [r + [-np.inf] * n for r, n in zip(rows[1], pad)],
+                         [r + [0] * n for r, n in zip(rows[2], pad)], ranked=True)
+
+    root = row(-1, 0)
+    root = ([root[0]], [root[1]], [root[2]])
+    final = rng.choice(12, size=n_final, replace=False)
+    params = TreeParams(60, depth, top_k)
+    asked = {"array": [], "lists": []}
+    stop = _stopping(asked, stop_at)
+    done = {"array": [], "lists": []}
+    by_array = grow_candidates(padded(root), lambda *a: padded(expand_lists(*a)), params, stop("array"),
+                               done["array"].append, final)
+    by_lists = grow_list_candidates(root, expand_lists, params, stop("lists"), done["lists"].append,
+                                    frozenset(final.tolist()))
+    _same_candidates(by_array, by_lists)
+    assert asked["array"] == asked["lists"] and done["array"] == done["lists"]
 
 
 def test_lookup_rows_grow_the_lookups_own_tree():

@@ -7,7 +7,8 @@ A round of speculation looks like this from the engine's side:
    get the target's hidden states of the newly committed positions, the first row being position
    ``features_from``. Returns the draft's output at the root (one row).
 2. ``expand(cand_ids, tokens, parent_ids, level)`` once per deeper tree level: the k frontier candidates to run
-   (ids assigned by the tree builder, parents given by id, -1 = the root). Returns one output row each.
+   (ids assigned by the tree builder, parents given by id, -1 = the root; arrays or Python lists: a merged
+   draft's tree grows from lists). Returns one output row each.
 3. ``commit(accepted_cand_ids)``: which candidates the target accepted, in path order; the engine keeps what it
    can reuse and forgets the rest of the tree.
 
@@ -38,7 +39,12 @@ import numpy as np
 from ..errors import TreeError
 from ..tree import DraftOutput, Proposals
 
-__all__ = ["DraftEngine", "DraftOutput", "Proposals", "TreeSequences"]
+__all__ = ["DraftEngine", "DraftOutput", "Proposals", "TreeSequences", "as_list"]
+
+
+def as_list(values: np.ndarray | list[int]) -> list[int]:
+    """Ids or tokens as a Python list (``expand`` takes arrays or lists)."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 class DraftEngine(Protocol):

@@ -17,7 +17,7 @@ from ..errors import IncompatibleDraftError, TreeError
 from .. import backend_topk
 from ..backend_topk import BackendTopK
 from ..tree import Proposals
-from .base import TreeSequences
+from .base import TreeSequences, as_list
 from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class DraftModelEngine:
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
         k = len(cand_ids)
-        seqs = self.seqs.assign(cand_ids.tolist(), parent_ids.tolist())
+        seqs = self.seqs.assign(as_list(cand_ids), as_list(parent_ids))
         if self.top_k is not None:
             self.top_k.activate(seqs, k)
         self.ctx.decode(tokens, self.n_read - 1 + level, 1, seq_ids=seqs)

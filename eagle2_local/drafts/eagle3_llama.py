@@ -30,7 +30,7 @@ from llama_cpp import llama_cpp_ext
 from ..errors import IncompatibleDraftError, ModelError, TreeError
 from .. import gguf_keys as keys
 from ..llama_ext import LAYER_INPUT_ARCHS, buffer_view
-from .base import TreeSequences
+from .base import TreeSequences, as_list
 from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
 from ..models import GGUFInfo
 from .. import backend_topk
@@ -135,10 +135,10 @@ class Eagle3Engine:
         self.tile_features = feature_source(head.info) == "final_norm"
         self.feature_width = 3 * int(head.info.get(keys.EAGLE3_TARGET_HIDDEN_SIZE))  # fc's input: three layers
         self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
-        # the tree's g rows: row 0 the root's, then each decoded candidate's pre-norm output (its children's g),
-        # one copy per level; a level's inputs are then one gather by row
-        self._g = np.zeros((1 + max_width * max(1, max_depth), self.n_embd), dtype=np.float32)
-        self._g_row: dict[int, int] = {-1: 0}  # candidate id (-1: the root) -> its row in _g
+        # A node's g is its parent's pre-norm output, and a level's parents are the previous decode's nodes (the
+        # root: the catch-up's last entry): candidate id (-1: the root) -> its row among the last decode's outputs,
+        # which the next level gathers from llama.cpp's buffer straight into its batch
+        self._out_row: dict[int, int] = {}
         # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
         self.seqs = TreeSequences(self.ctx, pool=max_width if in_graph_top_k else None)
         self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
@@ -194,7 +194,7 @@ class Eagle3Engine:
         self._activate((0,), 1)
         self._process_entries(tokens, g, last, last + 1, output=True)
         self.n_seen = n_text
-        self._g[0] = self._prenorm(1)[0]
+        self._out_row = {-1: 0}
         return self._rows(1, copy=True)
 
     def _activate(self, seqs, n_rows: int) -> None:
@@ -244,18 +244,17 @@ class Eagle3Engine:
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
-        cands, parents = cand_ids.tolist(), parent_ids.tolist()
+        cands, parents = as_list(cand_ids), as_list(parent_ids)
+        try:
+            rows = [self._out_row[parent] for parent in parents]
+        except KeyError:
+            raise TreeError("a tree level's parents must be the nodes of the level before it (or the root)") from None
         seqs = self.seqs.assign(cands, parents)
-        g_row = self._g_row
-        g = self._g[[g_row[parent] for parent in parents]]
-        first = len(g_row)
-        if first + k > len(self._g):
-            raise TreeError(f"a draft tree of more than {len(self._g) - 1} decoded nodes; the engine was made for "
-                            "fewer")
         self._activate(seqs, k)
-        self.ctx.decode(tokens, self.n_seen - 1 + level, 1, seq_ids=seqs, embd=g)
-        self._g[first:first + k] = self._prenorm(k)  # one copy per level
-        g_row.update(zip(cands, range(first, first + k)))
+        # each node's g: its parent's row of the last decode's pre-norm output, gathered into the batch (one copy)
+        self.ctx.decode(tokens, self.n_seen - 1 + level, 1, seq_ids=seqs, embd=self._prenorm(max(rows) + 1),
+                        embd_rows=rows)
+        self._out_row = dict(zip(cands, range(k)))
         return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
@@ -264,7 +263,7 @@ class Eagle3Engine:
 
     def _forget_tree(self) -> None:
         self.seqs.forget()
-        self._g_row = {-1: 0}
+        self._out_row = {}
 
     def close(self) -> None:
         self.ctx.close()

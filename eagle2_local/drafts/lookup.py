@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..tree import LOOKUP, Proposals, Rows
+from .base import as_list
 from .renames import Divergence, RenameLearner
 from .text_copy import TextCopy
 
@@ -53,10 +54,6 @@ def _priors(max_n: int) -> np.ndarray:
     rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
     steps = np.maximum(n - 1, 0)
     return np.stack([0.15 + 0.75 * rise, 0.95 - 0.45 * 0.3 ** steps, 0.95 - 0.75 * 0.75 ** steps])
-
-
-def _as_list(values: np.ndarray | list[int]) -> list[int]:
-    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 class MatchConfidence:
@@ -392,8 +389,8 @@ class LookupDraft:
                     parent_ids: np.ndarray | list[int], level: int) -> Rows:
         """:meth:`expand` as Python lists (arrays or lists in)."""
         paths = []
-        cand_ids, parents = _as_list(cand_ids), _as_list(parent_ids)
-        for cand, tok, parent in zip(cand_ids, _as_list(tokens), parents):
+        cand_ids, parents = as_list(cand_ids), as_list(parent_ids)
+        for cand, tok, parent in zip(cand_ids, as_list(tokens), parents):
             path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
             self._path[cand] = path
             paths.append(path)

@@ -20,11 +20,12 @@ proposes other tokens, a lookup branch must not push its sure chain out of a sma
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
-from ..tree import BOTH, LOOKUP, DraftOutput, Proposals, Rows
-from .base import DraftEngine
+from ..tree import BOTH, LOOKUP, DraftOutput, ListRows, Proposals, Rows, top_children
+from .base import DraftEngine, as_list
 from .lookup import ROOT, LookupDraft
 
 MIN_ODDS = 0.05  # the odds of a lookup-only child never fall below this (they can come back)
@@ -61,6 +62,69 @@ def merge_lookup_rows(model: Proposals, lookup: LookupDraft, rows: Rows) -> Prop
     return _merge_into_top_k(model, entries)
 
 
+def weigh_into_top_k(model: Proposals, rows: Rows, odds: list[float], band: Callable[[float], int]
+                     ) -> tuple[Proposals, dict[int, tuple[list[int], list[float]]]] | None:
+    """:meth:`MergedDraft._weigh_lookup` then :func:`merge_lookup_rows`, in one pass over the rows the lookup
+    proposes in, where every model row is a top-k (None otherwise: the caller takes the two steps). Also returns,
+    per row, its lookup-only children (tokens and unweighed probabilities).
+
+    The two steps each turned the model's arrays into lists and built a token map per row, on every tree level;
+    here each array becomes a list once and each row has one map. ``odds``: :meth:`LookupOnlyOdds.factors`,
+    ``band``: :meth:`LookupOnlyOdds.band`."""
+    weighed = weigh_into_lists(model, rows, odds, band)
+    if weighed is None:
+        return None
+    (tokens, log_probs, sources), at, only = weighed
+    if not at:
+        return model, only
+    return _padded(tokens, log_probs, sources, at, model.tokens.shape[1], model.ranked), only
+
+
+def weigh_into_lists(model: Proposals, rows: Rows, odds: list[float], band: Callable[[float], int]
+                     ) -> tuple[ListRows, list[int], dict[int, tuple[list[int], list[float]]]] | None:
+    """:func:`weigh_into_top_k`'s rows as Python lists, unpadded (a row the lookup joined is longer than the
+    model's k), with the rows it joined and the lookup-only children per row (None: a model row is not a top-k).
+    Rows are best first where the model's are (``ranked``)."""
+    log_probs = model.log_probs.tolist()
+    if not (model.ranked and model.distinct and all(math.isfinite(row[-1]) for row in log_probs)) \
+            and not _is_top_k(model):
+        return None
+    left = (1.0 - np.exp(model.log_probs).sum(axis=1)).tolist()  # what each row's model leaves to others
+    tokens, sources = model.tokens.tolist(), model.sources.tolist()
+    only: dict[int, tuple[list[int], list[float]]] = {}
+    at = []
+    for r, (row, row_probs) in enumerate(zip(*rows)):
+        if row and _weigh_into_row(tokens[r], log_probs[r], sources[r], row, row_probs, max(left[r], 0.0), odds,
+                                   band, only.setdefault(r, ([], []))):
+            at.append(r)
+            if model.ranked:
+                tokens[r], log_probs[r], sources[r] = _best_first(tokens[r], log_probs[r], sources[r])
+    return (tokens, log_probs, sources), at, {r: children for r, children in only.items() if children[0]}
+
+
+def _weigh_into_row(tokens: list[int], log_probs: list[float], sources: list[int], row: list[int],
+                    row_probs: list[float], room: float, odds: list[float], band: Callable[[float], int],
+                    only: tuple[list[int], list[float]]) -> bool:
+    """One model row (a top-k: distinct tokens) with the lookup's row for it, weighed as
+    :meth:`MergedDraft._weigh_lookup` weighs it and merged as :func:`_merge_row` merges it (the lists are
+    changed in place; ``only`` gets the lookup-only children). Whether any entry joined (a weighed probability
+    of 0 is no entry)."""
+    column = dict(zip(tokens, range(len(tokens))))
+    entries = []
+    for tok, p in zip(row, row_probs):
+        j = column.get(tok)
+        if j is None:  # lookup-only
+            only[0].append(tok)
+            only[1].append(p)
+            p = max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB)
+        else:  # shared: the merge keeps the higher of this and the model's own probability
+            p = min(p, room + math.exp(log_probs[j]))
+        if p > 0.0:
+            entries.append((tok, math.log(p), LOOKUP))
+    _merge_row(tokens, log_probs, sources, entries, column)
+    return bool(entries)
+
+
 def _is_top_k(model: Proposals) -> bool:
     """Whether every row is a top-k: finite log-probabilities and distinct tokens (checked on all rows at once,
     or taken from the producer's flags; the merge then visits only the rows the other draft proposes in)."""
@@ -85,12 +149,18 @@ def _merge_into_top_k(model: Proposals, entries: dict[int, list[tuple[int, float
     at = [r for r, row in entries.items() if row]
     if not at:
         return model
-    k = model.tokens.shape[1]
     tokens, log_probs, sources = model.tokens.tolist(), model.log_probs.tolist(), model.sources.tolist()
     for r in at:
         row = _merge_row(tokens[r], log_probs[r], sources[r], entries[r])
         if model.ranked:
             tokens[r], log_probs[r], sources[r] = _best_first(*row)
+    return _padded(tokens, log_probs, sources, at, model.tokens.shape[1], model.ranked)
+
+
+def _padded(tokens: list[list[int]], log_probs: list[list[float]], sources: list[list[int]], at: list[int], k: int,
+            ranked: bool) -> Proposals:
+    """Merged rows (the rows ``at`` grew past the model's ``k`` columns) as :class:`Proposals` of distinct tokens,
+    every row padded to the widest."""
     width = max(len(tokens[r]) for r in at)
     if width > k:
         for tok_row, lp_row, src_row in zip(tokens, log_probs, sources):
@@ -99,15 +169,16 @@ def _merge_into_top_k(model: Proposals, entries: dict[int, list[tuple[int, float
             lp_row += [-np.inf] * pad
             src_row += [0] * pad
     return Proposals.trusted(np.array(tokens, dtype=np.int64), np.array(log_probs), np.array(sources, dtype=np.int8),
-                             ranked=model.ranked, distinct=True)
+                             ranked=ranked, distinct=True)
 
 
-def _merge_row(tokens: list[int], log_probs: list[float], sources: list[int],
-               entries: list[tuple[int, float, int]]) -> tuple[list[int], list[float], list[int]]:
+def _merge_row(tokens: list[int], log_probs: list[float], sources: list[int], entries: list[tuple[int, float, int]],
+               column: dict[int, int] | None = None) -> tuple[list[int], list[float], list[int]]:
     """One model row (distinct tokens) with the other draft's entries for it: a new token is appended, a token
     already in the row keeps its place with the higher log-probability and becomes BOTH (the lists are changed
-    in place and returned)."""
-    column = dict(zip(tokens, range(len(tokens))))
+    in place and returned). ``column``: the row's token -> column map, if the caller has it."""
+    if column is None:
+        column = dict(zip(tokens, range(len(tokens))))
     for tok, lp, src in entries:
         j = column.get(tok)
         if j is None:
@@ -212,9 +283,39 @@ class MergedDraft:
         return self.model.n_features
 
     def _merge(self, model_out: DraftOutput, lookup_rows: Rows, cand_ids: list[int]) -> Proposals:
-        if not isinstance(model_out, Proposals):
-            model_out = Proposals.from_logits(model_out, self.top_k)
+        model_out = self._top_k(model_out)
+        if any(lookup_rows[0]):
+            folded = weigh_into_top_k(model_out, lookup_rows, self.odds.factors(), self.odds.band)
+            if folded is not None:
+                merged, only = folded
+                self._keep_only(only, cand_ids)
+                return merged
         return merge_lookup_rows(model_out, self.lookup, self._weigh_lookup(model_out, lookup_rows, cand_ids))
+
+    def _merge_lists(self, model_out: DraftOutput, lookup_rows: Rows, cand_ids: list[int]) -> ListRows:
+        """:meth:`_merge`'s rows as Python lists, best first (what :func:`~..tree.grow_list_candidates` grows):
+        where the model's rows are a ranked top-k (every llama.cpp engine's), the merged rows are never packed into
+        arrays; other rows are merged as arrays and ranked as the tree ranks them (by this draft's top_k, the
+        tree's)."""
+        model_out = self._top_k(model_out)
+        if model_out.ranked:
+            if not any(lookup_rows[0]):
+                if model_out.distinct or _is_top_k(model_out):
+                    return model_out.tokens.tolist(), model_out.log_probs.tolist(), model_out.sources.tolist()
+            else:
+                weighed = weigh_into_lists(model_out, lookup_rows, self.odds.factors(), self.odds.band)
+                if weighed is not None:
+                    self._keep_only(weighed[2], cand_ids)
+                    return weighed[0]
+        tokens, log_probs, sources = top_children(self._merge(model_out, lookup_rows, cand_ids), self.top_k)
+        return tokens.tolist(), log_probs.tolist(), sources.tolist()
+
+    def _top_k(self, model_out: DraftOutput) -> Proposals:
+        return model_out if isinstance(model_out, Proposals) else Proposals.from_logits(model_out, self.top_k)
+
+    def _keep_only(self, only: dict[int, tuple[list[int], list[float]]], cand_ids: list[int]) -> None:
+        for r, children in only.items():
+            self._only[cand_ids[r]] = children
 
     def _weigh_lookup(self, model_out: Proposals, rows: Rows, cand_ids: list[int]) -> Rows:
         """The lookup's rows as the merge should weigh them beside the model's: a lookup-only child's probability
@@ -275,15 +376,28 @@ class MergedDraft:
         self.lookup.begin_answer(prompt_tokens)
 
     def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> Proposals:
+        return self._merge(*self._catch_up_parts(tokens, features, features_from))
+
+    def catch_up_lists(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> ListRows:
+        """:meth:`catch_up` as Python lists, best first."""
+        return self._merge_lists(*self._catch_up_parts(tokens, features, features_from))
+
+    def _catch_up_parts(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int):
         self._score(tokens)
         self._only.clear()
         self._root_at = len(tokens) - 1
-        return self._merge(self.model.catch_up(tokens, features, features_from), self.lookup.catch_up_rows(tokens),
-                           [ROOT])
+        return self.model.catch_up(tokens, features, features_from), self.lookup.catch_up_rows(tokens), [ROOT]
 
     def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> Proposals:
-        return self._merge(self.model.expand(cand_ids, tokens, parent_ids, level),
-                           self.lookup.expand_rows(cand_ids, tokens, parent_ids, level), np.asarray(cand_ids).tolist())
+        return self._merge(*self._expand_parts(as_list(cand_ids), as_list(tokens), as_list(parent_ids), level))
+
+    def expand_lists(self, cand_ids: list[int], tokens: list[int], parent_ids: list[int], level: int) -> ListRows:
+        """:meth:`expand` from lists, as Python lists, best first (the model draft takes the lists as they are)."""
+        return self._merge_lists(*self._expand_parts(cand_ids, tokens, parent_ids, level))
+
+    def _expand_parts(self, cand_ids: list[int], tokens: list[int], parent_ids: list[int], level: int):
+        return (self.model.expand(cand_ids, tokens, parent_ids, level),
+                self.lookup.expand_rows(cand_ids, tokens, parent_ids, level), cand_ids)
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Also keeps, for the root and each accepted node, its lookup-only children and the text position of
