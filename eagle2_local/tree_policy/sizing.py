@@ -9,6 +9,7 @@ from ..tree import LOOKUP, SOURCE_NAMES
 from .costs import CostModel
 
 LOOKUP_FINE_BINS = 0.05  # nats per bin of the lookup's acceptance map above -1 (NOTES.md: code edits' chains)
+FINE_PRIOR_SHARE = 0.5  # a fine bin's prior weight, as a share of a wide bin's
 
 
 class AcceptanceMap:
@@ -30,8 +31,12 @@ class AcceptanceMap:
             self.edges = np.concatenate([np.arange(low, fine_above - 1e-9, width),
                                          np.linspace(fine_above, 0.0, round(-fine_above / fine) + 1)])
         centres = np.concatenate([[low - width / 2], (self.edges[:-1] + self.edges[1:]) / 2, [0.0]])
-        self.counts = np.full(len(centres), prior_weight)
-        self.hits = prior_weight * np.exp(np.minimum(centres, 0.0))
+        # a fine bin holds half a wide bin's prior: one chain that missed must not condemn the depths it reached
+        # (trees that deep would not run again to correct it), and a few rounds on a text that does not copy
+        # must outweigh the rate it taught the lookup (NOTES.md)
+        widths = np.diff(self.edges, prepend=low - width, append=width)
+        self.counts = prior_weight * np.where(widths < width, FINE_PRIOR_SHARE, 1.0)
+        self.hits = self.counts * np.exp(np.minimum(centres, 0.0))
         self.max_count = max_count
         self.n_observed = 0
         self._rates: np.ndarray | None = None  # rates() until the next observation
