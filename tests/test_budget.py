@@ -252,6 +252,18 @@ def test_lookup_map_tells_a_chains_first_node_from_its_fifteenth():
     assert np.all(np.diff(fine.maps[LOOKUP].rates()) >= 0)
 
 
+def test_only_a_lookup_alone_values_its_chains_by_fine_bins():
+    """A merged draft's lookup map keeps the wide bins, which learn from its many missing lookup-only children
+    fast enough to keep lookup rounds off prose; a lookup alone gets the fine ones."""
+    world = World(**QWEN_CPU)
+    merged = TreeBudget(true_costs(world), max_nodes=16, max_depth=6, free_lookup=True)
+    alone = TreeBudget(true_costs(world), max_nodes=16, max_depth=16, model_draft=False)
+    chain = np.log(0.97) * np.array([1, 8])
+    lookup = np.full(2, LOOKUP, dtype=np.int8)
+    assert np.ptp(merged.acceptance.prob(chain, lookup)) == 0.0
+    assert np.ptp(alone.acceptance.prob(chain, lookup)) > 0.1
+
+
 def test_cost_model_interpolates_and_learns_load_and_shape_online():
     cm = steep()
     assert cm.verify_s(3) == pytest.approx((cm.verify[1] + cm.verify[2]) / 2)

@@ -49,7 +49,7 @@ from .costs import CostModel
 from .guard import RateGuard
 from .schedule import Exploration, ProbeSchedule
 from ..tree import FORCED, LOOKUP
-from .sizing import SourceAcceptance, best_size, deeper_can_pay
+from .sizing import LOOKUP_FINE_BINS, SourceAcceptance, best_size, deeper_can_pay
 
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
 ROUND_KINDS = ("model", "lookup")
@@ -69,7 +69,7 @@ class TreeBudget:
     costs: CostModel
     max_nodes: int
     max_depth: int
-    acceptance: SourceAcceptance = field(default_factory=SourceAcceptance)
+    acceptance: SourceAcceptance | None = None  # default: see __post_init__
     schedule: ProbeSchedule = field(default_factory=ProbeSchedule)
     rate_alpha: float = 0.3
     free_lookup: bool = False
@@ -81,6 +81,12 @@ class TreeBudget:
     def __post_init__(self) -> None:
         if not self.model_draft:
             self.free_lookup = True
+        if self.acceptance is None:
+            # a merged draft's lookup nodes are mostly lookup-only children of model trees, missing at every depth:
+            # one wide bin learns that fast enough to keep lookup rounds off prose, where fine bins, each learning
+            # alone, let them run and lose (summaries 0.89x on SmolLM2, NOTES.md); a lookup alone values its
+            # chains depth by depth
+            self.acceptance = SourceAcceptance(lookup_fine=None if self.model_draft else LOOKUP_FINE_BINS)
         self._main = MODEL_ROUND if self.model_draft else LOOKUP_ROUND
         # lookups are judged on more rounds than the model draft: most of theirs are root-only looks, and a
         # copying answer's first chains may all miss at the edit point

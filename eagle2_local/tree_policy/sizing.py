@@ -34,8 +34,8 @@ class AcceptanceMap:
         # a fine bin holds half a wide bin's prior: one chain that missed must not condemn the depths it reached
         # (trees that deep would not run again to correct it), and a few rounds on a text that does not copy
         # must outweigh the rate it taught the lookup (NOTES.md)
-        widths = np.diff(self.edges, prepend=low - width, append=width)
-        self.counts = prior_weight * np.where(widths < width, FINE_PRIOR_SHARE, 1.0)
+        fine_bin = np.diff(self.edges, prepend=low - width, append=width) < width
+        self.counts = prior_weight * np.where(fine_bin, FINE_PRIOR_SHARE, 1.0)
         self.hits = self.counts * np.exp(np.minimum(centres, 0.0))
         self.max_count = max_count
         self.n_observed = 0
