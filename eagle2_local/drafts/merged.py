@@ -113,16 +113,25 @@ def _weigh_into_row(tokens: list[int], log_probs: list[float], sources: list[int
     entries = []
     for tok, p in zip(row, row_probs):
         j = column.get(tok)
-        if j is None:  # lookup-only
+        if j is None:
             only[0].append(tok)
             only[1].append(p)
-            p = max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB)
-        else:  # shared: the merge keeps the higher of this and the model's own probability
-            p = min(p, room + math.exp(log_probs[j]))
+        p = _weighed(p, None if j is None else log_probs[j], room, odds, band)
         if p > 0.0:
             entries.append((tok, math.log(p), LOOKUP))
     _merge_row(tokens, log_probs, sources, entries, column)
     return bool(entries)
+
+
+def _weighed(p: float, model_log_prob: float | None, room: float, odds: list[float],
+             band: Callable[[float], int]) -> float:
+    """A lookup entry's probability beside the model's row (:meth:`MergedDraft._weigh_lookup`): a lookup-only
+    child's (``model_log_prob`` None) p becomes ``min(p, p * p * odds)`` within the row's ``room``; a token the
+    model proposes too is worth at most its own probability plus the room (the merge keeps the higher of this and
+    the model's)."""
+    if model_log_prob is None:
+        return max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB)
+    return min(p, room + math.exp(model_log_prob))
 
 
 def _is_top_k(model: Proposals) -> bool:
@@ -340,12 +349,10 @@ class MergedDraft:
             only_tokens, only_probs, new_probs = [], [], []
             for tok, p in zip(row, row_probs):
                 lp = model_probs.get(tok)
-                if lp is None:  # lookup-only
+                if lp is None:
                     only_tokens.append(tok)
                     only_probs.append(p)
-                    new_probs.append(max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB))
-                else:  # shared: the merge keeps the higher of this and the model's own probability
-                    new_probs.append(min(p, room + math.exp(lp)))
+                new_probs.append(_weighed(p, lp, room, odds, band))
             if only_tokens:
                 self._only[cand_ids[r]] = (only_tokens, only_probs)
             weighed[r] = new_probs
