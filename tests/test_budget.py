@@ -262,6 +262,7 @@ def test_only_a_lookup_alone_values_its_chains_by_fine_bins():
     lookup = np.full(2, LOOKUP, dtype=np.int8)
     assert np.ptp(merged.acceptance.prob(chain, lookup)) == 0.0
     assert np.ptp(alone.acceptance.prob(chain, lookup)) > 0.1
+    assert len(alone.summary()["acceptance_by_score"]) == len(alone.acceptance.maps[LOOKUP].edges)  # a key a bin
 
 
 def test_cost_model_interpolates_and_learns_load_and_shape_online():

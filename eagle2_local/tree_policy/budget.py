@@ -402,6 +402,6 @@ class TreeBudget:
                 "lookup_only_rounds": self.lookup_only_rounds, "root_only_rounds": self.root_only_rounds,
                 "evidence_rounds": self.evidence_rounds,
                 "catch_up_postponed": self.catch_up_postponed,
-                "acceptance_by_score": {f"{e:.1f}": round(float(r), 3)
+                "acceptance_by_score": {f"{e:.2f}": round(float(r), 3)
                                         for e, r in zip(main.edges, main.rates()[1:])},
                 "nodes_observed": self.acceptance.n_observed}
