@@ -97,7 +97,8 @@ class SourceAcceptance:
         # a lookup's path confidence is already learned from the text (its hit rates per kind of match), so its
         # map trusts it more: a few chains that miss at an edit point must not talk the budget out of copying.
         # Its chains score between 0 and -1 nats (rates of 0.9-0.99 a token over ten or more tokens), where
-        # half-nat bins would value a chain's first and its tenth node alike: its map has fine bins there.
+        # half-nat bins would value a chain's first and its tenth node alike: its map has fine bins there
+        # (``lookup_fine``; TreeBudget gives them to a lookup alone, not to a merged draft's lookup nodes).
         self._map_kw = map_kw
         self._own = {LOOKUP: {"prior_weight": lookup_prior_weight, "fine": lookup_fine}}
         self.maps = [self._new_map(source) for source in range(n_sources)]
