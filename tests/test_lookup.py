@@ -78,6 +78,31 @@ def test_rankings_kept_across_extends_equal_uncached_ones():
     assert np.array_equal(index.confidence.trials, reference.confidence.trials)
 
 
+def test_prompt_indexed_at_once_equals_token_by_token():
+    """Unscored text (a prompt once an answer is due, a renamed copy) is indexed n by n in one pass: the same
+    followers lists, rankings, tail matches and learned rates afterwards as indexing it token by token."""
+    rng = np.random.default_rng(3)
+    text = rng.integers(0, 6, 500).tolist()
+    for prompt_len in (0, 1, 2, 3, 150, 400):
+        bulk, single = NgramIndex(max_n=5), UncachedIndex(max_n=5)
+        for ix in (bulk, single):
+            ix.answer_from = prompt_len
+        bulk.extend(text[:prompt_len + 40])  # the prompt at once, then the answer's first tokens, scored
+        for tok in text[:prompt_len + 40]:
+            single.extend([tok])
+        assert bulk.text == single.text and bulk._next == single._next
+        for at in range(prompt_len + 40, prompt_len + 100, 3):
+            for ix in (bulk, single):
+                ix.extend(text[at:at + 3])
+            assert bulk.continuations(bulk.text, 3) == single.continuations(single.text, 3)
+        assert np.array_equal(bulk.confidence.hits, single.confidence.hits)
+        assert np.array_equal(bulk.confidence.trials, single.confidence.trials)
+    renamed = NgramIndex(max_n=4)
+    renamed.extend(text[:300], score=False)
+    assert renamed._next == rebuilt(text[:300])._next
+    assert np.array_equal(renamed.confidence.trials, NgramIndex(max_n=4).confidence.trials)  # learned nothing
+
+
 def test_longest_match_proposes_what_followed_it():
     index = rebuilt([5, 1, 2, 3, 9, 1, 2, 3, 7, 0, 2, 3])
     toks, probs = index.continuations([0, 2, 3], 4)
