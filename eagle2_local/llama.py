@@ -239,6 +239,11 @@ class ContextSettings:
         return self.n_threads or max(1, os.cpu_count() or 1)
 
 
+def batch_entries(tokens: np.ndarray | None, embd: np.ndarray | None, embd_rows: list[int] | None) -> int:
+    """How many entries a batch of these inputs has: one per token, else one per embedding row taken."""
+    return len(tokens) if tokens is not None else len(embd if embd_rows is None else embd_rows)
+
+
 class Batch:
     """A reusable llama_batch whose arrays are numpy-owned, so filling it needs no per-token Python loop.
 
@@ -278,7 +283,7 @@ class Batch:
         belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want (``pos`` and
         ``outputs`` may be one value for all). ``embd``: one row per entry, beside its token, or alone where
         ``tokens`` is None; or, with ``embd_rows``, the rows ``embd_rows`` of it, in that order."""
-        n = len(tokens) if tokens is not None else len(embd if embd_rows is None else embd_rows)
+        n = batch_entries(tokens, embd, embd_rows)
         self._fill_inputs(tokens, embd, embd_rows, n)
         self.pos[:n] = pos
         self.logits[:n] = outputs
@@ -393,7 +398,7 @@ class LlamaContext:
         ``embd_rows``, entry i takes row ``embd_rows[i]`` of ``embd`` (gathered into the batch). Sizes are
         checked here because llama.cpp aborts the process on oversize batches and reads embedding rows at the
         width its graph expects."""
-        n = len(tokens) if tokens is not None else len(embd if embd_rows is None else embd_rows)
+        n = batch_entries(tokens, embd, embd_rows)
         if n == 0:
             return
         if n > self.n_batch:

@@ -307,17 +307,25 @@ class MergedDraft:
         arrays; other rows are merged as arrays and ranked as the tree ranks them (by this draft's top_k, the
         tree's)."""
         model_out = self._top_k(model_out)
-        if model_out.ranked:
-            if not any(lookup_rows[0]):
-                if model_out.distinct or _is_top_k(model_out):
-                    return model_out.tokens.tolist(), model_out.log_probs.tolist(), model_out.sources.tolist()
-            else:
-                weighed = weigh_into_lists(model_out, lookup_rows, self.odds.factors(), self.odds.band)
-                if weighed is not None:
-                    self._keep_only(weighed[2], cand_ids)
-                    return weighed[0]
+        rows = self._ranked_lists(model_out, lookup_rows, cand_ids) if model_out.ranked else None
+        if rows is not None:
+            return rows
         tokens, log_probs, sources = top_children(self._merge(model_out, lookup_rows, cand_ids), self.top_k)
         return tokens.tolist(), log_probs.tolist(), sources.tolist()
+
+    def _ranked_lists(self, model_out: Proposals, lookup_rows: Rows, cand_ids: list[int]) -> ListRows | None:
+        """The merged rows of a ranked top-k as lists without arrays: the model's rows as they are where the
+        lookup proposes nothing, else the lookup entries weighed into them; None where neither applies (rows
+        that are not a top-k, or that the fold cannot take), which the array merge then handles."""
+        if not any(lookup_rows[0]):
+            if model_out.distinct or _is_top_k(model_out):
+                return model_out.tokens.tolist(), model_out.log_probs.tolist(), model_out.sources.tolist()
+            return None
+        weighed = weigh_into_lists(model_out, lookup_rows, self.odds.factors(), self.odds.band)
+        if weighed is None:
+            return None
+        self._keep_only(weighed[2], cand_ids)
+        return weighed[0]
 
     def _top_k(self, model_out: DraftOutput) -> Proposals:
         return model_out if isinstance(model_out, Proposals) else Proposals.from_logits(model_out, self.top_k)
