@@ -829,3 +829,28 @@ def test_rounds_that_verified_only_forced_tokens_judge_no_kind():
                         np.array([0.0, -0.1]), np.array([FORCED, LOOKUP], dtype=np.int8), np.array([False, False]))
     budget.observe(mixed)
     assert len(budget.guard.tree) == 1 and budget._gain[LOOKUP_ROUND] is not None
+
+
+def test_evidence_gain_kept_per_rate_equals_it_computed_afresh():
+    """The lookup's evidence is valued once per rate until the acceptance maps or the cost shape move: between
+    lookup rounds that teach the maps, plain steps that change only the plain rate and rounds that correct the
+    shape, every kept value equals a fresh computation."""
+    rng = np.random.default_rng(5)
+    budget = TreeBudget(steep(), max_nodes=16, max_depth=16, model_draft=False)
+    rates = [0.5, 0.9, 0.97, 0.99, 0.999]
+    for step in range(60):
+        for rate in rates:
+            gain = budget.evidence_gain(rate)
+            assert gain == (budget._chain_gain(rate) if gain else 0.0)
+        if step % 3 == 0:
+            observe_plain(budget, 0.009 * float(rng.uniform(0.8, 1.3)))
+        else:
+            n = int(rng.integers(1, 8))
+            plan = budget.tree_plan(1, LOOKUP_ROUND)
+            accepted = np.arange(n) < int(rng.integers(0, n + 1))
+            times = RoundTimes(0.0, levels=[0.0])
+            times.drafted = 0.0
+            times.verified = times.done = 0.009 * (1 + 0.3 * n)
+            budget.observe(RoundResult(plan, times, int(accepted.sum()) + 1, np.log(rng.uniform(0.5, 1.0, n)),
+                                       np.full(n, LOOKUP, dtype=np.int8), accepted))
+    assert len(budget._evidence) > 0 and budget.acceptance.n_observed > 0

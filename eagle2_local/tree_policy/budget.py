@@ -97,6 +97,8 @@ class TreeBudget:
         self._steady = True
         self.rounds = 0
         self._can_pay: list[bool] | None = None
+        self._evidence: dict[float, float] = {}  # evidence_gain per rate, for ``_evidence_state``
+        self._evidence_state: tuple | None = None
         self._kind = self._main
         self._exploring = False  # the current round runs while its kind loses (paid from its account)
         self.lookup_only_rounds = 0
@@ -163,10 +165,28 @@ class TreeBudget:
         match."""
         if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape_at(2):
             return 0.0  # even an endless chain at this rate would not pay for verifying one node
-        scores = np.log(rate) * np.arange(1, self.max_depth + 1)
-        chain = self.acceptance.prob(scores, np.full(len(scores), LOOKUP, dtype=np.int8))
-        _, best = best_size(chain, 0.0, self.costs, self.max_nodes)
-        return best / self.costs.plain_rate
+        # asked every round, from the few rates the lookup has learned: kept until the acceptance maps or the
+        # cost shape move (a round of prose would otherwise spend ~0.1 ms here on the same answer)
+        state = (id(self.acceptance), self.acceptance.n_observed, id(self.costs), self.costs.shape_version,
+                 self.max_depth, self.max_nodes)
+        if state != self._evidence_state:
+            self._evidence_state, self._evidence = state, {}
+        gain = self._evidence.get(rate)
+        if gain is None:
+            gain = self._evidence[rate] = self._chain_gain(rate)
+        return gain
+
+    def _chain_gain(self, rate: float) -> float:
+        """:meth:`evidence_gain` computed: the best round on a chain whose every token is ``rate`` sure, its
+        expected tokens over its verify cost in plain steps (the shape alone: no plain rate, so a kept value
+        stays exact while plain steps move the rate)."""
+        m = min(self.max_depth, self.max_nodes - 1)
+        chain = self.acceptance.maps[LOOKUP].prob(np.log(rate) * np.arange(1, m + 1)).tolist()
+        best = expected = 1.0  # the root alone
+        for n, p in enumerate(chain, start=2):  # n nodes: the root and the chain's first n - 1
+            expected += p
+            best = max(best, expected / self.costs.shape_at(n))
+        return best
 
     def sure_lookup(self, rate: float) -> bool:
         """Does the lookup's evidence for this round (its learned ``rate`` for the root's next token) make a

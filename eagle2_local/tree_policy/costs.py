@@ -78,6 +78,7 @@ class CostModel:
         self._level: deque[float] = deque(maxlen=self.window)
         self._token: deque[float] = deque(maxlen=self.window)
         self.n_observed = 0
+        self.shape_version = 0
         self._refresh_shape()
 
     # ------------------------------------------------------------ state
@@ -97,6 +98,7 @@ class CostModel:
         self._token_rel = (_median(self._token) if self._token else self._root_rel if self.draft_token_s is None
                            else self.draft_token_s / self.plain_cal)
         self._shape_of: dict[int, float] = {}
+        self.shape_version += 1  # values computed from the shape alone stay valid while it is unchanged
         self._refresh_plain()
 
     def _refresh_plain(self) -> None:
