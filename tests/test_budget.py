@@ -833,17 +833,23 @@ def test_rounds_that_verified_only_forced_tokens_judge_no_kind():
 
 def test_evidence_gain_kept_per_rate_equals_it_computed_afresh():
     """The lookup's evidence is valued once per rate until the acceptance maps or the cost shape move: between
-    lookup rounds that teach the maps, plain steps that change only the plain rate and rounds that correct the
-    shape, every kept value equals a fresh computation."""
+    plain steps that change only the plain rate, nodes that teach the maps alone, verify times that correct only
+    the shape and lookup rounds that do both, every kept value equals a fresh computation."""
     rng = np.random.default_rng(5)
     budget = TreeBudget(steep(), max_nodes=16, max_depth=16, model_draft=False)
     rates = [0.5, 0.9, 0.97, 0.99, 0.999]
-    for step in range(60):
+    for step in range(80):
         for rate in rates:
             gain = budget.evidence_gain(rate)
             assert gain == (budget._chain_gain(rate) if gain else 0.0)
-        if step % 3 == 0:
+        if step % 4 == 0:
             observe_plain(budget, 0.009 * float(rng.uniform(0.8, 1.3)))
+        elif step % 4 == 1:  # the maps alone (a free round in place of a plain step teaches them so)
+            n = int(rng.integers(1, 8))
+            budget.acceptance.observe(np.log(rng.uniform(0.9, 1.0, n)), np.full(n, LOOKUP, dtype=np.int8),
+                                      rng.random(n) < 0.3)
+        elif step % 4 == 2:  # the shape alone
+            budget.costs.observe_verify(int(rng.integers(2, 16)), 0.009 * float(rng.uniform(2.0, 9.0)))
         else:
             n = int(rng.integers(1, 8))
             plan = budget.tree_plan(1, LOOKUP_ROUND)

@@ -51,6 +51,9 @@ from .schedule import Exploration, ProbeSchedule
 from ..tree import FORCED, LOOKUP
 from .sizing import LOOKUP_FINE_BINS, SourceAcceptance, best_size, deeper_can_pay
 
+# evidence values kept at most (the lookup's rates move with every scored token, so a long answer of plain steps
+# with no round to reset the cache would otherwise grow it by one entry a round)
+EVIDENCE_KEPT = 256
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
 ROUND_KINDS = ("model", "lookup")
 LOOKUP_MIN_ROUNDS = 8  # lookup rounds the guard needs before it may find lookups losing
@@ -169,7 +172,7 @@ class TreeBudget:
         # cost shape move (a round of prose would otherwise spend ~0.1 ms here on the same answer)
         state = (id(self.acceptance), self.acceptance.n_observed, id(self.costs), self.costs.shape_version,
                  self.max_depth, self.max_nodes)
-        if state != self._evidence_state:
+        if state != self._evidence_state or len(self._evidence) >= EVIDENCE_KEPT:
             self._evidence_state, self._evidence = state, {}
         gain = self._evidence.get(rate)
         if gain is None:
