@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import llama_cpp
 
-from . import llama_ext, rpc
+from . import cpu_buffers, llama_ext, rpc
 from .errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError
 from .models import GGUFInfo, check_tree_capable, read_gguf_info
 
@@ -57,13 +57,15 @@ _backend_ready = False
 
 
 def ensure_backend(verbose: bool = False) -> None:
-    """Initialise llama.cpp once per process and route its log through Python logging."""
+    """Initialise llama.cpp once per process, route its log through Python logging and leave out the weight
+    buffers that crash (:mod:`.cpu_buffers`)."""
     global _backend_ready, _verbose
     _verbose = verbose
     if _backend_ready:
         return
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
+    cpu_buffers.keep_amx_out()
     _backend_ready = True
 
 

@@ -34,6 +34,14 @@ def private_cost_cache(tmp_path_factory):
         os.environ["EAGLE2_LOCAL_CACHE"] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def llama_backend():
+    """llama.cpp set up as the runtime sets it up, before any test loads a model: the reference runs through
+    llama-cpp-python's own ``Llama`` then load into the same weight buffers as ours (no AMX, see cpu_buffers)."""
+    from eagle2_local.llama import ensure_backend
+    ensure_backend()
+
+
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")

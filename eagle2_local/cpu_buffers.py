@@ -1,0 +1,93 @@
+"""Which of llama.cpp's extra CPU weight-buffer types a model may be loaded into.
+
+llama.cpp loads a CPU model's matrix weights into "extra" buffer types when the build and the CPU have kernels
+for them: ``CPU_REPACK`` (quant blocks interleaved for the AVX2/AVX-512/NEON kernels) and, in a build made on a
+CPU with AMX, ``AMX`` (tiles for Intel's matrix units), which comes first in the loader's list. On some AMX
+machines, this project's test VMs among them, the AMX kernel crashes the process (SIGSEGV in
+``ggml_backend_amx_mul_mat``) at the first decode of any model, and llama.cpp offers no switch for AMX alone
+(``use_extra_bufts = false`` also drops ``CPU_REPACK``, ~11% of a Qwen2.5 Q4_0 decode step there).
+
+So :func:`keep_amx_out` removes ``AMX`` from the NULL-terminated list the model loader walks (the CPU device's
+``ggml_backend_dev_get_extra_bufts``), before any model is loaded, and ``CPU_REPACK`` stays. Weights never
+placed in an AMX buffer are never computed by the AMX kernel. ``EAGLE2_LOCAL_AMX=1`` keeps AMX for machines where
+it works.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+import llama_cpp
+
+log = logging.getLogger(__name__)
+
+AMX_ENV = "EAGLE2_LOCAL_AMX"
+_DEVICE_TYPE_CPU = 0  # enum ggml_backend_dev_type
+_vp = ctypes.c_void_p
+_SIGNATURES = {
+    "ggml_backend_dev_by_type": ([ctypes.c_int], _vp),
+    "ggml_backend_dev_backend_reg": ([_vp], _vp),
+    "ggml_backend_reg_get_proc_address": ([_vp, ctypes.c_char_p], _vp),
+    "ggml_backend_buft_name": ([_vp], ctypes.c_char_p),
+}
+_GET_EXTRA_BUFTS = ctypes.CFUNCTYPE(ctypes.POINTER(_vp), _vp)
+
+
+@functools.lru_cache(maxsize=None)
+def _ggml(name: str):
+    """A ggml function, found through libllama (dlsym searches the libraries it loaded)."""
+    argtypes, restype = _SIGNATURES[name]
+    fn = getattr(llama_cpp.llama_cpp._lib, name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
+def _extra_list():
+    """The CPU device's NULL-terminated array of extra buffer types (llama.cpp keeps it for the process), or
+    None where the build exports none."""
+    dev = _ggml("ggml_backend_dev_by_type")(_DEVICE_TYPE_CPU)
+    reg = _ggml("ggml_backend_dev_backend_reg")(dev) if dev else None
+    addr = _ggml("ggml_backend_reg_get_proc_address")(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
+    return _GET_EXTRA_BUFTS(addr)(dev) if addr else None
+
+
+def _entries(arr) -> list[int]:
+    entries = []
+    while arr[len(entries)]:
+        entries.append(arr[len(entries)])
+    return entries
+
+
+def extra_buffer_types() -> list[str]:
+    """Names of the extra CPU buffer types a model load may use now, in the loader's order."""
+    arr = _extra_list()
+    return [_ggml("ggml_backend_buft_name")(b).decode() for b in _entries(arr)] if arr else []
+
+
+def drop_buffer_type(name: str) -> bool:
+    """Remove ``name`` from the extra CPU buffer types later model loads may use; True if it was there.
+
+    The array is rewritten in place (the kept entries moved up, the freed slots NULL): llama.cpp's loader reads
+    it up to the first NULL, and the CPU backend's own list, which routes a tensor to its kernel by the buffer
+    the tensor sits in, is a separate copy."""
+    arr = _extra_list()
+    if not arr:
+        return False
+    entries = _entries(arr)
+    kept = [b for b in entries if _ggml("ggml_backend_buft_name")(b).decode() != name]
+    for i in range(len(entries)):
+        arr[i] = kept[i] if i < len(kept) else None
+    return len(kept) < len(entries)
+
+
+def keep_amx_out() -> None:
+    """Leave the AMX buffer type out of model loads unless ``EAGLE2_LOCAL_AMX=1`` (once per process, before
+    the first model is loaded: a model already loaded keeps its buffers)."""
+    if os.environ.get(AMX_ENV) == "1":
+        return
+    if drop_buffer_type("AMX"):
+        log.info("llama.cpp's AMX weight buffers left out (its AMX kernel crashes on some machines); "
+                 "%s=1 keeps them", AMX_ENV)
