@@ -20,8 +20,14 @@ commit=$(awk -v v="## [$ver]" '$0==v{f=1;next} f&&/^## \[/{exit} f' "$src/CHANGE
 commit="${commit:-unknown}"
 out="$cache/llama.cpp-$commit"
 targets=(llama-lookup llama-speculative-simple llama-server llama-completion)
+# No AMX kernels (they crash at the first decode on some AMX machines; eagle2-local loads no AMX buffers
+# either, so both sides run the same CPU_REPACK kernels): GCC's explicit -mno-* wins over -march=native.
+no_amx=()
+if grep -q amx_int8 /proc/cpuinfo 2>/dev/null; then
+  no_amx=(-DCMAKE_C_FLAGS="-mno-amx-int8 -mno-amx-tile" -DCMAKE_CXX_FLAGS="-mno-amx-int8 -mno-amx-tile")
+fi
 if [ ! -f "$out/build/CMakeCache.txt" ]; then
-  cmake -S "$src/vendor/llama.cpp" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  cmake -S "$src/vendor/llama.cpp" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON ${no_amx[@]+"${no_amx[@]}"} \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_COMMIT="$commit" -DBUILD_SHARED_LIBS=OFF >&2
 fi
