@@ -1,6 +1,6 @@
 """The host's own time per round (wall time minus llama.cpp) on one chat answer, optionally under cProfile.
 
-    python benchmarks/host_time.py --threads 1 --total-tokens 60 --max-tokens 128 [--profile 25] [--cpu-clock] [--dense]
+    python benchmarks/host_time.py --threads 1 --total-tokens 60 --max-tokens 128 [--profile 25] [--cpu-clock] [--dense] [--no-lookup]
     python benchmarks/host_time.py --threads 1 --total-tokens 16 --max-tokens 128 --cpu-clock --draft lookup \
         --prompts benchmarks/prompts/code_edit_short.jsonl --records 4 [--tree-hash]
 
@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--prompts", help="a prompt set (.jsonl) whose records' first turns are answered")
     ap.add_argument("--records", type=int, default=1, help="how many of --prompts' records (default 1)")
     ap.add_argument("--tree-hash", action="store_true", help="print a hash of every selected tree")
+    ap.add_argument("--no-lookup", action="store_true",
+                    help="no lookup branches in a head's or draft model's trees (the draft alone)")
     ap.add_argument("--budget", choices=("fixed", "auto"), default="fixed",
                     help="fixed trees of --total-tokens nodes (default), or the auto budget up to that many")
     args = ap.parse_args()
@@ -101,7 +103,7 @@ def main() -> None:
         generator.select_tree = hashing
     with Eagle2(args.model, head_path=args.head, draft_model_path=args.draft_model, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, total_tokens=args.total_tokens, draft=args.draft,
-                budget=args.budget) as llm:
+                budget=args.budget, lookup=False if args.no_lookup else None) as llm:
         llm.create_chat_completion([{"role": "user", "content": prompts[0]}], max_tokens=8,
                                    temperature=0.0)  # warm up (first-call costs)
         per_round.clear()
