@@ -37,7 +37,7 @@ COMPLETIONS = "/v1/completions"
 PROMPTS = ["What is the capital of France?", "Name three primary colours.", "What do bees make?",
            "Which planet is closest to the sun?"]
 LONG = "Summarize this story: " + " ".join(  # over 512 tokens: more than one batch
-    f"On day {i} the farmer counted {i * 7} sheep and sold {i % 5} of them." for i in range(40))
+    f"On day {i} the farmer counted {i * 7} sheep and sold {i % 5} of them." for i in range(28))
 SERVER_ARGS = ("--threads", "1", "--n-ctx", str(N_CTX), "--api-key", KEY, "--max-queue", "16")
 RECORD_ENV = "EAGLE2_LOCAL_SERVER_RECORD"  # write the load test's throughput record to this JSON path
 NOTE_ENV = "EAGLE2_LOCAL_RECORD_NOTE"  # a remark stored in that record (e.g. what else loaded the machine)
