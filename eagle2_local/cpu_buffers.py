@@ -88,6 +88,11 @@ def keep_amx_out() -> None:
     the first model is loaded: a model already loaded keeps its buffers)."""
     if os.environ.get(AMX_ENV) == "1":
         return
-    if drop_buffer_type("AMX"):
+    try:
+        dropped = drop_buffer_type("AMX")
+    except AttributeError as exc:  # a llama.cpp build without ggml's device API: nothing to leave out
+        log.debug("extra CPU buffer types not inspected: %s", exc)
+        return
+    if dropped:
         log.info("llama.cpp's AMX weight buffers left out (its AMX kernel crashes on some machines); "
                  "%s=1 keeps them", AMX_ENV)

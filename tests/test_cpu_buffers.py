@@ -62,3 +62,13 @@ llama.ensure_backend()
 print(json.dumps([raw, cpu_buffers.extra_buffer_types()]))
 """, EAGLE2_LOCAL_AMX="1")
     assert got[0] == got[1]
+
+
+def test_a_build_without_the_device_api_loads_as_before(monkeypatch):
+    """A llama.cpp whose library lacks ggml's device functions: nothing is left out, nothing raises."""
+    def missing(name):
+        raise AttributeError(f"undefined symbol: {name}")
+
+    monkeypatch.delenv(cpu_buffers.AMX_ENV, raising=False)
+    monkeypatch.setattr(cpu_buffers, "_ggml", missing)
+    cpu_buffers.keep_amx_out()
