@@ -22,9 +22,11 @@ out="$cache/llama.cpp-$commit"
 targets=(llama-lookup llama-speculative-simple llama-server llama-completion)
 # No AMX kernels (they crash at the first decode on some AMX machines; eagle2-local loads no AMX buffers
 # either, so both sides run the same CPU_REPACK kernels): GCC's explicit -mno-* wins over -march=native.
+# A folder of its own, so that a build configured before this rule is not reused with AMX in it.
 no_amx=()
 if grep -q amx_int8 /proc/cpuinfo 2>/dev/null; then
   no_amx=(-DCMAKE_C_FLAGS="-mno-amx-int8 -mno-amx-tile" -DCMAKE_CXX_FLAGS="-mno-amx-int8 -mno-amx-tile")
+  out="$out-noamx"
 fi
 if [ ! -f "$out/build/CMakeCache.txt" ]; then
   cmake -S "$src/vendor/llama.cpp" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON ${no_amx[@]+"${no_amx[@]}"} \

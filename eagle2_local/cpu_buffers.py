@@ -16,55 +16,43 @@ it works.
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
+from typing import Any
 
-import llama_cpp
+from .ggml_backend import DEVICE_TYPE_CPU, ggml_fn
 
 log = logging.getLogger(__name__)
 
 AMX_ENV = "EAGLE2_LOCAL_AMX"
-_DEVICE_TYPE_CPU = 0  # enum ggml_backend_dev_type
-_vp = ctypes.c_void_p
-_SIGNATURES = {
-    "ggml_backend_dev_by_type": ([ctypes.c_int], _vp),
-    "ggml_backend_dev_backend_reg": ([_vp], _vp),
-    "ggml_backend_reg_get_proc_address": ([_vp, ctypes.c_char_p], _vp),
-    "ggml_backend_buft_name": ([_vp], ctypes.c_char_p),
-}
-_GET_EXTRA_BUFTS = ctypes.CFUNCTYPE(ctypes.POINTER(_vp), _vp)
+_GET_EXTRA_BUFTS = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 
 
-@functools.lru_cache(maxsize=None)
-def _ggml(name: str):
-    """A ggml function, found through libllama (dlsym searches the libraries it loaded)."""
-    argtypes, restype = _SIGNATURES[name]
-    fn = getattr(llama_cpp.llama_cpp._lib, name)
-    fn.argtypes, fn.restype = argtypes, restype
-    return fn
-
-
-def _extra_list():
-    """The CPU device's NULL-terminated array of extra buffer types (llama.cpp keeps it for the process), or
-    None where the build exports none."""
-    dev = _ggml("ggml_backend_dev_by_type")(_DEVICE_TYPE_CPU)
-    reg = _ggml("ggml_backend_dev_backend_reg")(dev) if dev else None
-    addr = _ggml("ggml_backend_reg_get_proc_address")(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
+def _extra_list() -> Any:
+    """The CPU device's NULL-terminated array of extra buffer types (a ``c_void_p`` pointer; llama.cpp keeps
+    the array for the process), or None where the build exports none."""
+    dev = ggml_fn("ggml_backend_dev_by_type")(DEVICE_TYPE_CPU)
+    reg = ggml_fn("ggml_backend_dev_backend_reg")(dev) if dev else None
+    addr = ggml_fn("ggml_backend_reg_get_proc_address")(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
     return _GET_EXTRA_BUFTS(addr)(dev) if addr else None
 
 
-def _entries(arr) -> list[int]:
+def _entries(arr: Any) -> list[int]:
+    """The buffer types in ``arr``, up to its NULL (the array's only length)."""
     entries = []
     while arr[len(entries)]:
         entries.append(arr[len(entries)])
     return entries
 
 
+def _name(buft: int) -> str:
+    return ggml_fn("ggml_backend_buft_name")(buft).decode()
+
+
 def extra_buffer_types() -> list[str]:
     """Names of the extra CPU buffer types a model load may use now, in the loader's order."""
     arr = _extra_list()
-    return [_ggml("ggml_backend_buft_name")(b).decode() for b in _entries(arr)] if arr else []
+    return [_name(b) for b in _entries(arr)] if arr else []
 
 
 def drop_buffer_type(name: str) -> bool:
@@ -77,10 +65,12 @@ def drop_buffer_type(name: str) -> bool:
     if not arr:
         return False
     entries = _entries(arr)
-    kept = [b for b in entries if _ggml("ggml_backend_buft_name")(b).decode() != name]
+    kept = [b for b in entries if _name(b) != name]
+    if len(kept) == len(entries):
+        return False
     for i in range(len(entries)):
         arr[i] = kept[i] if i < len(kept) else None
-    return len(kept) < len(entries)
+    return True
 
 
 def keep_amx_out() -> None:

@@ -20,7 +20,6 @@ module:
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from typing import Iterable, Sequence
 import llama_cpp
 
 from .errors import Eagle2Error
+from .ggml_backend import DEVICE_TYPE_CPU, ggml_fn
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,6 @@ HELLO_TIMEOUT_S = 10.0
 _PROTO_MAJOR = 7
 _CMD_HELLO = 14
 _CAPS_SIZE = 24
-_DEVICE_TYPE_CPU = 0  # enum ggml_backend_dev_type
 
 
 class RPCError(Eagle2Error):
@@ -124,48 +123,25 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 # ---------------------------------------------------------------- ggml bindings
 _vp = ctypes.c_void_p
-_SIGNATURES = {
-    "ggml_backend_reg_by_name": ([ctypes.c_char_p], _vp),
-    "ggml_backend_reg_get_proc_address": ([_vp, ctypes.c_char_p], _vp),
-    "ggml_backend_register": ([_vp], None),
-    "ggml_backend_reg_dev_count": ([_vp], ctypes.c_size_t),
-    "ggml_backend_reg_dev_get": ([_vp, ctypes.c_size_t], _vp),
-    "ggml_backend_dev_by_type": ([ctypes.c_int], _vp),
-    "ggml_backend_dev_name": ([_vp], ctypes.c_char_p),
-    "ggml_backend_dev_description": ([_vp], ctypes.c_char_p),
-    "ggml_set_abort_callback": ([_vp], _vp),
-}
 _ADD_SERVER = ctypes.CFUNCTYPE(_vp, ctypes.c_char_p)
 _START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                                  ctypes.POINTER(_vp))
 _ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 
 
-@functools.lru_cache(maxsize=None)
-def _ggml(name: str):
-    """A ggml function from the libraries libllama loaded (dlsym searches a library's dependencies too)."""
-    argtypes, restype = _SIGNATURES[name]
-    fn = getattr(llama_cpp.llama_cpp._lib, name, None)
-    if fn is None:
-        from llama_cpp import _ggml as ggml_lib  # libggml itself, loaded by llama-cpp-python
-        fn = getattr(ggml_lib.libggml, name)
-    fn.argtypes, fn.restype = argtypes, restype
-    return fn
-
-
 def _rpc_proc(name: str, prototype):
     """A function the RPC backend exports through its registry (how llama.cpp's own tools find them)."""
     require_rpc()
-    reg = _ggml("ggml_backend_reg_by_name")(b"RPC")
-    addr = _ggml("ggml_backend_reg_get_proc_address")(reg, name.encode()) if reg else None
+    reg = ggml_fn("ggml_backend_reg_by_name")(b"RPC")
+    addr = ggml_fn("ggml_backend_reg_get_proc_address")(reg, name.encode()) if reg else None
     if not addr:
         raise RPCError(f"this llama.cpp's RPC backend does not export {name}")
     return prototype(addr)
 
 
 def device_name(dev: int) -> str:
-    name = _ggml("ggml_backend_dev_name")(dev) or b"?"
-    desc = _ggml("ggml_backend_dev_description")(dev) or b""
+    name = ggml_fn("ggml_backend_dev_name")(dev) or b"?"
+    desc = ggml_fn("ggml_backend_dev_description")(dev) or b""
     return f"{name.decode()}[{desc.decode()}]"
 
 
@@ -187,9 +163,9 @@ def devices(servers: Iterable[str]) -> list[int]:
                 reg = _rpc_proc("ggml_backend_rpc_add_server", _ADD_SERVER)(endpoint.encode())
                 if not reg:
                     raise RPCError(f"RPC server {endpoint} offers no device")
-                _ggml("ggml_backend_register")(reg)
-                n = int(_ggml("ggml_backend_reg_dev_count")(reg))
-                _registered[endpoint] = tuple(int(_ggml("ggml_backend_reg_dev_get")(reg, i)) for i in range(n))
+                ggml_fn("ggml_backend_register")(reg)
+                n = int(ggml_fn("ggml_backend_reg_dev_count")(reg))
+                _registered[endpoint] = tuple(int(ggml_fn("ggml_backend_reg_dev_get")(reg, i)) for i in range(n))
                 log.info("RPC server %s: %s", endpoint, ", ".join(device_name(d) for d in _registered[endpoint]))
             out.extend(_registered[endpoint])
     return out
@@ -222,7 +198,7 @@ def install_abort_hook() -> None:
     """Route ggml's fatal errors through :func:`_on_abort` (one ``error:`` line, exit 1, no core dump)."""
     global _abort_hook_installed
     if not _abort_hook_installed:
-        _ggml("ggml_set_abort_callback")(ctypes.cast(_on_abort, _vp))
+        ggml_fn("ggml_set_abort_callback")(ctypes.cast(_on_abort, _vp))
         _abort_hook_installed = True
 
 
@@ -265,7 +241,7 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, threads: int | None
     if threads < 1:
         raise RPCError(f"--threads must be >= 1, got {threads}")
     check_bindable(host, port)
-    cpu = _ggml("ggml_backend_dev_by_type")(_DEVICE_TYPE_CPU)
+    cpu = ggml_fn("ggml_backend_dev_by_type")(DEVICE_TYPE_CPU)
     if not cpu:
         raise RPCError("llama.cpp has no CPU device to serve")
     start = _rpc_proc("ggml_backend_rpc_start_server", _START_SERVER)
