@@ -33,7 +33,7 @@ def test_dropping_shifts_the_rest_up_in_order(fake_list):
     assert list(fake_list) == [33, None, None, None, 99]
 
 
-def test_an_unknown_name_writes_nothing(fake_list, monkeypatch):
+def test_an_unknown_name_writes_nothing(fake_list):
     assert cpu_buffers.drop_buffer_type("NO_SUCH_BUFFER") is False
     assert list(fake_list) == [11, 22, 33, None, 99]
 
