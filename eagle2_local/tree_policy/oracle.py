@@ -1,0 +1,123 @@
+"""The best schedule in hindsight: the least cost at which an answer known in advance could have been decoded.
+
+A tree policy decides each round without knowing what the target will accept. For a draft whose proposals are
+fixed by the text (a lookup, forced tokens, a head, a draft model) and greedy decoding (T = 0), the answer is
+plain decoding's, so what a round of n nodes from the draft's ranking would accept at each position is known
+after the fact: ``a_i(n)`` tokens, emitting ``a_i(n) + 1`` for ``c(n)`` plain steps of verification (plus the
+draft's cost), where a plain step emits 1 for 1. Dynamic programming over the positions of the answer then
+gives the least total cost of any schedule of rounds, which bounds what any policy on the same draft and the same
+cost curve could do: judging a policy's decisions against it says how much of the attainable speed it reached,
+on a curve measured anywhere, without that machine.
+
+Pure: numbers in, numbers out (the benchmark that extracts ``a_i(n)`` from real drafts is
+benchmarks/budget_replay.py ``--oracle``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..tree import DraftTree, MODEL, select_tree
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The best schedule found: its total cost in plain steps and the tree size of each round taken in order
+    (1: a plain step)."""
+
+    tokens: int
+    cost: float
+    sizes: tuple[int, ...]
+
+    @property
+    def speedup(self) -> float:
+        """Tokens per plain step of cost: the speed over plain decoding (1.0 for an empty answer)."""
+        return self.tokens / self.cost if self.cost > 0 else 1.0
+
+    @property
+    def drafted_rounds(self) -> int:
+        return sum(n > 1 for n in self.sizes)
+
+
+def best_schedule(accepted: np.ndarray, verify_cost: np.ndarray, draft_cost: np.ndarray | None = None) -> Schedule:
+    """The least-cost way to emit ``len(accepted)`` tokens.
+
+    ``accepted[i, n - 1]``: tokens a round of n nodes accepts at state i (i tokens emitted so far; column 0, the
+    root alone, accepts nothing and is a plain step). ``verify_cost[n - 1]``: verifying n nodes, in plain steps
+    (``verify_cost[0]`` is the plain step itself, normally 1). ``draft_cost[i, n - 1]``: what drafting that
+    round costs, in plain steps (None: drafting is free; column 0 is ignored, a plain step drafts nothing). A
+    round emits its accepted tokens and the target's own, never past the answer's end.
+    """
+    acc = np.asarray(accepted, dtype=np.int64)
+    if acc.ndim != 2 or acc.shape[1] < 1:
+        raise ValueError("accepted must be (positions, sizes) with at least the plain step's column")
+    n_tok, n_sizes = acc.shape
+    c = np.asarray(verify_cost, dtype=np.float64)
+    if c.shape != (n_sizes,):
+        raise ValueError(f"verify_cost needs one cost per size ({n_sizes}), got shape {c.shape}")
+    if (acc < 0).any() or (acc[:, 0] != 0).any():
+        raise ValueError("accepted counts must be >= 0, and the root alone accepts nothing")
+    d = np.zeros(acc.shape) if draft_cost is None else np.array(draft_cost, dtype=np.float64)
+    if d.shape != acc.shape:
+        raise ValueError(f"draft_cost must have accepted's shape {acc.shape}, got {d.shape}")
+    d[:, 0] = 0.0
+    best = np.zeros(n_tok + 1)
+    choice = np.ones(n_tok, dtype=np.int64)
+    for i in range(n_tok - 1, -1, -1):
+        nxt = i + np.minimum(acc[i] + 1, n_tok - i)
+        total = c + d[i] + best[nxt]
+        k = int(np.argmin(total))  # ties: the smaller tree (the plain step first)
+        best[i], choice[i] = total[k], k + 1
+    sizes, i = [], 0
+    while i < n_tok:
+        n = int(choice[i])
+        sizes.append(n)
+        i += min(int(acc[i, n - 1]) + 1, n_tok - i)
+    return Schedule(n_tok, float(best[0]), tuple(sizes))
+
+
+def accepted_length(tree: DraftTree, continuation: np.ndarray) -> int:
+    """Draft tokens a greedy verification accepts when the target's next tokens are ``continuation``: the
+    deepest root path whose tokens follow it (at T = 0 the target's choice after each accepted token is the
+    answer's next token)."""
+    follow = np.asarray(continuation)
+    depth_of = np.zeros(len(tree), dtype=np.int64)
+    on_path = np.zeros(len(tree), dtype=bool)
+    on_path[0] = True
+    best = 0
+    for node in range(1, len(tree)):  # parents come before children
+        parent = int(tree.parents[node])
+        d = depth_of[parent] + 1
+        depth_of[node] = d
+        if on_path[parent] and d <= len(follow) and tree.tokens[node] == follow[d - 1]:
+            on_path[node] = True
+            best = max(best, int(d))
+    return best
+
+
+@dataclass(frozen=True)
+class SizeTable:
+    """What trees of 1..N nodes from one round's candidates would do: ``accepted[n - 1]`` tokens accepted,
+    ``depth[n - 1]`` levels the draft must grow for them, ``model[n - 1]`` whether any node is the model
+    draft's alone (else the round's nodes could come from the free drafters: lookups, forced tokens)."""
+
+    accepted: np.ndarray
+    depth: np.ndarray
+    model: np.ndarray
+
+
+def size_table(root: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,
+               cand_sources: np.ndarray | None, continuation: np.ndarray, max_nodes: int) -> SizeTable:
+    """:class:`SizeTable` of one round's candidates, each tree chosen by the runtime's own :func:`select_tree`
+    (the draft's ranking), accepted against the known ``continuation``."""
+    accepted = np.zeros(max_nodes, dtype=np.int64)
+    depth = np.zeros(max_nodes, dtype=np.int64)
+    model = np.zeros(max_nodes, dtype=bool)
+    for n in range(2, max_nodes + 1):
+        tree = select_tree(root, cand_tok, cand_score, cand_parent, n, cand_sources)
+        accepted[n - 1] = accepted_length(tree, continuation)
+        depth[n - 1] = int(tree.depths.max())
+        model[n - 1] = bool((tree.sources[1:] == MODEL).any())
+    return SizeTable(accepted, depth, model)
