@@ -74,7 +74,7 @@ trap cleanup EXIT
 SERVERS=()
 for i in 1 2; do
   port="$(free_port)"
-  # One thread per server: like the host CPU backend, its kernels are batch-invariant only then (NOTES.md).
+  # One thread per server: like the host CPU backend, its kernels are batch-invariant only then (NOTES.md#lossless).
   "$PY" -m cli rpc-server --host 127.0.0.1 --port "$port" --threads 1 >"$LOGS/server$i.log" 2>&1 &
   PIDS+=("$!")
   SERVERS+=("127.0.0.1:$port")

@@ -2,8 +2,8 @@
 
     ~/.cache/eagle2-local/rpc-venv/bin/python benchmarks/rpc_numerics.py [PORT]   # needs the RPC build
 
-Prints, per quantity, the largest |rpc - host| over one prompt of each EAGLE set (first 200 tokens); NOTES.md
-records the result.
+Prints, per quantity, the largest |rpc - host| over one prompt of each EAGLE set (first 200 tokens);
+NOTES.md#llamacpps-rpc-backend records the result.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from .tree import TreeParams
 
 log = logging.getLogger(__name__)
 
-LOOKUP_DEPTH = 16  # default draft levels for a lookup draft alone (a model draft's default is 6): NOTES.md
+LOOKUP_DEPTH = 16  # default draft levels of a lookup draft alone (a model draft's: 6): NOTES.md#lookup-drafts
 
 
 class Eagle2:
@@ -215,7 +215,7 @@ class Eagle2:
         fastest; but a cached cell computed in another batch shape differs in its last bits, so a T=0 answer can
         then depend on what was asked before. False reuses only cells a fresh evaluation would reproduce bit for
         bit (on a one-thread CPU build: all of them) and evaluates the rest in small aligned batches: the same
-        request always gets the same answer, at some cost in prompt time (NOTES.md).
+        request always gets the same answer, at some cost in prompt time (NOTES.md#lossless).
 
         ``grammar``: GBNF text (or a :class:`~eagle2_local.grammar.Grammar`, e.g. from a JSON schema) the answer
         must follow; drafted trees then carry grammar states and tokens the grammar forces are drafted for free,

@@ -8,7 +8,7 @@ A record with several user turns runs as a chat, each turn after the mode's own
 earlier answers; its speed, τ and comparison cover every turn. At temperature 0 the outputs are compared token
 for token; a divergence is reported as a near-tie when the
 target's top-2 logits at that position differ by less than ``tie_tolerance`` (multi-threaded CPU runs are not
-batch-invariant, see NOTES.md), and as a mismatch otherwise.
+batch-invariant, see NOTES.md#lossless), and as a mismatch otherwise.
 """
 
 from __future__ import annotations

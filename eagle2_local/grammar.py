@@ -5,7 +5,7 @@ apply (``grammar``, ``json_schema``, ``response_format``).
 A :class:`GrammarState` is one parse position: it says which tokens may come next and advances by one token.
 Sampling under a grammar masks the disallowed tokens of the target's logits before the usual warpers, as
 llama.cpp does; greedy decoding first checks the unconstrained argmax (microseconds) and builds the full mask
-only when the grammar refuses it (milliseconds over a whole vocabulary: NOTES.md).
+only when the grammar refuses it (milliseconds over a whole vocabulary: NOTES.md#structured-output-and-tools).
 """
 
 from __future__ import annotations

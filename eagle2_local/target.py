@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 # Tokens per batch of a reproducible prompt evaluation (batches start at multiples of it). Below 64, where this
 # CPU build's flash attention switches to its tiled kernel, so one-thread results equal single-token decoding.
 PROMPT_CHUNK = 32
-INVARIANT_BATCH = 64  # batches of fewer tokens than this compute a token alike on an invariant build (NOTES.md)
+INVARIANT_BATCH = 64  # batches of fewer tokens compute a token alike on an invariant build (NOTES.md#lossless)
 # Weight types whose one-thread CPU kernels gave bit-identical logits for every batch of 1..63 tokens (measured:
-# SmolLM2 Q4_1, synthetic Q8_0; NOTES.md). F32 differs at any batch size; K-quants were not measured.
+# SmolLM2 Q4_1, synthetic Q8_0; NOTES.md#lossless). F32 differs at any batch size; K-quants were not measured.
 INVARIANT_FTYPES = frozenset({llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0})
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from eagle2_local.tree import LOOKUP, MODEL
 from eagle2_local.tree_policy import RoundResult, RoundTimes, TreeBudget
 
-# SmolLM2-135M with the default head on this 2-core CPU, 2 threads (NOTES.md, tree budget): verify of n nodes
+# SmolLM2-135M with the default head on this 2-core CPU, 2 threads (NOTES.md#the-tree-budget): verify of n nodes
 # in plain steps, plain step 7.6 ms, draft root 1.8 ms, draft level 6.3 ms. No tree pays here.
 CPU_SIZES = [1, 2, 3, 4, 8, 16, 32, 60]
 CPU_SHAPE = [1.0, 1.80, 2.24, 3.05, 5.17, 9.46, 15.9, 27.4]

@@ -151,8 +151,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> Non
 
 
 # ------------------------------------------------------------------ target contexts and trees
-# Measured on this CPU build (see docs/design.md §1 and NOTES.md): quantized models are batch-invariant for batches
-# of up to 63 tokens with ONE thread. With 2+ threads, single-token decodes over >= 512 KV cells take
+# Measured on this CPU build (see docs/design.md §1 and NOTES.md#lossless): quantized models are batch-invariant
+# for batches of up to 63 tokens with ONE thread. With 2+ threads, single-token decodes over >= 512 KV cells take
 # flash-attention's split-KV path; batches of >= 64 queries take its tiled path; both change float order.
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=128, n_seq_max=80, n_threads=1)
 

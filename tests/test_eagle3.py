@@ -214,7 +214,7 @@ def test_llama3_rope_scaling_matches_reference(tmp_path, target4):
 
 def test_lossless_greedy_synthetic(head, target4):
     path = head[0]
-    # fresh contexts for both: re-evaluating a cached prompt in smaller batches changes numerics (NOTES.md)
+    # fresh contexts for both: re-evaluating a cached prompt in smaller batches changes numerics (NOTES.md#lossless)
     for prompt in load_prompts(4):
         with Eagle2(target4, head_path=path, n_threads=1, n_ctx=512, total_tokens=12, depth=4, tree_top_k=3) as llm:
             spec = llm.create_completion(prompt[:200], max_tokens=40, temperature=0)

@@ -4,7 +4,7 @@ device's buffers) keeps every lossless guarantee, and failures are one clear lin
 Tests marked ``rpc`` need an RPC build of llama-cpp-python and are deselected by default; run them with
 ``bash benchmarks/rpc_check.sh`` (builds it, starts two loopback servers, runs ``pytest -m rpc``). Servers come from
 ``EAGLE2_RPC_SERVERS`` (``HOST:PORT,HOST:PORT``) or are started here. The servers run one thread: like the
-host CPU backend, their kernels are batch-invariant only then (NOTES.md).
+host CPU backend, their kernels are batch-invariant only then (NOTES.md#lossless).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`eagle2-local serve` as its clients see it: the real server in a subprocess on a free loopback port, serving
 the default SmolLM2 model with its shipped head, driven by the official `openai` client and by raw HTTP.
 
-The server runs with one thread so that greedy answers are bit-identical to `generate --plain` (NOTES.md:
+The server runs with one thread so that greedy answers are bit-identical to `generate --plain` (NOTES.md#lossless:
 batch invariance holds with one thread); prompts stay short (< 64 tokens) for the same reason.
 """
 

@@ -178,7 +178,7 @@ def test_extraction_matches_decoding_and_resumes(tiny, tmp_path):
     a, b = again.top_ids[keep, 0], rows.top_ids[: len(keep)][keep, 0]
     lp_a, lp_b = again.top_logp[keep, 0].astype(float), rows.top_logp[: len(keep)][keep, 0].astype(float)
     # generation decodes one token at a time, extraction in batches: llama.cpp's kernels differ slightly for
-    # batches of >= 64 tokens (NOTES.md), which may flip a near-tie
+    # batches of >= 64 tokens (NOTES.md#lossless), which may flip a near-tie
     assert (a == b).mean() >= 0.97 and np.median(np.abs(lp_a - lp_b)) < 0.01
 
 

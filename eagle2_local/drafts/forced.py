@@ -1,7 +1,8 @@
 """Forced tokens as a free draft source: under a grammar, the tokens the grammar leaves no (or little) choice
 about are drafted without any model, and a run of them costs one verify batch instead of a decode each.
 
-Which tokens a state allows is found without a whole-vocabulary mask (milliseconds, NOTES.md): the vocabulary is
+Which tokens a state allows is found without a whole-vocabulary mask (milliseconds,
+NOTES.md#structured-output-and-tools): the vocabulary is
 a forest in which each token hangs under its longest proper prefix that is also a token (``"na`` under ``"n``
 under ``"``). A grammar refuses a token whenever it refuses a prefix of it, so the allowed set is found level by
 level from the roots (single characters and the like, a few hundred tokens), checking only the children of
@@ -14,7 +15,8 @@ the target chose among the same allowed set before, in this generation or an ear
 the same sets at every key, and the choice is the model's habit). A set not met before is proposed only when it
 is a chain (each token a prefix of the longest), as its longest token with :data:`CHAIN_PRIOR`: the canonical
 tokenization of forced text, which the target picks inside keys and keywords; a guess among branching sets
-(optional whitespace) would cost verify nodes on a CPU where nodes are not free (NOTES.md has the measurements).
+(optional whitespace) would cost verify nodes on a CPU where nodes are not free (the measurements:
+NOTES.md#structured-output-and-tools).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ MAX_FIRST = 6  # more allowed roots than this: nothing is forced here
 FIRST_LOOK = 32  # roots checked first: more than MAX_FIRST of them allowed settles it (the rest go unchecked)
 MAX_CHECKED = 4096  # a search that would check more tokens than this gives up (not a forced spot)
 CHAIN_PRIOR = 0.6  # the probability given to the longest token of a chain of allowed tokens not met before
-# a tenth of an unseen choice's worth of doubt beside the target's earlier picks among the same allowed set: the
-# picks are a habit (NOTES: 107 of 107 accepted), and with a whole choice's doubt a set met once was drafted at
-# 0.5, so a key's forced run (four learned picks, ~0.06 at its end) never paid for its verify nodes
+# a tenth of an unseen choice's worth of doubt beside the target's earlier picks among the same allowed set: the picks
+# are a habit (107 of 107 accepted: NOTES.md#structured-output-and-tools), and with a whole choice's doubt a set met
+# once was drafted at 0.5, so a key's forced run (four learned picks, ~0.06 at its end) never paid for its verify
+# nodes
 LEARNED_DOUBT = 0.1
 
 

@@ -38,7 +38,8 @@ PROMPT, COPY, REPEAT = 0, 1, 2
 ROOT = -1  # the candidate id of a round's root
 LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
 # renames are learned while copies matched on FAITHFUL_MATCH tokens go on at least at FAITHFUL_RATE (the
-# answer's own learned rate): code edits 0.93-0.99 where they learned renames, summaries 0.60-0.73 (NOTES.md)
+# answer's own learned rate): code edits 0.93-0.99 where they learned renames, summaries 0.60-0.73
+# (NOTES.md#lookup-drafts)
 FAITHFUL_MATCH, FAITHFUL_RATE = 4, 0.85
 NO_ANSWER = 1 << 62  # answer_from before an answer begins (all text is prompt)
 TEXT_BELOW = 2  # a node whose token match is shorter takes a text copy's continuations (text_copy.py), if any
@@ -146,7 +147,7 @@ class NgramIndex:
         tokens = [int(t) for t in tokens]
         unscored = len(tokens) if not score else (
             0 if self.answer_from == NO_ANSWER else min(len(tokens), max(self.answer_from - len(self.text), 0)))
-        if unscored >= 2:  # a prompt: indexed n by n, the same lists in a fraction of the time (NOTES.md)
+        if unscored >= 2:  # a prompt: indexed n by n, the same lists in a fraction of the time (NOTES.md#lookup-drafts)
             self._index_unscored(tokens[:unscored])
             self._forget_tail()
             tokens = tokens[unscored:]

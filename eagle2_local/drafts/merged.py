@@ -232,10 +232,10 @@ class LookupOnlyOdds:
     becomes p * p * odds, at most p.
 
     The lookup's rates are learned over all the text, mostly where the model proposes the same token; where the
-    model disagrees, a weak match is rarely right and a long one nearly as often as the lookup says: measured,
-    such children came next about p * p of the time at every p (NOTES.md). The odds are that rule's hits over its
-    expected hits, learned from the rounds apart for each band of p (``edges``: a prose answer's weak matches miss
-    where its copied spans hit), starting at 1 with ``prior`` expected hits; counts are capped at
+    model disagrees, a weak match is rarely right and a long one nearly as often as the lookup says: measured, such
+    children came next about p * p of the time at every p (NOTES.md#lookup-drafts). The odds are that rule's hits
+    over its expected hits, learned from the rounds apart for each band of p (``edges``: a prose answer's weak
+    matches miss where its copied spans hit), starting at 1 with ``prior`` expected hits; counts are capped at
     ``max_expected``, so recent rounds weigh most."""
 
     def __init__(self, prior: float = 1.0, max_expected: float = 32.0, edges: tuple[float, ...] = (0.3, 0.7)) -> None:

@@ -91,7 +91,7 @@ def widen_vocabulary(draft_ids: np.ndarray, counts: np.ndarray, size: int) -> np
 
     Why: the head's LM head rows are the target's own, frozen, so an exported head can draft over more tokens
     than it was trained over at no training cost; its trained states score the extra tokens through the
-    target's rows (what that gains on SmolLM2 is measured in NOTES.md)."""
+    target's rows (what that gains on SmolLM2 is measured in NOTES.md#heads)."""
     if size < len(draft_ids):
         raise ModelError(f"cannot widen a {len(draft_ids)}-token draft vocabulary to {size} tokens")
     boosted = counts.astype(np.int64).copy()

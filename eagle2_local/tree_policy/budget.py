@@ -87,8 +87,8 @@ class TreeBudget:
         if self.acceptance is None:
             # a merged draft's lookup nodes are mostly lookup-only children of model trees, missing at every depth:
             # one wide bin learns that fast enough to keep lookup rounds off prose, where fine bins, each learning
-            # alone, let them run and lose (summaries 0.89x on SmolLM2, NOTES.md); a lookup alone values its
-            # chains depth by depth
+            # alone, let them run and lose (summaries 0.89x on SmolLM2, NOTES.md#the-tree-budget); a lookup alone
+            # values its chains depth by depth
             self.acceptance = SourceAcceptance(lookup_fine=None if self.model_draft else LOOKUP_FINE_BINS)
         self._main = MODEL_ROUND if self.model_draft else LOOKUP_ROUND
         # lookups are judged on more rounds than the model draft: most of theirs are root-only looks, and a

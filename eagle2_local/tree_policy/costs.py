@@ -227,7 +227,7 @@ class CostModel:
 def _sane_shape(xs: np.ndarray, shape: np.ndarray) -> np.ndarray:
     """1 at n = 1, never below one plain step nor above n of them (the n nodes could be decoded one by one).
     Not made monotone: CPU kernels for repacked quantizations batch tokens in groups (four at a time here), so
-    verifying 4 nodes can cost less than 3, and the sizes chosen should follow that (NOTES.md)."""
+    verifying 4 nodes can cost less than 3, and the sizes chosen should follow that (NOTES.md#the-tree-budget)."""
     out = np.clip(shape, 1.0, np.maximum(xs, 1.0))
     out[0] = 1.0
     return out

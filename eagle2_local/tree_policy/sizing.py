@@ -8,7 +8,7 @@ import numpy as np
 from ..tree import LOOKUP, SOURCE_NAMES
 from .costs import CostModel
 
-LOOKUP_FINE_BINS = 0.05  # nats per bin of the lookup's acceptance map above -1 (NOTES.md: code edits' chains)
+LOOKUP_FINE_BINS = 0.05  # nats per bin of the lookup's acceptance map above -1 (NOTES.md#lookup-drafts)
 FINE_PRIOR_SHARE = 0.5  # a fine bin's prior weight, as a share of a wide bin's
 
 
@@ -33,7 +33,7 @@ class AcceptanceMap:
         centres = np.concatenate([[low - width / 2], (self.edges[:-1] + self.edges[1:]) / 2, [0.0]])
         # a fine bin holds half a wide bin's prior: one chain that missed must not condemn the depths it reached
         # (trees that deep would not run again to correct it), and a few rounds on a text that does not copy
-        # must outweigh the rate it taught the lookup (NOTES.md)
+        # must outweigh the rate it taught the lookup (NOTES.md#lookup-drafts)
         fine_bin = np.diff(self.edges, prepend=low - width, append=width) < width
         self.counts = prior_weight * np.where(fine_bin, FINE_PRIOR_SHARE, 1.0)
         self.hits = self.counts * np.exp(np.minimum(centres, 0.0))
