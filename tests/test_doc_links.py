@@ -38,3 +38,11 @@ def test_every_docs_page_is_one_link_from_the_readme():
     linked = {t.partition("#")[0] for t in LINK.findall(readme)}
     assert {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} <= linked
     assert {"NOTES.md", "BENCHMARKS.md"} <= linked
+
+
+def test_code_cites_notes_sections_that_exist():
+    anchors = _anchors(ROOT / "NOTES.md")
+    code = [p for d in ("eagle2_local", "convert", "benchmarks", "tests") for p in (ROOT / d).rglob("*")
+            if p.suffix in (".py", ".sh")]
+    cited = {(p.relative_to(ROOT), a) for p in code for a in re.findall(r"NOTES\.md#([\w\-]+)", p.read_text())}
+    assert cited and not [f"{p}: NOTES.md#{a}" for p, a in cited if a not in anchors]
