@@ -2,6 +2,8 @@
 
     python benchmarks/budget_replay.py --model models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --draft lookup \
         --prompts benchmarks/prompts/code_edit_short.jsonl --records 0:12 [--threads 1] [--depth 16]
+    python benchmarks/budget_replay.py --prompts benchmarks/prompts/*.jsonl --split heldout --records 0:4 \
+        --curve all --oracle --json benchmarks/results/oracle-default.json
 
 A bench on a shared machine measures the load as much as the policy: the budget's cost model follows the plain
 steps it observes and its guards judge realised round times. Here the cost model stays as calibrated (the cached
@@ -10,6 +12,18 @@ time, and each prompt's speed is its tokens over the sum of its rounds' costs in
 1). The decisions then depend on the answers alone, so two versions of the policy can be compared on a busy
 machine (run each with ``PYTHONPATH`` at its checkout). It is a model, not a speed: host time and the noise of
 real passes are left out; a bench on an idle machine has the last word.
+
+``--curve NAME`` (repeatable; ``all``: every curve benchmarks/curves.json records for the model's file) replaces
+the calibration by a recorded machine's curve, so the budget is judged on machines it does not run on; drafting
+costs are the curve's record's, else this machine's calibration's in proportion to its plain step.
+
+``--oracle`` judges the budget against the best schedule in hindsight (eagle2_local/tree_policy/oracle.py). A
+probe run decodes each answer plainly (T = 0) while the draft grows its full tree at every position, through the
+runtime's own loop and tree code; what a tree of n nodes from its ranking would accept there is read off the
+known answer, and dynamic programming finds the least cost on the same curve. Costs on both sides: c(n) for the
+verification, plus the model draft's root and levels (the curve's drafting costs) for a round with a model
+node; lookup and forced nodes draft free, and a backlog catch-up's extra cost is left out on both sides. The
+speeds are reported per record and per set (tokens over cost, pooled), with the budget's share of the oracle's.
 
 ``--depth`` other than the calibrated one reuses the calibration made at ``--calibrated-depth`` (a lookup's costs
 do not depend on its depth); with no calibration cached for these settings one is made first (minutes).
@@ -20,14 +34,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import platform
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import eagle2_local.api as api
+import eagle2_local.generator as generator_mod
 from eagle2_local import Eagle2, costs as cost_cache
-from eagle2_local.bench import load_prompt_sets
+from eagle2_local.bench import SPLITS, load_prompt_sets
 from eagle2_local.generator import GenerationStats
-from eagle2_local.tree_policy import budget as budget_mod, costs as cost_model
+from eagle2_local.models import default_model_path
+from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
+from eagle2_local.tree_policy.oracle import Schedule, SizeTable, best_schedule, size_table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from curves import Curve, curves_for, load_curves  # noqa: E402  (benchmarks/curves.py, beside this script)
 
 
 def freeze_time() -> None:
@@ -64,49 +89,278 @@ def reuse_calibration(depth: int) -> None:
     api.cached_or_measured = cached
 
 
+@dataclass
+class Replayed:
+    """One answer under the auto budget: each round as (nodes verified, tokens emitted, draft levels grown, the
+    model draft ran), and the answer's text."""
+
+    rounds: list[tuple[int, int, int, bool]]
+    text: str
+
+    @property
+    def tokens(self) -> int:
+        return sum(emitted for _, emitted, _, _ in self.rounds)
+
+    def cost(self, costs: CostModel, drafting: bool = True) -> float:
+        """Plain steps the rounds cost on ``costs`` (verification; with ``drafting``, the model draft's too)."""
+        return sum(round_cost(costs, n, levels if drafting and model else 0) for n, _, levels, model in self.rounds)
+
+    def trees(self) -> dict[int, int]:
+        """Rounds per tree size (plain steps left out)."""
+        return _counts(n for n, _, _, _ in self.rounds)
+
+
+def _counts(sizes) -> dict[int, int]:
+    """Rounds per tree size, plain steps (size 1) left out."""
+    out: dict[int, int] = {}
+    for n in sizes:
+        if n > 1:
+            out[n] = out.get(n, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def round_cost(costs: CostModel, n: int, levels: int) -> float:
+    """A round of n nodes whose model draft grew ``levels`` levels (0: no model draft ran), in plain steps."""
+    plain = float(costs.verify_s(1))
+    return float(costs.verify_s(n)) / plain + (costs.draft_s(levels) / plain if levels else 0.0)
+
+
+class Recorder:
+    """Hears the generation loop: each round's result, each token batch emitted, each tree's candidates."""
+
+    def __init__(self) -> None:
+        self.rounds: list = []
+        self.emitted: list[int] = []
+        self.candidates: list[tuple] = []
+        add_round, emit, select = GenerationStats.add_round, generator_mod._emit, generator_mod.select_tree
+
+        def recording(stats, result) -> None:
+            self.rounds.append(result)
+            add_round(stats, result)
+
+        def emitting(emitter, tokens):
+            self.emitted.extend(int(t) for t in tokens)
+            return emit(emitter, tokens)
+
+        def selecting(root, tok, score, parent, n, sources=None):
+            self.candidates.append((root, tok.copy(), score.copy(), parent.copy(),
+                                    None if sources is None else sources.copy()))
+            return select(root, tok, score, parent, n, sources)
+
+        GenerationStats.add_round = recording
+        generator_mod._emit, generator_mod.select_tree = emitting, selecting
+
+    def clear(self) -> None:
+        self.rounds.clear()
+        self.emitted.clear()
+        self.candidates.clear()
+
+
+class Probe:
+    """A tree policy that has the draft grow its full tree every round and verifies the root alone: the answer is
+    plain decoding's, and every position's candidates are seen (a :class:`~eagle2_local.tree_policy.TreePolicy`)."""
+
+    def __init__(self, max_nodes: int, max_depth: int) -> None:
+        self.max_nodes, self.max_depth = max_nodes, max_depth
+
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth,
+                         size=lambda scores, times, sources=None: 1)
+
+    free_plan = plan
+
+    def observe(self, result) -> None:
+        pass
+
+    def begin_answer(self) -> None:
+        pass
+
+    def summary(self) -> None:
+        return None
+
+
+@dataclass
+class Probed:
+    """One answer decoded plainly under the :class:`Probe`: its tokens emitted after the first and, per state
+    (tokens emitted so far), what trees of 1..N nodes would have done (oracle.SizeTable)."""
+
+    n_tokens: int
+    tables: list[SizeTable | None]
+
+    def oracle(self, costs: CostModel, max_nodes: int) -> Schedule:
+        """The best schedule on ``costs``: verification c(n) plus the model draft's cost for trees with a model
+        node, grown to the tree's depth."""
+        acc = np.zeros((self.n_tokens, max_nodes), dtype=np.int64)
+        draft = np.zeros(acc.shape)
+        plain = float(costs.verify_s(1))
+        for i, table in enumerate(self.tables):
+            if table is not None:
+                acc[i] = table.accepted
+                draft[i] = [costs.draft_s(int(d)) / plain if m else 0.0 for d, m in zip(table.depth, table.model)]
+        return best_schedule(acc, costs.shape(np.arange(1, max_nodes + 1)), draft)
+
+
+def probe(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_tokens: int) -> tuple[Probed, str]:
+    """Decode one answer under the :class:`Probe` and tabulate every position's trees against it."""
+    p = llm.tree_params
+    llm.generator.policy = Probe(p.total_tokens, p.depth)
+    recorder.clear()
+    out = llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0, grammar=grammar)
+    seq = np.asarray(recorder.emitted, dtype=np.int64)  # the first token, then one a round
+    n_tokens = len(recorder.rounds)
+    if len(seq) != n_tokens + 1:
+        raise RuntimeError(f"the probe emitted {len(seq)} tokens in {n_tokens} rounds: not one a round")
+    tables: list[SizeTable | None] = [None] * n_tokens
+    for i, (root, tok, score, parent, sources) in enumerate(recorder.candidates):
+        if root != seq[i]:
+            raise RuntimeError(f"round {i} drafted from {root}, not the answer's token {seq[i]}")
+        tables[i] = size_table(root, tok, score, parent, sources, seq[i + 1:], p.total_tokens)
+    return Probed(n_tokens, tables), out["choices"][0]["message"]["content"]
+
+
+def replay(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_tokens: int) -> Replayed:
+    """One answer under the auto budget, its rounds recorded."""
+    recorder.clear()
+    out = llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0, grammar=grammar)
+    rounds = [(r.n_nodes if r.plan.drafts else 1, r.n_emitted, len(r.times.levels),
+               r.plan.drafts and not r.plan.free_only) for r in recorder.rounds]
+    return Replayed(rounds, out["choices"][0]["message"]["content"])
+
+
+def calibrate_once(look_up):
+    """The cost cache's look-up, measuring at most once per process: a calibration disturbed by other load is not
+    cached on disk, and each model the replay opens would measure again (and differently)."""
+    memo: dict = {}
+
+    def once(key, measure, refresh=False, directory=None, check=None):
+        name = key.file_name()
+        if name not in memo:
+            memo[name] = look_up(key, measure, refresh, directory, check)
+        here, info = memo[name]
+        return CostModel.from_dict(here.to_dict()), info  # a model of its own for each budget
+
+    return once
+
+
+def use_costs(calibrated, curve: Curve | None) -> None:
+    """The budget's costs from now on: this machine's calibration (``calibrated``, the cache look-up), or a
+    recorded ``curve`` with drafting costs from its record or in this calibration's proportions."""
+
+    def costs(key, measure, refresh=False, directory=None, check=None):
+        if curve is not None and curve.draft is not None:  # nothing to take from this machine
+            return curve.cost_model(), {"source": f"curve {curve.name}"}
+        here, info = calibrated(key, measure, refresh, directory, check)
+        return (here, info) if curve is None else (curve.cost_model(here), {"source": f"curve {curve.name}"})
+
+    api.cached_or_measured = costs
+
+
+def speed(tokens: int, cost: float) -> float:
+    """Tokens per plain step of cost (1.0 for an answer without rounds)."""
+    return round(tokens / cost, 4) if cost > 0 else 1.0
+
+
+def set_summary(records: list[dict], oracle: bool) -> dict:
+    """A set's speeds pooled (all its tokens over all its cost), the budget's median, and against the oracle: the
+    budget's share of its speed and of its gain over plain steps, the worst record's share, and the records where
+    the oracle drafts nothing, with how many of those the budget drafted in."""
+    tokens = sum(r["tokens"] for r in records)
+    out = {"budget": speed(tokens, sum(r["budget_cost"] for r in records)),
+           "budget_median": round(float(np.median([r["budget"] for r in records])), 4),
+           "verify_only_median": round(float(np.median([r["budget_verify_only"] for r in records])), 4)}
+    if oracle:
+        out["oracle"] = speed(sum(r["oracle_tokens"] for r in records), sum(r["oracle_cost"] for r in records))
+        out["share"] = round(out["budget"] / out["oracle"], 4)
+        gain = out["oracle"] - 1.0
+        out["gain_share"] = round((out["budget"] - 1.0) / gain, 4) if gain > 1e-9 else None
+        out["min_record_share"] = min(r["share"] for r in records)
+        out["oracle_plain_records"] = sum(r["oracle_trees"] == 0 for r in records)
+        out["budget_drafted_there"] = sum(r["oracle_trees"] == 0 and r["budget_trees"] > 0 for r in records)
+    return out
+
+
+def record_line(name: str, i: int, rec: dict) -> str:
+    line = (f"{name:16s} {i:3d} tokens {rec['tokens']:4d} budget {rec['budget']:.3f} "
+            f"(verify only {rec['budget_verify_only']:.3f}) trees {rec['budget_trees']:3d}")
+    if "oracle" in rec:
+        line += f" | oracle {rec['oracle']:.3f} trees {rec['oracle_trees']:3d} share {rec['share']:.3f}"
+    return line
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="target GGUF (default: the default model)")
     ap.add_argument("--draft", help="as generate --draft names it (default: the model's default draft)")
-    ap.add_argument("--prompts", required=True)
-    ap.add_argument("--records", default="0:12", help="FIRST:LAST records of --prompts (default 0:12)")
+    ap.add_argument("--prompts", required=True, nargs="+", help="JSONL prompt sets (or folders of them)")
+    ap.add_argument("--split", default="all", choices=["all", *SPLITS], help="records of this split only")
+    ap.add_argument("--records", default="0:12", help="FIRST:LAST records of each set (after --split; default 0:12)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--depth", type=int, default=None, help="draft levels (default: the API's default)")
     ap.add_argument("--calibrated-depth", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--curve", action="append", default=[],
+                    help="a curve of benchmarks/curves.json (repeatable; 'all': the model's; default: calibrated)")
+    ap.add_argument("--oracle", action="store_true", help="judge the budget against the best schedule in hindsight")
+    ap.add_argument("--json", help="write the per-record and per-set results here")
     args = ap.parse_args()
     first, last = (int(x) for x in args.records.split(":"))
     freeze_time()
     reuse_calibration(args.calibrated_depth)
-    rounds: list[tuple[int, int]] = []  # (nodes verified, tokens emitted) of each round of the answer
-    add_round = GenerationStats.add_round
-
-    def recording(stats, result) -> None:
-        rounds.append((result.n_nodes if result.plan.drafts else 1, result.n_emitted))
-        add_round(stats, result)
-
-    GenerationStats.add_round = recording
-    prompts = load_prompt_sets([args.prompts], last)[0]
-    speeds, texts = [], []
-    with Eagle2(args.model, n_threads=args.threads, draft=args.draft, budget="auto", depth=args.depth) as llm:
-        llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
-        curve = llm.generator.policy.costs
-        for i in range(first, last):
-            rounds.clear()
-            out = llm.create_chat_completion([{"role": "user", "content": prompts.prompts[i]}],
-                                             max_tokens=args.max_tokens, temperature=0.0, grammar=prompts.grammar(i))
-            texts.append(out["choices"][0]["message"]["content"])
-            tokens = sum(emitted for _, emitted in rounds)
-            cost = sum(float(curve.verify_s(n) / curve.verify_s(1)) for n, _ in rounds)
-            sizes: dict[int, int] = {}
-            for n, _ in rounds:
-                if n > 1:
-                    sizes[n] = sizes.get(n, 0) + 1
-            speeds.append(tokens / cost)
-            print(f"{i:3d} tokens {tokens:4d} rounds {len(rounds):4d} cost {cost:7.1f} speed {tokens / cost:.3f} "
-                  f"trees {dict(sorted(sizes.items()))}", flush=True)
-    print(json.dumps({"median": round(float(np.median(speeds)), 3), "mean": round(float(np.mean(speeds)), 3),
-                      "answers_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]}))
+    calibrated = calibrate_once(api.cached_or_measured)
+    recorder = Recorder()
+    model_file = str(args.model or default_model_path())
+    curves: list[Curve | None] = [None]
+    if args.curve:
+        known = load_curves()
+        curves = curves_for(model_file) if args.curve == ["all"] else [known[n] for n in args.curve]
+        if not curves:
+            raise SystemExit(f"no curve recorded for {model_file} in benchmarks/curves.json")
+    opened = dict(n_threads=args.threads, draft=args.draft, budget="auto", depth=args.depth)
+    results: dict = {}
+    for prompts in load_prompt_sets(args.prompts, last, args.split):
+        indices = list(range(first, min(last, len(prompts.prompts))))
+        chats = [([{"role": "user", "content": prompts.prompts[i]}], prompts.grammar(i)) for i in indices]
+        probes = []
+        if args.oracle:  # the probe replaces the policy: a fixed tree's, which needs no calibration
+            with Eagle2(args.model, **{**opened, "budget": "fixed"}) as llm:
+                probes = [probe(llm, recorder, m, g, args.max_tokens) for m, g in chats]
+        for curve in curves:
+            use_costs(calibrated, curve)
+            name = "calibrated" if curve is None else curve.name
+            records, texts = [], []
+            with Eagle2(args.model, **opened) as llm:
+                llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
+                costs, max_nodes = llm.generator.policy.costs, llm.tree_params.total_tokens
+                for k, (messages, grammar) in enumerate(chats):
+                    done = replay(llm, recorder, messages, grammar, args.max_tokens)
+                    texts.append(done.text)
+                    cost = done.cost(costs)
+                    rec = {"record": indices[k], "tokens": done.tokens, "budget_cost": round(cost, 4),
+                           "budget": speed(done.tokens, cost),
+                           "budget_verify_only": speed(done.tokens, done.cost(costs, drafting=False)),
+                           "budget_trees": sum(done.trees().values()), "trees": done.trees()}
+                    if probes:
+                        probed, plain_text = probes[k]
+                        best = probed.oracle(costs, max_nodes)
+                        rec.update(oracle_tokens=best.tokens, oracle_cost=round(best.cost, 4),
+                                   oracle=speed(best.tokens, best.cost), oracle_trees=best.drafted_rounds,
+                                   oracle_sizes=_counts(best.sizes), same_answer=done.text == plain_text)
+                        rec["share"] = round(rec["budget"] / rec["oracle"], 4)
+                    records.append(rec)
+                    print(record_line(prompts.name, indices[k], rec), flush=True)
+            summary = {**set_summary(records, args.oracle), "costs": costs.summary(), "records": records,
+                       "answers_sha256": hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:16]}
+            results.setdefault(prompts.name, {})[name] = summary
+            print(json.dumps({"set": prompts.name, "curve": name,
+                              **{k: v for k, v in summary.items() if k not in ("records", "costs")}}), flush=True)
+    if args.json:
+        report = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "model": model_file,
+                  "draft": args.draft, "threads": args.threads, "max_tokens": args.max_tokens, "split": args.split,
+                  "records": args.records, "machine": {"cpu": platform.processor() or platform.machine()},
+                  "curves": {c.name: {"machine": c.machine, "context": c.context, "source": c.source}
+                             for c in curves if c is not None},
+                  "sets": results}
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
