@@ -202,7 +202,8 @@ class Eagle2:
     def stream(self, tokens: Sequence[int], max_tokens: int | None = None, sampling: SamplingParams | None = None,
                *, stop: str | list[str] | None = None, seed: int | None = None,
                speculative: bool | None = None, cache_prompt: bool | None = None,
-               grammar: str | Grammar | None = None) -> Iterator[Chunk]:
+               grammar: str | Grammar | None = None,
+               cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
         """Stream :class:`~eagle2_local.generator.Chunk` pieces (text, the token ids it came from, and the
         finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
 
@@ -219,7 +220,10 @@ class Eagle2:
 
         ``grammar``: GBNF text (or a :class:`~eagle2_local.grammar.Grammar`, e.g. from a JSON schema) the answer
         must follow; drafted trees then carry grammar states and tokens the grammar forces are drafted for free,
-        with or without a draft (see :meth:`Generator.generate`)."""
+        with or without a draft (see :meth:`Generator.generate`).
+
+        ``cancelled``: asked between the prompt's batches (a server's "has the client gone?"); a yes stops the
+        prompt's evaluation and the first ``next()`` raises :class:`~eagle2_local.errors.PrefillCancelled`."""
         if max_tokens is None:
             max_tokens = self.target.n_ctx - len(tokens)
         if speculative is None and self.plain:
@@ -228,7 +232,8 @@ class Eagle2:
         return self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
                                        stop=stops, seed=self.seed if seed is None else seed, speculative=speculative,
                                        cache_prompt=self.cache_prompt if cache_prompt is None else cache_prompt,
-                                       grammar=Grammar(grammar) if isinstance(grammar, str) else grammar)
+                                       grammar=Grammar(grammar) if isinstance(grammar, str) else grammar,
+                                       cancelled=cancelled)
 
     def next_token_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """The target's logits for the token after ``tokens`` (a fresh evaluation: the KV cache is emptied

@@ -63,7 +63,7 @@ def validate_messages(messages: list[dict]) -> None:
             raise Eagle2Error(f"message {i} must be a dict with a 'role' and a string 'content'")
         if calls is not None and (not isinstance(calls, list) or not all(_is_call(c) for c in calls)):
             raise Eagle2Error(f"message {i}: tool_calls must be a list of {{'function': {{'name': str, "
-                              "'arguments': JSON text}}}}")
+                              "'arguments': JSON text}}")
 
 
 def _is_call(call) -> bool:

@@ -98,9 +98,10 @@ def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: 
     Returns the costs and a description for the stats, whose ``source`` says which happened: "cached" (no
     check given), "cached-verified", "fresh", "re-measured" (the cache disagreed), "fresh, not cached
     (disturbed)" or "cached, kept (re-measure disturbed)": a disagreeing cache is kept over a disturbed
-    re-measure, since only calibrations that passed the consistency checks are ever cached."""
+    re-measure, since only calibrations that passed the consistency checks are ever cached. ``file`` is the
+    cache file's name in ``directory`` (default :func:`cache_dir`)."""
     directory = directory or cache_dir()
-    file = str(directory / key.file_name())
+    file = key.file_name()  # its name, not its path: statistics travel (API responses, records), a home does not
     cached = None if refresh else load_costs(key, directory)
     info: dict = {}
     if cached is not None:
@@ -126,4 +127,4 @@ def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: 
     path = save_costs(key, costs, directory)
     log.info("calibrated tree costs in %.1f s (cached at %s)", seconds, path)
     return costs, {"source": "re-measured" if cached is not None else "fresh", "seconds": seconds, **extra,
-                   "file": str(path) if path else None}
+                   "file": path.name if path else None}

@@ -33,5 +33,18 @@ class EmptyPromptError(Eagle2Error):
     """A prompt without a single token (an empty text on a model that adds no BOS): there is nothing to decode."""
 
 
+class ParameterError(Eagle2Error):
+    """A value out of its range (a temperature below 0, a top_p above 1); ``param`` names it, so that an API
+    client is told which field to change."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PrefillCancelled(Eagle2Error):
+    """A prompt's evaluation stopped between two batches because its caller asked (a client that left)."""
+
+
 class DecodeError(Eagle2Error):
     """llama_decode returned an error code (it did not abort, but produced nothing usable)."""

@@ -20,7 +20,7 @@ from .drafts.constrained import ConstrainedDraft
 from .drafts.forced import ForcedDraft, VocabForest
 from .drafts.lookup import LookupDraft
 from .drafts.merged import MergedDraft
-from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
+from .errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
 from .llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
@@ -217,9 +217,15 @@ class Generator:
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
                  seed: int | None = None, speculative: bool | None = None,
-                 cache_prompt: bool = False, grammar: Grammar | None = None) -> Iterator[Chunk]:
+                 cache_prompt: bool = False, grammar: Grammar | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
         """Stream chunks for ``prompt``; ``speculative`` defaults to "when an engine is attached, or under a
         grammar".
+
+        ``cancelled``: asked between the prompt's batches; once it says yes the prompt's evaluation stops and
+        the first ``next()`` raises :class:`PrefillCancelled`, the KV cache left holding only the text it held
+        reusable before (so the next call answers as it would have without this one). Between rounds, the
+        caller stops by closing the stream.
 
         ``grammar``: the answer follows it (llama.cpp's grammar engine masks the target's logits before the
         warpers). Speculative rounds then carry a grammar state per tree node, drop the draft's forbidden
@@ -245,7 +251,7 @@ class Generator:
         stats = GenerationStats(engine=name, prompt_tokens=len(prompt))
         self.last_stats = stats
         t0 = self.clock()
-        logits = self._prefill(prompt, stats, exact=not cache_prompt)
+        logits = self._prefill(prompt, stats, exact=not cache_prompt, cancelled=cancelled)
         self._prompt = list(prompt)
         stats.prefill_s = self.clock() - t0
         chunks = (self._speculative(logits, emitter, sampling, rng, stats, state) if use_draft
@@ -271,7 +277,8 @@ class Generator:
             self._forced = ForcedDraft(VocabForest(self.target.model), max_branches=self.tree_params.top_k)
         return self._forced
 
-    def _prefill(self, prompt: list[int], stats: GenerationStats, exact: bool) -> np.ndarray:
+    def _prefill(self, prompt: list[int], stats: GenerationStats, exact: bool,
+                 cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         if len(prompt) == 0:
             raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
         if len(prompt) >= self.target.n_ctx:
@@ -288,7 +295,13 @@ class Generator:
         self.target.rollback(keep)
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep
-        ver = self.target.prefill(prompt[keep:], aligned=exact)
+        try:
+            ver = self.target.prefill(prompt[keep:], aligned=exact, cancelled=cancelled)
+        except PrefillCancelled:  # back to the kept text: tokens, target and draft agree, the backlog covers it
+            self.target.rollback(keep)
+            if self.engine is not None:
+                self.engine.rollback(keep)
+            raise
         self.tokens = list(prompt)
         self.backlog.trim(keep, ver.features)
         return ver.logits[0]

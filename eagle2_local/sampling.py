@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import Eagle2Error
+from .errors import ParameterError
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise Eagle2Error(f"temperature must be >= 0, got {self.temperature}")
+            raise ParameterError(f"temperature must be >= 0, got {self.temperature}", "temperature")
         if self.top_k < 0:
-            raise Eagle2Error(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise ParameterError(f"top_k must be >= 0 (0 = off), got {self.top_k}", "top_k")
         if not 0.0 < self.top_p <= 1.0:
-            raise Eagle2Error(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ParameterError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if not 0.0 <= self.min_p < 1.0:
-            raise Eagle2Error(f"min_p must be in [0, 1), got {self.min_p}")
+            raise ParameterError(f"min_p must be in [0, 1), got {self.min_p}", "min_p")
         if self.repeat_penalty <= 0:
-            raise Eagle2Error(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+            raise ParameterError(f"repeat_penalty must be > 0, got {self.repeat_penalty}", "repeat_penalty")
 
     @property
     def greedy(self) -> bool:

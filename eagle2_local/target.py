@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import llama_cpp
 import numpy as np
 
-from .errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
+from .errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
 from .llama import ContextSettings, LlamaContext, LlamaModel
 from .tree import DraftTree, verify_layout
 
@@ -123,12 +124,17 @@ class Target:
                                    f"n_ctx={self.n_ctx}")
 
     # ------------------------------------------------------------ plain path
-    def prefill(self, tokens, want_features: bool | None = None, *, aligned: bool = False) -> Prefill:
+    def prefill(self, tokens, want_features: bool | None = None, *, aligned: bool = False,
+                cancelled: Callable[[], bool] | None = None) -> Prefill:
         """Evaluate ``tokens`` after the committed text in chunks of n_batch, or with ``aligned`` in the
         reproducible schedule (chunks of ``PROMPT_CHUNK`` starting at its multiples; a little slower).
 
         Returns the logits of the last token and, when the context has embeddings on, the features of every
         token (EAGLE heads need the whole prompt's hidden states).
+
+        ``cancelled`` is asked before every batch (as llama-server checks between its prompt batches): a long
+        prompt whose client has gone stops within one batch, raising :class:`PrefillCancelled`, with the
+        batches already evaluated committed (valid text: the caller rolls back what it does not want).
         """
         toks = np.asarray(tokens, dtype=np.int32)
         if toks.size == 0:
@@ -140,6 +146,8 @@ class Target:
         last_logits = None
         for start, end in _chunks(self.n_past, len(toks), min(PROMPT_CHUNK, self.ctx.n_batch) if aligned
                                   else self.ctx.n_batch, aligned):
+            if cancelled is not None and cancelled():
+                raise PrefillCancelled(f"the prompt's evaluation was cancelled after {start} of {len(toks)} tokens")
             chunk = toks[start:end]
             n = len(chunk)
             pos = np.arange(self.n_past, self.n_past + n, dtype=np.int32)

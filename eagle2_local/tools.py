@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Iterator
 
 from .chat import render_chat
-from .errors import Eagle2Error
+from .errors import ParameterError
 from .grammar import Grammar, GrammarError
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,11 @@ PROBE_TOOL = {"type": "function", "function": {"name": PROBE_NAME, "description"
 NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: a function without ``parameters`` takes none
 
 
-class ToolError(Eagle2Error):
+class ToolError(ParameterError):
     """Tools or a tool choice that cannot be used; ``param`` names the request field at fault."""
 
     def __init__(self, message: str, param: str = "tools") -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 # ---------------------------------------------------------------- calls and formats

@@ -40,7 +40,7 @@ def long_prompts(smollm2_path) -> list[str]:
 def ask(llm: Eagle2, text: str, history: list[dict] | None = None, **kw) -> dict:
     """A greedy chat answer and its statistics (the token ids and how much of the prompt was reused)."""
     msgs = (history or []) + [{"role": "user", "content": text}]
-    out = llm.create_chat_completion(msgs, max_tokens=N_TOKENS, temperature=0, **kw)
+    out = llm.create_chat_completion(msgs, **{"max_tokens": N_TOKENS, **kw}, temperature=0)
     return {"text": out["choices"][0]["message"]["content"], "reused": out["eagle"]["prompt_tokens_reused"],
             "prompt_tokens": out["usage"]["prompt_tokens"], "engine": out["eagle"]["engine"]}
 
@@ -144,3 +144,26 @@ def test_two_threads_speculative_differs_from_plain_only_at_near_ties(smollm2_pa
             logits = llm.next_token_logits(prompt + plain[:at])
             top2 = np.sort(logits)[-2:]
             assert top2[1] - top2[0] < TIE, (text[:40], at, top2)
+
+
+def test_a_prompt_cancelled_between_batches_changes_no_later_answer(smollm2_path, smollm2_head, long_prompts):
+    """A server's client that leaves while its prompt is evaluated (``cancelled`` says yes) stops it between two
+    batches; the cache is back to what it held, so the same prompt and another one after it answer as on a
+    fresh model, and the next request still reuses the kept prefix."""
+    from eagle2_local.errors import PrefillCancelled
+
+    a, b, short = long_prompts
+    with Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=2048, n_threads=1, total_tokens=8, depth=3,
+                budget="fixed") as llm:
+        fresh = {text: ask(llm, text, max_tokens=8)["text"] for text in (a, b)}
+        llm.reset()
+        ask(llm, short, max_tokens=8)
+        asked = []
+        stream = llm.stream(llm.chat_tokens([{"role": "user", "content": a}]), 8,
+                            cancelled=lambda: asked.append(1) or len(asked) > 2)
+        with pytest.raises(PrefillCancelled):
+            next(stream)
+        assert len(asked) == 3  # two batches evaluated, then stopped before the third
+        again = ask(llm, a, max_tokens=8)
+        assert again["reused"] > 0 and again["text"] == fresh[a]
+        assert ask(llm, b, max_tokens=8)["text"] == fresh[b]
