@@ -38,7 +38,11 @@ PROMPTS = ["What is the capital of France?", "Name three primary colours.", "Wha
            "Which planet is closest to the sun?"]
 LONG = "Summarize this story: " + " ".join(  # over 512 tokens: more than one batch
     f"On day {i} the farmer counted {i * 7} sheep and sold {i % 5} of them." for i in range(28))
-SERVER_ARGS = ("--threads", "1", "--n-ctx", str(N_CTX), "--api-key", KEY, "--max-queue", "16")
+# What users get (responses carry only the statistics their request alone decides) ...
+PRIVATE_ARGS = ("--threads", "1", "--n-ctx", str(N_CTX), "--api-key", KEY, "--max-queue", "16")
+# ... and what most tests run: every statistic in every response, to check τ, reuse and tree sizes
+SERVER_ARGS = PRIVATE_ARGS + ("--expose-stats",)
+IDLE_S = 3  # the module server's --idle-timeout
 RECORD_ENV = "EAGLE2_LOCAL_SERVER_RECORD"  # write the load test's throughput record to this JSON path
 NOTE_ENV = "EAGLE2_LOCAL_RECORD_NOTE"  # a remark stored in that record (e.g. what else loaded the machine)
 
@@ -106,8 +110,9 @@ def stop_server(server: Server) -> None:
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
     """No --model: the built-in default model with its head and the default (auto) tree budget, as users get
-    it; the API key guards everything but /health."""
-    s = start_server(tmp_path_factory.mktemp("serve") / "server.log", *SERVER_ARGS)
+    it; the API key guards everything but /health. Responses carry all their statistics (--expose-stats), and
+    silent connections close after IDLE_S seconds."""
+    s = start_server(tmp_path_factory.mktemp("serve") / "server.log", *SERVER_ARGS, "--idle-timeout", str(IDLE_S))
     yield s
     alive = s.proc.poll() is None
     stop_server(s)
@@ -193,6 +198,8 @@ BAD = [  # (what, method, path, httpx kwargs, status, error code or None)
     ("temperature NaN", "POST", CHAT, {"content": b'{"messages": [{"role": "user", "content": "x"}], '
                                        b'"temperature": NaN}', "headers": {"content-type": "application/json"}},
      400, "invalid_value"),
+    ("body not UTF-8", "POST", COMPLETIONS, {"content": b'{"prompt": "\xff\xfe"}',
+                                            "headers": {"content-type": "application/json"}}, 400, "bad_request"),
     ("lone surrogate", "POST", COMPLETIONS, {"content": b'{"prompt": "a\\ud800b"}',
                                              "headers": {"content-type": "application/json"}}, 400, None),
     ("n = 2", "POST", CHAT, {"json": {**GOOD, "n": 2}}, 400, "unsupported_parameter"),
@@ -288,9 +295,22 @@ def test_disconnect_stops_the_generation_and_the_next_answer_is_unaffected(serve
     assert chat(client, PROMPTS[1]).model_extra["eagle"]["tokens"] == before
 
 
+def rss_mib(pid: int) -> float:
+    """A process's resident memory now, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
 def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
+    """--max-queue 2: one answered and two waiting fill the server. Then even large bodies are refused at once
+    and unread (a place is taken before the body is read), so the server's memory stays where it was; once
+    the queue has drained, the same body is read and answered."""
+    from eagle2_local.server import body_limit
+
     s = start_server(tmp_path / "server.log", "--plain", "--threads", "1", "--max-queue", "2")
     long = {"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0, "stream": True}
+    big = json.dumps({"prompt": "sheep " * (body_limit(4096) // 6 - 10), "max_tokens": 1}).encode()
+    assert len(big) > body_limit(4096) * 0.9
     try:
         with httpx.Client(base_url=s.base, timeout=60) as http, ExitStack() as streams:
             for _ in range(3):  # one running, two waiting
@@ -299,10 +319,19 @@ def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
             r = http.post(COMPLETIONS, json=long)
             assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
             assert r.json()["error"]["code"] == "queue_full"
+            before, t0 = rss_mib(s.proc.pid), time.monotonic()
+            with ThreadPoolExecutor(12) as pool:
+                statuses = list(pool.map(lambda _: httpx.post(s.base + COMPLETIONS, content=big, timeout=60,
+                                                              headers={"content-type": "application/json"})
+                                         .status_code, range(24)))
+            assert statuses == [503] * 24 and time.monotonic() - t0 < 20
+            assert rss_mib(s.proc.pid) - before < 64, (before, rss_mib(s.proc.pid))
         q = s.idle_queue(10)  # the streams are closed: the queue drains without generating
-        assert q["running"] == q["waiting"] == 0 and q["stopped_early"] == 3
+        assert q["running"] == q["waiting"] == q["places_taken"] == 0 and q["stopped_early"] == 3
         with httpx.Client(base_url=s.base, timeout=60) as http:
             assert http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 3}).status_code == 200
+            r = http.post(COMPLETIONS, content=big, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     finally:
         stop_server(s)
 
@@ -469,7 +498,8 @@ class StandIn:
     def tool_plan(self, tools, tool_choice=None, parallel_tool_calls=None) -> None:
         return None
 
-    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None):
+    def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None,
+               cancelled=None):
         from eagle2_local.generator import Chunk
 
         self.started.set()
@@ -530,7 +560,15 @@ def test_openapi_docs_answer_without_the_api_key():
         assert docs.status_code == 200 and "swagger" in docs.text.lower()
         schema = http.get("/openapi.json")
         assert schema.status_code == 200
-        assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(schema.json()["paths"])
+        paths = schema.json()["paths"]
+        assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(paths)
+        # the bearer scheme is declared, so "Authorize" in /docs sends the key on every keyed route
+        (scheme_name, scheme), = schema.json()["components"]["securitySchemes"].items()
+        assert scheme == {**scheme, "type": "http", "scheme": "bearer"}
+        for path, method in (("/v1/chat/completions", "post"), ("/v1/completions", "post"), ("/v1/models", "get"),
+                             ("/stats", "get")):
+            assert paths[path][method]["security"] == [{scheme_name: []}], path
+        assert "security" not in paths["/health"]["get"]
         assert http.get("/v1/models").status_code == 401
         assert http.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
 
@@ -743,8 +781,8 @@ WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def tools_server(smollm2_path, tmp_path_factory):
     """The default model and head with the vendored ChatML tools template (SmolLM2's own renders no tools); a
-    fixed tree, so that no calibration runs."""
-    s = start_server(tmp_path_factory.mktemp("serve-tools") / "server.log", *SERVER_ARGS, "--budget", "fixed",
+    fixed tree, so that no calibration runs. Without --expose-stats, as users get it."""
+    s = start_server(tmp_path_factory.mktemp("serve-tools") / "server.log", *PRIVATE_ARGS, "--budget", "fixed",
                      "--total-tokens", "12", "--depth", "4", "--chat-template-file", str(TOOLS_TEMPLATE))
     yield s
     alive = s.proc.poll() is None
@@ -843,3 +881,171 @@ def test_bad_tools_get_a_400_and_nothing_is_generated(tools_server, what, fields
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and err["param"] == param and "\n" not in err["message"]
         assert http.get("/stats").json()["generations"] == before
+
+
+# ------------------------------------------------------------------ faults and what clients learn of each other
+RANGES = [("temperature", -1), ("top_p", 2), ("top_p", 0), ("top_k", -1), ("min_p", 1), ("repeat_penalty", 0)]
+
+
+@pytest.mark.parametrize("field,value", RANGES, ids=[f"{f}={v}" for f, v in RANGES])
+def test_a_value_out_of_range_names_its_parameter(field, value):
+    """As OpenAI does: a 400 whose ``param`` is the field to change, on both endpoints."""
+    from fastapi.testclient import TestClient
+    from eagle2_local.server import create_app
+
+    with TestClient(create_app(StandIn(), model_name="m")) as http:
+        for path, body in ((COMPLETIONS, {"prompt": [1, 2]}), (CHAT, {"messages": [{"role": "user", "content": "x"}]})):
+            r = http.post(path, json={**body, "max_tokens": 1, field: value})
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == field and err["type"] == "invalid_request_error" and field in err["message"]
+
+
+def test_framework_errors_are_labelled_by_their_status():
+    """Not every error the framework raises is a 405: each status has its own OpenAI-style label."""
+    from eagle2_local.server.errors import status_label
+
+    codes = {400: "bad_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
+             405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type", 422: "invalid_value",
+             429: "rate_limit_exceeded", 503: "service_unavailable", 451: "unavailable_for_legal_reasons",
+             507: "insufficient_storage"}
+    for status, code in codes.items():
+        assert status_label(status) == ("server_error" if status >= 500 else "invalid_request_error", code)
+
+
+def test_the_tool_calls_message_shows_the_shape_once():
+    from eagle2_local.chat import validate_messages
+    from eagle2_local.errors import Eagle2Error
+
+    with pytest.raises(Eagle2Error) as err:
+        validate_messages([{"role": "assistant", "content": None, "tool_calls": "x"}])
+    assert str(err.value).endswith("{'function': {'name': str, 'arguments': JSON text}}"), str(err.value)
+
+
+def test_max_queue_0_answers_one_at_a_time_and_refuses_only_while_busy():
+    """``--max-queue 0``: nothing waits. An idle server answers; a busy one refuses with 503 + Retry-After, also
+    before a body is read (a place); once the answer is done the next request is answered again."""
+    from eagle2_local.server import APIError, ModelWorker
+
+    llm = StandIn()
+    loop = asyncio.new_event_loop()
+    worker = ModelWorker(llm, max_waiting=0)
+    try:
+        first = _job(loop, max_tokens=1)
+        worker.reserve()
+        worker.admit(first)
+        assert llm.started.wait(30)
+        for take in (lambda: worker.admit(_job(loop)), worker.reserve):
+            with pytest.raises(APIError) as busy:
+                take()
+            assert busy.value.status == 503 and int(busy.value.headers["Retry-After"]) >= 1
+            assert "no request may wait" in busy.value.message
+        llm.gate.set()
+        assert _events(loop, first)[-1] == "done"
+        worker.release()
+        deadline = time.monotonic() + 30
+        while worker.status()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker.reserve()  # idle again: a place and a queue slot for the next request
+        second = _job(loop, max_tokens=1)
+        worker.admit(second)
+        assert _events(loop, second)[-1] == "done"
+        worker.release()
+        assert worker.status()["places_taken"] == 0
+    finally:
+        llm.gate.set()
+        worker.close()
+        loop.close()
+    help_text = subprocess.run([sys.executable, "-m", "cli", "serve", "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    assert "0: none waits" in " ".join(help_text.split())
+
+
+def test_default_responses_carry_only_what_the_request_alone_decides(tools_server):
+    """Without --expose-stats a response's ``eagle`` holds the token counts and ids, nothing another client's
+    request changes (prefix reuse, prefill time, τ, the budget); /stats shows totals, not the last generation."""
+    client = tools_server.openai()
+    for _ in range(2):  # the second reuses the first's prefix: the figure that would tell
+        whole = chat(client, PROMPTS[0], max_tokens=8)
+    assert set(whole.model_extra["eagle"]) == {"engine", "prompt_tokens", "n_tokens", "tokens"}
+    finals = [c.model_extra["eagle"] for c in chat(client, PROMPTS[0], max_tokens=8, stream=True)
+              if c.model_extra.get("eagle")]
+    assert finals == [whole.model_extra["eagle"]]
+    with tools_server.http() as http:
+        totals = http.get("/stats").json()
+    assert "last" not in totals and totals["generations"] >= 3 and "prompt_tokens_reused" not in json.dumps(totals)
+
+
+def test_exposed_statistics_name_the_calibration_cache_not_its_path(server):
+    """--expose-stats shows everything, the budget's calibration included, by its file name: a path would show
+    the directory (and the user the server runs as)."""
+    eagle = chat(server.openai(), PROMPTS[2], max_tokens=4).model_extra["eagle"]
+    assert "prefill_s" in eagle and "prompt_tokens_reused" in eagle
+    file = eagle["budget"]["calibration"]["file"]
+    assert file.startswith("costs-") and file.endswith(".json") and "/" not in file
+    with server.http() as http:
+        stats = http.get("/stats").json()
+    assert stats["last"]["budget"]["calibration"]["file"] == file
+    assert os.environ["EAGLE2_LOCAL_CACHE"] not in json.dumps(eagle) + json.dumps(stats)
+
+
+def _until_closed():
+    """benchmarks/server_faults.py's ``until_closed``: read a raw connection until the server closes it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("server_faults", Path(__file__).resolve().parents[1]
+                                                  / "benchmarks" / "server_faults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.until_closed
+
+
+def test_connections_that_send_nothing_are_closed(server):
+    """--idle-timeout: a connection that stays silent, one that trickles half a request head, one that stops in
+    the middle of its body (408) and a kept-alive one after its answer are all closed after IDLE_S seconds."""
+    host, port = server.base.removeprefix("http://").split(":")
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n").encode()
+    cases = {"silent": (b"", b""), "half a head, a byte at a time": (b"GET /health HTTP/1.1\r\n", b"X-Slow: " * 40),
+             "half a body": (head + b'{"messages"', b""),
+             "kept alive after an answer": (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", b"")}
+
+    until_closed = _until_closed()
+
+    def one(sent: tuple[bytes, bytes]) -> tuple[float | None, bytes]:
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(sent[0])
+            return until_closed(raw, IDLE_S + 10, sent[1])
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = dict(zip(cases, pool.map(one, cases.values())))
+    for what, (took, got) in results.items():
+        assert took is not None and IDLE_S - 0.5 < took < IDLE_S + 3, (what, took, got[:200])
+    assert results["half a body"][1].startswith(b"HTTP/1.1 408"), results["half a body"][1][:200]
+    assert b'"request_timeout"' in results["half a body"][1]
+    assert results["kept alive after an answer"][1].startswith(b"HTTP/1.1 200")
+    assert server.health()["queue"]["places_taken"] == 0
+
+
+# ~900 tokens (most of the context): a prompt whose evaluation takes long enough to leave during it
+STORY = "Retell this story: " + " ".join(
+    f"On day {i} the miller weighed {i * 11} sacks and gave {i % 4} away." for i in range(46))
+
+
+def test_a_client_that_leaves_during_its_prompt_stops_the_prompt(server, references):
+    """Leaving while a long prompt is evaluated stops it between two prompt batches: the model is free at
+    once, not after the whole prompt, and the next answers are the ones a fresh server gives."""
+    client = server.openai()
+    alone = chat(client, "Now " + STORY, max_tokens=1).model_extra["eagle"]
+    assert alone["prompt_tokens"] > 800 and alone["prefill_s"] > 0.5, alone
+    stopped = server.health()["queue"]["stopped_early"]
+    with server.http() as http, http.stream("POST", CHAT, json={
+            "messages": [{"role": "user", "content": STORY}], "max_tokens": 8, "stream": True}) as r:
+        assert next(r.iter_lines()).startswith("data: ")  # the role chunk: admitted, its prompt being evaluated
+        time.sleep(0.1)
+    left = time.monotonic()
+    q = server.idle_queue(alone["prefill_s"] + 10)
+    freed = time.monotonic() - left
+    assert q["stopped_early"] == stopped + 1 and freed < alone["prefill_s"] / 2, (freed, alone["prefill_s"])
+    assert chat(client, LONG).model_extra["eagle"]["tokens"] == references[LONG]["tokens"]
+    assert chat(client, PROMPTS[3]).model_extra["eagle"]["tokens"] == references[PROMPTS[3]]["tokens"]

@@ -19,12 +19,19 @@ from .common import (chat_template_option, fail, friendly_errors, load, read_cha
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on the API routes (/health and the docs at "
               "/docs stay open).")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Requests that may wait while one is answered; beyond that: 503 with Retry-After.")
+              help="Requests that may wait while one is answered (counted from before their body is read); "
+              "beyond that: 503 with Retry-After. 0: none waits, a request is refused while another is answered.")
+@click.option("--expose-stats", is_flag=True, help="Give every response all its generation statistics (prompt "
+              "tokens reused, prefill time, tau, timings, the tree budget) and /stats the last generation's: "
+              "figures that depend on other clients' requests, for a single user. Default: token counts only.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+              help="Seconds a connection may take to send a request head, then its body; a silent one is closed "
+              "(a slow body gets 408), as is a kept-alive connection idle that long.")
 @click.option("--alias", default=None, help="The model name clients see [default: the GGUF file name].")
 @chat_template_option()
 @friendly_errors
-def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
-          seed, **rt):
+def serve(host, port, api_key, max_queue, expose_stats, idle_timeout, alias, max_tokens, temperature, top_k, top_p,
+          min_p, repeat_penalty, seed, **rt):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models;
     OpenAPI docs at /docs).
 
@@ -40,7 +47,8 @@ def serve(host, port, api_key, max_queue, alias, max_tokens, temperature, top_k,
     defaults = SamplingDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
     run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
-               defaults=defaults, say=lambda msg: click.echo(msg, err=True))
+               defaults=defaults, expose_stats=expose_stats, idle_timeout_s=idle_timeout,
+               say=lambda msg: click.echo(msg, err=True))
 
 
 @click.command("rpc-server")

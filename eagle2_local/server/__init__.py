@@ -11,17 +11,22 @@ same thread keeps the cache's owner obvious. Consecutive requests reuse the cach
 generator keeps it, as in ``chat``), as far as that leaves the answer what the request alone would get; a request
 with llama-server's ``cache_prompt: true`` (or ``serve --cache-prompt``) reuses all of it, faster but no longer
 independent of earlier requests at near-ties. A request whose client goes away is stopped between two rounds and its
-stream closed, which trims the cache to the prompt plus what was emitted, exactly as after a stopped chat answer.
+stream closed, which trims the cache to the prompt plus what was emitted, exactly as after a stopped chat answer;
+one that goes away while its prompt is evaluated stops between two prompt batches, the cache back to what it held.
 
 Laid out as llama-cpp-python's server is: ``types.py`` (request and response shapes), ``errors.py``
-(OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``guard.py`` (API key
-and body size), ``app.py`` (the routes, ``create_app``, ``serve``).
+(OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``guard.py`` (API key,
+admission before the body is read, body size and deadline), ``timeouts.py`` (closing connections that send no
+request), ``app.py`` (the routes, ``create_app``, ``serve``).
+
+Clients do not learn about each other: a response carries only the statistics its request alone decides (token
+counts and ids) unless the operator asks for all (``--expose-stats``), and ``/stats`` shows totals.
 """
 
 from .app import create_app, listen, serve
 from .errors import APIError
-from .guard import MAX_BODY_BYTES
+from .guard import MAX_BODY_BYTES, body_limit
 from .worker import TERMINAL, GenerationTotals, Job, ModelWorker
 
 __all__ = ["APIError", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",
-           "create_app", "listen", "serve"]
+           "body_limit", "create_app", "listen", "serve"]

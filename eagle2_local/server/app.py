@@ -13,22 +13,25 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Security
+from fastapi.security import HTTPBearer
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..chat import prompt_tokens
-from ..errors import Eagle2Error
+from ..errors import Eagle2Error, ParameterError
 from ..grammar import Grammar, GrammarError, response_grammar
 from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
-from ..tools import ToolError, ToolPlan
+from ..tools import ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
-from .guard import Guard
+from .guard import Guard, body_limit
 from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
                     eagle_stats, usage)
 from .worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 15.0  # a request head, then its body, must arrive within this; an idle kept-alive connection closes
 
 
 def _pick(value, default):
@@ -39,10 +42,12 @@ def _pick(value, default):
 class Service:
     """The endpoints: validate and tokenize on the event loop's thread pool, generate on the worker."""
 
-    def __init__(self, llm, model_name: str, max_waiting: int, defaults: SamplingDefaults) -> None:
+    def __init__(self, llm, model_name: str, max_waiting: int, defaults: SamplingDefaults,
+                 expose_stats: bool = False) -> None:
         self.llm = llm
         self.model_name = model_name
         self.defaults = defaults
+        self.expose_stats = expose_stats  # per-request figures that depend on other clients' requests
         self.worker = ModelWorker(llm, max_waiting)
         self.created = int(time.time())
 
@@ -52,9 +57,12 @@ class Service:
                 "n_ctx": self.llm.n_ctx(), "queue": self.worker.status()}
 
     async def stats(self) -> dict:
-        """Totals since the server started (τ, draft tokens accepted per drafter) and the last generation's
-        statistics."""
-        return {"model": self.model_name, "engine": self.llm.engine_name, **self.worker.totals_dict()}
+        """Totals since the server started (τ, draft tokens accepted per drafter); the last generation's
+        statistics only with ``expose_stats``, since they are whichever client's request came last."""
+        totals = self.worker.totals_dict()
+        if not self.expose_stats:
+            totals.pop("last", None)
+        return {"model": self.model_name, "engine": self.llm.engine_name, **totals}
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
@@ -82,8 +90,8 @@ class Service:
         """Template, tool and tokenizer errors are the client's input: 400, not 500."""
         try:
             return fn(*args)
-        except ToolError as exc:
-            raise APIError(400, str(exc), param=exc.param) from None
+        except ParameterError as exc:  # a tool, a tool choice, a sampling value out of its range
+            raise APIError(400, str(exc), code="invalid_value", param=exc.param) from None
         except Eagle2Error as exc:
             raise APIError(400, str(exc)) from None
         except UnicodeError as exc:  # JSON can carry lone surrogates ("\ud800"), which have no UTF-8 form
@@ -164,7 +172,7 @@ class Service:
                 elif kind == "done":
                     return {**head, "object": shape.final_object,
                             "choices": [shape.whole("".join(text), payload["finish_reason"])],
-                            "usage": usage(payload["stats"]), "eagle": eagle_stats(payload)}
+                            "usage": usage(payload["stats"]), "eagle": eagle_stats(payload, self.expose_stats)}
                 elif kind == "error":
                     raise payload
             raise shutting_down()
@@ -192,7 +200,7 @@ class Service:
                     *owed, last = shape.finish(payload["finish_reason"])
                     for choice in owed:
                         yield event([choice])
-                    yield event([last], eagle=eagle_stats(payload))
+                    yield event([last], eagle=eagle_stats(payload, self.expose_stats))
                     if include_usage:
                         yield event([], usage=usage(payload["stats"]))
                 elif kind == "error":
@@ -230,9 +238,12 @@ async def _cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2
 
 # ---------------------------------------------------------------- wiring
 def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting: int = 16,
-               defaults: SamplingDefaults | None = None) -> FastAPI:
-    """The ASGI app for ``llm`` (an :class:`eagle2_local.api.Eagle2`); it owns the worker thread."""
-    service = Service(llm, model_name, max_waiting, defaults or DEFAULTS)
+               defaults: SamplingDefaults | None = None, expose_stats: bool = False,
+               body_timeout_s: float | None = IDLE_TIMEOUT_S) -> FastAPI:
+    """The ASGI app for ``llm`` (an :class:`eagle2_local.api.Eagle2`); it owns the worker thread.
+    ``expose_stats``: responses carry every statistic of their generation, also those that depend on other
+    clients' requests (a single user's setting); ``body_timeout_s``: how long a request's body may take."""
+    service = Service(llm, model_name, max_waiting, defaults or DEFAULTS, expose_stats)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -242,13 +253,17 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
     app = FastAPI(title="eagle2-local", lifespan=lifespan, docs_url="/docs", openapi_url="/openapi.json",
                   redoc_url=None)
     app.state.service = service
+    # The key is checked by the Guard; declared here too, so the OpenAPI spec names the scheme and /docs can
+    # send it ("Authorize"). auto_error=False: the dependency itself never refuses anything.
+    keyed = [Security(HTTPBearer(auto_error=False, description="the server's --api-key"))] if api_key else None
     app.add_api_route("/health", service.health, methods=["GET"])
-    app.add_api_route("/stats", service.stats, methods=["GET"])
-    app.add_api_route("/v1/models", service.models, methods=["GET"])
-    app.add_api_route("/v1/completions", service.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"])
+    app.add_api_route("/stats", service.stats, methods=["GET"], dependencies=keyed)
+    app.add_api_route("/v1/models", service.models, methods=["GET"], dependencies=keyed)
+    app.add_api_route("/v1/completions", service.completions, methods=["POST"], dependencies=keyed)
+    app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"], dependencies=keyed)
     add_error_handlers(app)
-    app.add_middleware(Guard, api_key=api_key)
+    app.add_middleware(Guard, api_key=api_key, places=service.worker, max_body=body_limit(llm.n_ctx()),
+                       body_timeout_s=body_timeout_s)
     return app
 
 
@@ -268,11 +283,16 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           max_waiting: int = 16, model_name: str | None = None, defaults: SamplingDefaults | None = None,
+          expose_stats: bool = False, idle_timeout_s: float = IDLE_TIMEOUT_S,
           say: Callable[[str], None] = log.warning, log_level: str = "warning") -> None:
     """Bind, then load the model (``open_model()`` returns an :class:`eagle2_local.api.Eagle2`), then serve
     until interrupted (Ctrl-C / SIGTERM). Binding first makes a busy port an instant error, not one after a load.
-    ``model_name`` defaults to the GGUF file name without ``.gguf``."""
+    ``model_name`` defaults to the GGUF file name without ``.gguf``. ``idle_timeout_s``: a connection's request
+    head, and then its body, must each arrive within it (a silent or trickling client is closed, 408 for a body),
+    and a kept-alive connection is closed after that long without a request."""
     import uvicorn
+
+    from .timeouts import head_timeout_protocol
 
     sock = listen(host, port)
     try:
@@ -282,8 +302,10 @@ def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int =
         raise
     try:
         name = model_name or llm.model_path.name.removesuffix(".gguf")
-        app = create_app(llm, model_name=name, api_key=api_key, max_waiting=max_waiting, defaults=defaults)
-        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=False)
+        app = create_app(llm, model_name=name, api_key=api_key, max_waiting=max_waiting, defaults=defaults,
+                         expose_stats=expose_stats, body_timeout_s=idle_timeout_s)
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=False,
+                                http=head_timeout_protocol(idle_timeout_s), timeout_keep_alive=idle_timeout_s)
         say(f"serving {name} (draft: {llm.engine_name}) on http://{host}:{sock.getsockname()[1]}/v1")
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -4,6 +4,7 @@ failure that shape: a refused field, malformed JSON, an unknown route, a fault o
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,11 +45,30 @@ def _validation_error(_request: Request, exc: RequestValidationError) -> JSONRes
                     param=where).response()
 
 
+# A ``code`` per HTTP status for errors raised by the framework (an unknown route, a wrong method, a body
+# Starlette cannot parse): each keeps its own status and is labelled by it, as OpenAI labels its errors.
+STATUS_CODES = {400: "bad_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
+                405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "body_too_large",
+                415: "unsupported_media_type", 422: "invalid_value", 429: "rate_limit_exceeded",
+                503: "service_unavailable"}
+
+
+def status_label(status: int) -> tuple[str, str]:
+    """OpenAI's ``(type, code)`` for ``status``: ``invalid_request_error`` for a 4xx, ``server_error`` for a
+    5xx, and the table's code or else the status's own phrase (``http_NNN`` for a status without one)."""
+    try:
+        phrase = HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        phrase = f"http_{status}"
+    return ("server_error" if status >= 500 else "invalid_request_error"), STATUS_CODES.get(status, phrase)
+
+
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """404 for unknown routes, 405 for a wrong method, in the same error shape."""
+    """The framework's own errors (404 unknown route, 405 wrong method, 400 unparsable body, ...) in the same
+    shape, each labelled by its status."""
     what = "unknown route" if exc.status_code == 404 else str(exc.detail).lower()
-    return APIError(exc.status_code, f"{what}: {request.method} {request.url.path}",
-                    code="not_found" if exc.status_code == 404 else "method_not_allowed",
+    type_, code = status_label(exc.status_code)
+    return APIError(exc.status_code, f"{what}: {request.method} {request.url.path}", type_, code,
                     headers=getattr(exc, "headers", None)).response()
 
 

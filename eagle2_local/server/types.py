@@ -163,6 +163,15 @@ def usage(stats: dict) -> dict:
             "total_tokens": stats["prompt_tokens"] + stats["n_tokens"]}
 
 
-def eagle_stats(result: dict) -> dict:
-    """The speculative statistics (τ, tokens/s, tree sizes) plus the generated token ids."""
-    return {**result["stats"], "tokens": result["tokens"]}
+# The figures of a generation that its request alone decides: the answer is the same whatever else the server
+# was asked (lossless decoding, exact prefix reuse), so these say nothing about other clients.
+OWN_STATS = ("engine", "prompt_tokens", "n_tokens")
+
+
+def eagle_stats(result: dict, expose: bool = False) -> dict:
+    """The generated token ids and the statistics a response may carry. Most statistics depend on other
+    clients' requests: the prefix reused from the cache and the prefill time tell whether another request just
+    sent the same text, and τ, tree sizes and timings follow a tree budget that learns from every request. So
+    by default only :data:`OWN_STATS`; ``expose`` (``serve --expose-stats``, for a single user) gives all."""
+    stats = result["stats"] if expose else {k: result["stats"][k] for k in OWN_STATS if k in result["stats"]}
+    return {**stats, "tokens": result["tokens"]}

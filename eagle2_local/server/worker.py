@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..errors import ContextFullError, EmptyPromptError
+from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from ..grammar import Grammar
 from ..generator import add_counts, host_summary
 from ..sampling import SamplingParams
@@ -102,6 +102,7 @@ class ModelWorker:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self.waiting = self.running = 0
+        self.places_taken = 0  # generation requests between reserve() and release(): read, parsed, queued or run
         self.completed = self.stopped_early = self.failed = 0
         self._mean_s = 1.0  # running mean of a request's duration, for Retry-After
         self.totals = GenerationTotals()
@@ -109,23 +110,50 @@ class ModelWorker:
     def status(self) -> dict:
         with self._lock:
             return {"running": self.running, "waiting": self.waiting, "max_waiting": self.max_waiting,
-                    "completed": self.completed, "stopped_early": self.stopped_early, "failed": self.failed}
+                    "places_taken": self.places_taken, "completed": self.completed,
+                    "stopped_early": self.stopped_early, "failed": self.failed}
 
     def totals_dict(self) -> dict:
         with self._lock:
             return self.totals.as_dict()
 
+    def reserve(self) -> None:
+        """Take one of the ``max_waiting + 1`` places (one answered, ``max_waiting`` waiting) that a generation
+        request holds from before its body is read until its response ends, or refuse with 503 + Retry-After.
+        Reading, parsing and tokenizing a body cost memory too: bounding only the queue would let any number
+        of requests do that at once."""
+        with self._lock:
+            if self._closing.is_set():
+                raise shutting_down()
+            busy = max(self.places_taken, self.waiting + self.running)  # a left client's job may still run
+            if busy > self.max_waiting:
+                raise self._full(busy)
+            self.places_taken += 1
+
+    def release(self) -> None:
+        """Give back a place taken by :meth:`reserve`."""
+        with self._lock:
+            self.places_taken -= 1
+
     def admit(self, job: Job) -> None:
-        """Queue ``job``, or refuse with 503 + Retry-After when ``max_waiting`` requests already wait."""
+        """Queue ``job``, or refuse with 503 + Retry-After when ``max_waiting`` requests already wait behind
+        the one answered (``max_waiting`` 0: none waits; a request is refused while another is answered)."""
         with self._lock:  # held while submitting: close() cannot shut the pool down between check and submit
             if self._closing.is_set():
                 raise shutting_down()
-            if self.waiting >= self.max_waiting:
-                retry = max(1, math.ceil(self._mean_s * (self.waiting + self.running)))
-                raise APIError(503, f"the queue is full ({self.waiting} requests waiting); retry in {retry} s",
-                               "server_error", "queue_full", headers={"Retry-After": str(retry)})
+            if self.waiting + self.running > self.max_waiting:
+                raise self._full(self.waiting + self.running)
             self._pool.submit(self._run, job)
             self.waiting += 1
+
+    def _full(self, busy: int) -> APIError:
+        """The 503 of a full server, with a Retry-After of the mean request's duration times the ``busy``
+        requests ahead (called with the lock held)."""
+        retry = max(1, math.ceil(self._mean_s * busy))
+        what = (f"the queue is full ({self.waiting} requests waiting)" if self.max_waiting
+                else "busy with another request, and no request may wait (max_waiting 0)")
+        return APIError(503, f"{what}; retry in {retry} s", "server_error", "queue_full",
+                        headers={"Retry-After": str(retry)})
 
     def close(self) -> None:
         """Stop the running generation at its next round and wait for the thread. Queued jobs are not
@@ -161,9 +189,13 @@ class ModelWorker:
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
 
     def _generate(self, job: Job) -> tuple[str, Any]:
-        """Stream ``job``'s chunks; stop between rounds once its client has gone (or the server stops)."""
+        """Stream ``job``'s chunks; stop between the prompt's batches or between rounds once its client has
+        gone (or the server stops)."""
+        def gone() -> bool:
+            return job.cancelled.is_set() or self._closing.is_set()
+
         stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed,
-                                 cache_prompt=job.cache_prompt, grammar=job.grammar)
+                                 cache_prompt=job.cache_prompt, grammar=job.grammar, cancelled=gone)
         tokens: list[int] = []
         reason = None
         try:
@@ -171,8 +203,10 @@ class ModelWorker:
                 tokens.extend(chunk.tokens)
                 reason = chunk.finish_reason or reason
                 job.send("chunk", chunk)
-                if job.cancelled.is_set() or self._closing.is_set():
+                if gone():
                     return "cancelled", None
+        except PrefillCancelled:
+            return "cancelled", None
         finally:
             stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
             stats = self.llm.stats()
