@@ -22,10 +22,12 @@ Each round, until ``--rounds`` or ``--time-limit`` (whichever comes first):
   that can be empty) and 60,000 nested parentheses; their status is counted (the server must refuse them, not
   fall over).
 
-Reported: requests answered (2xx), errors by status, the 5xx count (must be 0), connections the server closed,
-peak server RSS (sampled from /proc every 50 ms, and the kernel's VmHWM), whether the probe's answer stayed the
-same, how soon an abandoned long prompt freed the model, and whether the server was alive at the end. The exit
-status is 1 when a 5xx was answered, the probe changed, or the server died or stopped answering.
+Reported: requests answered (2xx), errors by status, the 5xx count (must be 0; a 503 ``queue_full``, the server's
+designed answer when every place is taken, is counted apart), connections the server closed, peak server RSS
+(sampled from /proc every 50 ms, and the kernel's VmHWM), whether the probe's answer stayed the same, how soon an
+abandoned long prompt freed the model (against that prompt's whole evaluation, timed once at the start), and
+whether the server was alive and answering at the end. The exit status is 1 when a 5xx was answered, the probe
+changed, or the server died or stopped answering.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ HOSTILE_GRAMMARS = {"left recursion through an optional rule": 'root ::= x root 
 LONG_PROMPT = "Retell this story: " + " ".join(
     f"On day {i} the miller weighed {i * 11} sacks and gave {i % 4} away." for i in range(46))
 USER = [{"role": "user", "content": "Hi"}]
+QUEUE_FULL = "503 queue_full"
 
 
 class Run:
@@ -110,7 +113,7 @@ class Run:
         except httpx.HTTPError as exc:
             self.count(f"no answer ({type(exc).__name__})")
             return None
-        self.count(r.status_code)
+        self.count(_label(r))
         return r
 
     def probe(self) -> list[int] | None:
@@ -167,7 +170,9 @@ def streams(run: Run, n_clients: int) -> None:
         try:
             with httpx.stream("POST", run.base + CHAT, json=body, headers={"Authorization": f"Bearer {KEY}"},
                               timeout=300) as r:
-                run.count(r.status_code)
+                if r.status_code != 200:
+                    r.read()
+                run.count(_label(r))
                 for n, _line in enumerate(r.iter_lines()):
                     if i % 2 and n == 2:
                         break
@@ -185,6 +190,8 @@ def leave_during_prompt(run: Run) -> float | None:
         with httpx.stream("POST", run.base + CHAT, json=body, headers={"Authorization": f"Bearer {KEY}"},
                           timeout=120) as r:
             run.count(r.status_code)
+            if r.status_code != 200:
+                return None
             next(r.iter_lines())
             time.sleep(0.1)
     except httpx.HTTPError as exc:
@@ -245,6 +252,18 @@ def until_closed(sock: socket.socket, limit_s: float, trickle: bytes = b"") -> t
     return None, got
 
 
+def _label(r: httpx.Response) -> int | str:
+    """The status, or "503 queue_full" for the server's designed answer when it has no place left (back-pressure,
+    not a fault)."""
+    if r.status_code == 503:
+        try:
+            if r.json()["error"]["code"] == "queue_full":
+                return QUEUE_FULL
+        except (ValueError, KeyError, TypeError):
+            pass
+    return r.status_code
+
+
 def _status_of(response: bytes) -> int | str:
     parts = response.split(b" ", 2)
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else "no answer (closed)"
@@ -275,6 +294,9 @@ def start_server(extra: list[str], log: Path) -> Run:
 def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict:
     t0 = time.monotonic()
     reference = run.probe()
+    started = time.monotonic()  # a prompt like the one abandoned below, evaluated whole: what leaving saves
+    alone = run.post(CHAT, json={"messages": [{"role": "user", "content": "Now " + LONG_PROMPT}], "max_tokens": 1})
+    long_alone = round(time.monotonic() - started, 3) if alone is not None and alone.status_code == 200 else None
     probes, freed, done = [reference], [], 0
     steps = [("bad requests", bad_requests), ("slow clients", slow_clients),
              ("streams", lambda r: streams(r, n_clients)), ("leave during a prompt", lambda r: freed.append(
@@ -296,7 +318,9 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
     return {
         "rounds_done": done, "wall_s": round(time.monotonic() - t0, 1),
         "requests": sum(run.statuses.values()), "answered_2xx": answered, "by_status": statuses,
+        "refused_queue_full_503": run.statuses[QUEUE_FULL],
         "errors_5xx": sum(v for k, v in run.statuses.items() if isinstance(k, int) and k >= 500),
+        "long_prompt_alone_s": long_alone,
         "no_answer": sum(v for k, v in run.statuses.items() if isinstance(k, str)),
         "closed_by_server": dict(run.closed),
         "peak_rss_mib_sampled": round(run.peak_rss_mib, 1), "vm_hwm_mib": round(run.rss_mib("VmHWM"), 1),

@@ -54,24 +54,26 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        generation = (self.places is not None and scope.get("method") == "POST"
-                      and scope.get("path") in GENERATION_PATHS)
-        problem = self._problem(scope)
-        if problem is None and generation:
-            try:
-                self.places.reserve()
-            except APIError as exc:
-                problem = exc
-            else:
-                try:
-                    await self._read_and_run(scope, receive, send)
-                finally:
-                    self.places.release()
-                return
+        try:
+            problem = self._problem(scope)
+            place = problem is None and self._take_place(scope)
+        except APIError as exc:  # no place left: 503 before a byte of the body is read
+            problem, place = exc, False
         if problem is not None:
             await problem.response()(scope, receive, send)
             return
-        await self._read_and_run(scope, receive, send)
+        try:
+            await self._read_and_run(scope, receive, send)
+        finally:
+            if place:
+                self.places.release()
+
+    def _take_place(self, scope) -> bool:
+        """A generation request takes its place in the queue now (raising 503 when there is none)."""
+        if self.places is None or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
+            return False
+        self.places.reserve()
+        return True
 
     async def _read_and_run(self, scope, receive, send) -> None:
         problem, receive = await _read_body(receive, self.max_body, self.body_timeout_s)
