@@ -405,9 +405,18 @@ def test_load_8_streaming_clients_match_plain_generate(server, references):
                       load_before)
 
 
+def assert_fixed_tree_rounds(stats: list[dict], size: int) -> None:
+    """A fixed tree's rule, not one machine's schedule: no budget, no tree over ``size`` nodes, full-size trees
+    drafted, and at most one plain step an answer (where one token was left to emit: which round lands there
+    depends on the acceptances, which differ between CPUs at near-ties)."""
+    assert all(st["budget"] is None and st["plain_steps"] <= 1 for st in stats), stats
+    sizes = {int(n) for st in stats for n in st["tree_size_hist"]}
+    assert max(sizes) == size, stats
+
+
 def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path, tmp_path, references):
-    """The auto budget mostly picks plain steps on a slow CPU, so this runs a small fixed tree (every round
-    drafts and verifies 6 nodes): 4 concurrent streaming clients x 2 requests, three abandoned in the middle of
+    """The auto budget mostly picks plain steps on a slow CPU, so this runs a small fixed tree (rounds draft and
+    verify up to 6 nodes; fewer only near the answer's end): 4 concurrent streaming clients x 2 requests, three abandoned in the middle of
     their tree rounds, then a prompt longer than a batch. Each finished answer still equals `generate --plain`,
     and drafts were really accepted. Lookup branches join the head's trees (--lookup); /stats sums it all up."""
     n_clients, n_requests = 4, 2
@@ -416,7 +425,7 @@ def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path,
         results = _run_clients(s, n_clients, n_requests, leave_after=4)
         finished = _assert_finished_match(results, references, n_clients, n_requests)
         stats = [r["eagle"] for r in finished]
-        assert all(st["plain_steps"] == 0 and set(st["tree_size_hist"]) == {"6"} for st in stats), stats
+        assert_fixed_tree_rounds(stats, 6)
         accepted = sum(sum(st["accepted_per_depth"]) for st in stats)
         assert accepted > 0 and sum(st["tau"] for st in stats) / len(stats) > 1.0, stats
         q = s.idle_queue(30)  # the last client may have just left: its job stops at its next round
@@ -427,7 +436,8 @@ def test_tree_rounds_under_concurrent_streams_match_plain_generate(smollm2_path,
         # head encodes the new text in several batches after a kept prefix (this once failed with "inconsistent
         # sequence positions"); the answer is still plain greedy's, and so is the next one.
         long = chat(s.openai(), LONG).model_extra["eagle"]
-        assert long["prompt_tokens"] > 512 and long["prompt_tokens_reused"] > 0 and long["plain_steps"] == 0
+        assert long["prompt_tokens"] > 512 and long["prompt_tokens_reused"] > 0
+        assert_fixed_tree_rounds([long], 6)
         assert long["tokens"] == references[LONG]["tokens"]
         last = chat(s.openai(), PROMPTS[2]).model_extra["eagle"]
         assert last["tokens"] == references[PROMPTS[2]]["tokens"]
