@@ -24,15 +24,14 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from .errors import Eagle2Error
+from .grammar_check import GrammarError
+from .grammar_guard import guard_gbnf, parse_error
 from .llama import LlamaModel, last_llama_errors
 from .sampling import SamplingParams
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
-
-class GrammarError(Eagle2Error):
-    """A grammar or JSON schema that cannot be used (syntax, unsupported feature)."""
+__all__ = ["Grammar", "GrammarError", "GrammarState", "choose", "response_grammar"]
 
 
 @dataclass(frozen=True)
@@ -63,14 +62,28 @@ class Grammar:
         return cls(JSON_GBNF)
 
     def state(self, model: LlamaModel) -> "GrammarState":
-        """A parse at the grammar's start, over ``model``'s vocabulary."""
+        """A parse at the grammar's start, over ``model``'s vocabulary. The text first passes the guards of
+        :mod:`eagle2_local.grammar_guard` (validator, then a compile in a child process; cached), so that no
+        grammar can hang, bloat or crash this process in llama.cpp."""
+        guard_gbnf(self.gbnf, self.root)
         last_llama_errors()
         with _c_stderr() as printed:
             ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, self.gbnf.encode("utf-8"),
                                                        self.root.encode("utf-8"))
         if not ptr:
-            raise GrammarError(f"invalid grammar: {_parse_error(printed, last_llama_errors())}")
+            raise GrammarError(f"invalid grammar: {parse_error(printed, last_llama_errors())}")
         return GrammarState(ptr, model.n_vocab)
+
+    def check(self, model: LlamaModel) -> None:
+        """Refuse, before a request is queued or a model loads for generation, what would only fail later: a
+        grammar that does not compile, or one that allows no token of ``model``'s vocabulary (nor the end) at
+        its start (e.g. only a token id beyond the vocabulary). One mask over the vocabulary: milliseconds."""
+        state = self.state(model)
+        try:
+            if not state.mask().any():
+                raise GrammarError("the grammar allows no token of this model's vocabulary at its start")
+        finally:
+            state.close()
 
 
 _STDERR_LOCK = threading.Lock()  # fd 2 is process-wide: two threads redirecting it at once would lose it
@@ -93,17 +106,6 @@ def _c_stderr() -> Iterator[list[str]]:
             os.close(saved)
             tmp.seek(0)
             lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
-
-
-def _parse_error(printed: list[str], logged: str) -> str:
-    """One line from what the parser printed: its reason and where (``expecting ')' at: root ::= (``)."""
-    for i, line in enumerate(printed):
-        if "error parsing grammar:" in line:
-            where = next((x.strip() for x in printed[i + 1:] if x.strip()), "")
-            reason = line.split("error parsing grammar:", 1)[1].strip().rstrip(" at").strip()
-            return f"{reason} at: {where[:60]}" if where else reason
-    lines = [x for x in printed + logged.splitlines() if x.strip()]
-    return lines[-1].strip() if lines else "llama.cpp could not parse it"
 
 
 class GrammarState:

@@ -8,25 +8,43 @@ import sys
 import click
 
 from ..console import stats_line
-from ..grammar import Grammar, response_grammar
+from ..grammar import Grammar, GrammarError, response_grammar
+from ..grammar_check import MAX_GRAMMAR_BYTES
+from ..grammar_guard import guard_gbnf
 from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
                      sampling_params)
 
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
-    """The grammar named by --grammar-file / --json-schema (one at most), checked before anything loads."""
+    """The grammar named by --grammar-file / --json-schema (one at most), checked before anything loads: the
+    guards (:mod:`eagle2_local.grammar_guard`) refuse in one line what would hang or crash llama.cpp."""
     if grammar_file is not None and json_schema is not None:
         fail("give one of --grammar-file and --json-schema")
+    grammar = None
     if grammar_file is not None:
-        with open(grammar_file, encoding="utf-8") as f:
-            return response_grammar(grammar=f.read())
-    if json_schema is not None:
+        grammar = response_grammar(grammar=read_grammar_file(grammar_file))
+    elif json_schema is not None:
         text = json_schema
         if json_schema.startswith("@"):
             with open(json_schema[1:], encoding="utf-8") as f:
                 text = f.read()
-        return Grammar.from_json_schema(text)
-    return None
+        grammar = Grammar.from_json_schema(text)
+    if grammar is not None:
+        guard_gbnf(grammar.gbnf, grammar.root)
+    return grammar
+
+
+def read_grammar_file(path: str) -> str:
+    """A GBNF file's text: read no further than the grammar size limit, and UTF-8 (else one line, not a
+    traceback)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_GRAMMAR_BYTES + 1)
+    if len(data) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"{path}: the grammar is larger than the limit of {MAX_GRAMMAR_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GrammarError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 @click.command("generate")
@@ -85,6 +103,6 @@ def check_constraint(constraint, model: str | None, verbose: bool) -> None:
 
     probe = LlamaModel(resolve_model(model), n_gpu_layers=0, verbose=verbose)
     try:
-        constraint.state(probe).close()
+        constraint.check(probe)
     finally:
         probe.close()

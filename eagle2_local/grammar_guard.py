@@ -1,0 +1,158 @@
+"""What a grammar goes through before llama.cpp compiles it in this process (issue 45: one request must not hang,
+bloat or kill the server, nor the CLI or a program using the API).
+
+1. :func:`~eagle2_local.grammar_check.check_gbnf`, a validator in pure Python: the length, the nesting, the
+   expanded size, left recursion behind rules that match nothing, parse-path blow-ups, dead ends. It refuses
+   every form known to hang or crash llama.cpp, in milliseconds.
+2. :func:`compile_isolated`: llama.cpp compiles the grammar in a child process, with a wall-clock limit
+   (:data:`PROBE_TIMEOUT_S`) and an address-space limit (:data:`PROBE_MEMORY_BYTES`), neither of which can be
+   enforced on C code running in this process. A form the validator does not know then costs a child, not this
+   process. The child loads only libllama (no Python package), so it takes about 0.1 s.
+
+Both run for every grammar at every entry point (the server, ``generate``/``chat`` and the Python API: all
+compile through :meth:`eagle2_local.grammar.Grammar.state`), the first time a text is seen: verdicts are cached
+by the text's hash (:data:`CACHE_SIZE` of them), so a grammar used for every request, or the same JSON schema
+sent again, costs a dictionary lookup. 0.1 s once per distinct grammar is cheap next to what a grammar is for
+(a generation), and it keeps the three entry points' guarantees the same; the test suite, which compiles a few
+dozen distinct grammars, pays a few seconds.
+
+Where no child can be started (no usable ``sys.executable``, say an embedding interpreter), the validator alone
+stands and a warning says so once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from .grammar_check import GrammarError, check_gbnf
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 3.0
+"""A grammar llama.cpp cannot set up in 3 s is refused: real ones take milliseconds (a 256 KB grammar, the
+validator's limit, about 50 ms); the known hang grows memory by ~70 MB/s, so the memory limit may end it first."""
+PROBE_MEMORY_BYTES = 512 << 20
+"""Address space compiling may add in the child: the largest grammar the validator lets through (a million
+elements, about 8 MB a copy) needs well under 100 MB."""
+MAX_PROBES = 2  # children at once: a burst of new grammars cannot fork the machine out of memory
+PROBE_WAIT_S = 10.0  # how long a check waits for a free slot before it is refused as busy
+CACHE_SIZE = 512
+
+_CHILD = Path(__file__).with_name("_grammar_child.py")
+_ACCEPTED, _REFUSED = 0, 3  # the child's exit statuses (see _grammar_child.py)
+_slots = threading.BoundedSemaphore(MAX_PROBES)
+_verdicts: OrderedDict[bytes, str] = OrderedDict()  # hash -> "checked" / "isolated" / a refusal's message
+_verdicts_lock = threading.Lock()
+_warned = threading.Event()
+
+
+class GrammarCheckBusy(GrammarError):
+    """Too many new grammars are being checked at once: nothing is wrong with this one; retry."""
+
+
+def guard_gbnf(text: str, root: str = "root", isolated: bool = True) -> None:
+    """Refuse ``text`` (a :class:`GrammarError`, one line) unless the validator passes it and, with ``isolated``,
+    llama.cpp compiled it in a child within the limits. Cached: a text already judged costs a lookup."""
+    key = hashlib.sha256(f"{root}\0{text}".encode("utf-8", "surrogatepass")).digest()
+    with _verdicts_lock:
+        verdict = _verdicts.get(key)
+        if verdict is not None:
+            _verdicts.move_to_end(key)
+    if verdict is None or (isolated and verdict == "checked"):
+        verdict = _judge(text, root, isolated)
+        with _verdicts_lock:
+            _verdicts[key] = verdict
+            while len(_verdicts) > CACHE_SIZE:
+                _verdicts.popitem(last=False)
+    if verdict not in ("checked", "isolated"):
+        raise GrammarError(verdict)
+
+
+def _judge(text: str, root: str, isolated: bool) -> str:
+    """The verdict on a text not judged yet: "checked" (validator), "isolated" (and a child), or why not."""
+    try:
+        summary = check_gbnf(text, root)
+        if not isolated:
+            return "checked"
+        if compile_isolated(summary.probe_text, root):
+            return "isolated"
+        return "checked"
+    except GrammarCheckBusy:
+        raise  # says nothing about the grammar: not cached
+    except GrammarError as exc:
+        return str(exc)
+
+
+def compile_isolated(text: str, root: str = "root", timeout_s: float = PROBE_TIMEOUT_S,
+                     memory_bytes: int = PROBE_MEMORY_BYTES) -> bool:
+    """Compile ``text`` with llama.cpp in a child process (no vocabulary: named tokens must already be
+    ``<[id]>``). Raises :class:`GrammarError` when llama.cpp refuses it, runs past ``timeout_s``, runs out of
+    ``memory_bytes`` or crashes; returns False when no child could be run (the caller relies on the validator)."""
+    lib = _libllama()
+    if lib is None:
+        return False
+    if not _slots.acquire(timeout=PROBE_WAIT_S):
+        raise GrammarCheckBusy(f"too many new grammars are being checked at once; retry in {PROBE_WAIT_S:.0f} s")
+    try:
+        proc = subprocess.run([sys.executable, "-I", "-S", str(_CHILD), lib, root, str(memory_bytes)],
+                              input=text.encode("utf-8"), capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # run() has killed the child
+        raise GrammarError(f"llama.cpp could not set the grammar up within {timeout_s:g} s (a form that makes it "
+                           "loop); simplify it") from None
+    except OSError as exc:
+        _unavailable(f"cannot start a child process ({exc})")
+        return False
+    finally:
+        _slots.release()
+    return _read_outcome(proc, memory_bytes)
+
+
+def _read_outcome(proc: subprocess.CompletedProcess, memory_bytes: int) -> bool:
+    err = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode == _ACCEPTED:
+        return True
+    if proc.returncode == _REFUSED:
+        raise GrammarError(f"invalid grammar: {parse_error(err.splitlines(), '')}")
+    if proc.returncode < 0:
+        if "bad_alloc" in err:
+            raise GrammarError(f"llama.cpp needs more than {memory_bytes >> 20} MB to set the grammar up; "
+                               "simplify it")
+        name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
+        raise GrammarError(f"llama.cpp crashed setting the grammar up ({name}); simplify it")
+    _unavailable(f"the child process failed before compiling (exit {proc.returncode}: {err.strip()[-200:]})")
+    return False
+
+
+def _libllama() -> str | None:
+    """The path of the libllama llama-cpp-python loaded (the very library this process compiles with)."""
+    if not sys.executable:
+        _unavailable("no Python executable to run a child with")
+        return None
+    import llama_cpp.llama_cpp as bindings
+
+    return getattr(bindings._lib, "_name", None) or None
+
+
+def _unavailable(why: str) -> None:
+    if not _warned.is_set():
+        _warned.set()
+        log.warning("grammars are checked by the validator only: %s", why)
+
+
+def parse_error(printed: list[str], logged: str) -> str:
+    """One line from what llama.cpp's grammar parser printed: its reason and where (``expecting ')' at:
+    root ::= (``)."""
+    for i, line in enumerate(printed):
+        if "error parsing grammar:" in line:
+            where = next((x.strip() for x in printed[i + 1:] if x.strip()), "")
+            reason = line.split("error parsing grammar:", 1)[1].strip().rstrip(" at").strip()
+            return f"{reason} at: {where[:60]}" if where else reason
+    lines = [x for x in printed + logged.splitlines() if x.strip()]
+    return lines[-1].strip() if lines else "llama.cpp could not parse it"
