@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from ..chat import prompt_tokens
 from ..errors import Eagle2Error, ParameterError
 from ..grammar import Grammar, GrammarError, response_grammar
+from ..grammar_guard import PROBE_WAIT_S, GrammarCheckBusy
 from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from ..tools import ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
@@ -114,14 +115,14 @@ class Service:
 
     async def _answer(self, body: SamplingFields, prompt: list[int], shape, request: Request,
                       tools: ToolPlan | None = None):
-        job = self._job(body, prompt, tools)
+        job = await self._job(body, prompt, tools)
         self.worker.admit(job)
         head = {"id": f"{shape.prefix}-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_name}
         if body.stream:
             return _JobStream(job, self._stream(job, shape, head, body.include_usage()), sep="\n")
         return await self._collect(job, shape, head, request)
 
-    def _job(self, body: SamplingFields, prompt: list[int], tools: ToolPlan | None = None) -> Job:
+    async def _job(self, body: SamplingFields, prompt: list[int], tools: ToolPlan | None = None) -> Job:
         """Check the prompt fits and the sampling values are valid, before the request takes a queue slot."""
         n_ctx = self.llm.n_ctx()
         if not prompt:
@@ -143,19 +144,24 @@ class Service:
         seed = _pick(body.seed, d.seed)
         if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
             seed = None
-        grammar = self._grammar(body, tools)
+        grammar = await run_in_threadpool(self._grammar, body, tools)  # off the event loop: /health answers
         return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, grammar, asyncio.get_running_loop())
 
     def _grammar(self, body: SamplingFields, tools: ToolPlan | None) -> Grammar | None:
         """The request's constraint (``grammar``, ``json_schema``, ``response_format``, or the calls its
-        ``tool_choice`` requires), compiled once against the model here so that a bad one is a 400 before the
-        request takes a queue slot."""
+        ``tool_choice`` requires), checked and compiled once against the model here (on a worker thread) so that
+        a bad one is a 400 before the request takes a queue slot: the guards of
+        :mod:`eagle2_local.grammar_guard` refuse what would hang, bloat or crash llama.cpp, in this process or a
+        time- and memory-limited child, and a grammar that allows no token at its start is refused too."""
         try:
             grammar = response_grammar(body.grammar, body.json_schema, body.response_format)
             if tools is not None:
                 grammar = self._guarded(tools.constrain, grammar)
             if grammar is not None:
-                grammar.state(self.llm.model).close()
+                grammar.check(self.llm.model)
+        except GrammarCheckBusy as exc:  # nothing wrong with this grammar: too many new ones at once
+            raise APIError(503, str(exc), "server_error", "grammar_check_busy",
+                           headers={"Retry-After": str(round(PROBE_WAIT_S))}) from None
         except GrammarError as exc:
             raise APIError(400, str(exc), param="response_format" if body.response_format else
                            "json_schema" if body.json_schema is not None else "grammar") from None

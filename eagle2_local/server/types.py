@@ -174,4 +174,5 @@ def eagle_stats(result: dict, expose: bool = False) -> dict:
     sent the same text, and τ, tree sizes and timings follow a tree budget that learns from every request. So
     by default only :data:`OWN_STATS`; ``expose`` (``serve --expose-stats``, for a single user) gives all."""
     stats = result["stats"] if expose else {k: result["stats"][k] for k in OWN_STATS if k in result["stats"]}
-    return {**stats, "tokens": result["tokens"]}
+    detail = {"finish_detail": result["finish_detail"]} if "finish_detail" in result else {}  # why it ended early
+    return {**stats, "tokens": result["tokens"], **detail}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
-from ..grammar import Grammar
+from ..grammar import Grammar, GrammarError
 from ..generator import add_counts, host_summary
 from ..sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
@@ -179,6 +179,8 @@ class ModelWorker:
             job.send(kind, payload)
         except (ContextFullError, EmptyPromptError) as exc:  # what the request asked for does not fit
             job.send("error", APIError(400, str(exc)))
+        except GrammarError as exc:  # its grammar leaves the model no token before any was sent: the client's
+            job.send("error", APIError(400, f"the model cannot follow the grammar: {exc}", param="grammar"))
         except Exception:  # noqa: BLE001 - DecodeError, TreeError, bugs: a fault here, not in the request
             log.exception("generation failed")
             job.send("error", server_fault())
@@ -197,19 +199,27 @@ class ModelWorker:
         stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed,
                                  cache_prompt=job.cache_prompt, grammar=job.grammar, cancelled=gone)
         tokens: list[int] = []
-        reason = None
+        reason = detail = None
+        sent = False
         try:
             for chunk in stream:
                 tokens.extend(chunk.tokens)
                 reason = chunk.finish_reason or reason
                 job.send("chunk", chunk)
+                sent = True
                 if gone():
                     return "cancelled", None
         except PrefillCancelled:
             return "cancelled", None
+        except GrammarError as exc:  # a dead end under the grammar after some text: end there, saying why
+            if not sent:
+                raise
+            reason, detail = "stop", f"the grammar allows no further token: {exc}"
+            log.info("generation ended at a dead end of its grammar: %s", exc)
         finally:
             stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
             stats = self.llm.stats()
             with self._lock:
                 self.totals.add(stats)
-        return "done", {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats}
+        done = {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats}
+        return "done", ({**done, "finish_detail": detail} if detail else done)
