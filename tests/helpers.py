@@ -4,6 +4,7 @@ test file stays a list of tests (and renaming or deleting one breaks nothing els
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -20,6 +21,27 @@ from eagle2_local.sampling import SamplingParams, sample_from
 from eagle2_local.target import Target
 from eagle2_local.tree import DraftTree, TreeParams
 from eagle_heads import head_config, head_tensors, write_head_dir
+
+
+# ------------------------------------------------------------------ structured answers
+def assert_follows_grammar(model: LlamaModel, choice: dict, grammar, check=None) -> None:
+    """The model's rule, not one machine's text: an answer that finished (``choice``'s finish_reason "stop") is
+    valid JSON (``check`` validates the value); one cut at max_tokens is still a prefix the grammar accepts, token
+    by token (machines' greedy texts differ at near-ties, and so do their lengths)."""
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    if choice["finish_reason"] == "stop":
+        value = json.loads(text)
+        if check:
+            check(value)
+        return
+    assert choice["finish_reason"] == "length", choice
+    state = grammar.state(model)
+    try:
+        for token in model.tokenize(text, add_special=False, parse_special=False):
+            assert state.allows(token), f"{text!r} leaves the grammar"
+            state.accept(token)
+    finally:
+        state.close()
 
 
 # ------------------------------------------------------------------ generators and lossless checks
