@@ -18,6 +18,7 @@ from typing import Iterator
 import click
 
 from .bench import PROJECTION_STEPS_MS, projected_speedup
+from .conversation import Conversation
 from .errors import ContextFullError
 
 
@@ -52,20 +53,40 @@ def ctrl_c_stops() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
-    """The read-answer loop. The KV cache is kept between turns: only the new turn is prefilled."""
+def stats_table(stats: dict) -> list[str]:
+    """``/stats`` for a person: the last answer's speed, tau, tree sizes, accepted draft tokens by source, host
+    time per round and the share of plain steps (``/stats json`` prints the raw figures)."""
+    rows = [("tokens", f"{stats['n_tokens']} in {stats['total_s']:.2f} s ({stats['tokens_per_s']:.1f} tok/s)"),
+            ("prompt", f"{stats['prompt_tokens']} tokens, {stats['prompt_tokens_reused']} reused from the cache, "
+                       f"prefill {stats['prefill_s']:.2f} s"),
+            ("draft", stats["engine"])]
+    if stats["engine"] != "plain":
+        rounds = stats["target_passes"]
+        plain_share = stats["plain_steps"] / rounds if rounds else 0.0
+        by_source = stats.get("accepted_by_source") or {}
+        rows += [("tau", f"{stats['tau']:.2f} tokens per target pass ({rounds} passes)"),
+                 ("tree", f"{stats['mean_tree_size']:.1f} nodes on average, plain steps {stats['plain_steps']} "
+                          f"({plain_share:.0%} of passes)"),
+                 ("accepted", ", ".join(f"{k} {v}" for k, v in sorted(by_source.items())) or "none"),
+                 ("host", f"{stats.get('host_ms_per_round', 0.0):.2f} ms a round outside llama.cpp")]
+    width = max(len(name) for name, _ in rows)
+    return [f"{name:<{width}}  {value}" for name, value in rows]
+
+
+def run_chat(llm, system_prompt, max_tokens, sampling, seed, context_shift: bool = True) -> None:
+    """The read-answer loop. The KV cache is kept between turns: only the new turn is prefilled; when the next
+    prompt would not fit, the oldest turns are dropped (``context_shift``) and a dim line says so."""
     interactive = sys.stdin.isatty()
     dim = (lambda s: click.style(s, dim=True)) if sys.stdout.isatty() else (lambda s: s)
-    base = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages = list(base)
+    chat = Conversation(llm, system_prompt, context_shift)
     if interactive:
         click.echo(f"eagle2-local chat: {llm.model_path.name}, draft: {llm.engine_name}")
-        click.echo("/reset forgets the conversation, /stats shows the last answer's figures, /exit or Ctrl-D quits,"
-                   " Ctrl-C stops an answer.")
+        click.echo("/reset forgets the conversation, /stats shows the last answer's figures (/stats json: raw), "
+                   "/exit or Ctrl-D quits, Ctrl-C stops an answer.")
     if not llm.speculative:
         sys.stdout.flush()
-        click.echo(dim("note: no draft head or draft model for this model; chatting with plain decoding "
-                       "(--head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
+        click.echo(dim("note: no draft for this model; chatting with plain decoding "
+                       "(--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
     while True:
         try:
             line = input("> ") if interactive else sys.stdin.readline()
@@ -82,33 +103,43 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed) -> None:
         if line in ("/exit", "/quit"):
             break
         if line == "/reset":
-            messages = list(base)
-            llm.reset()
+            chat.reset()
             click.echo(dim("conversation reset"))
             continue
-        if line == "/stats":
-            click.echo(json.dumps(llm.stats(), indent=2))
+        if line in ("/stats", "/stats json"):
+            stats = llm.stats()
+            click.echo(json.dumps(stats, indent=2) if line.endswith("json") else "\n".join(stats_table(stats)))
             continue
-        messages.append({"role": "user", "content": line})
-        answer = ""
-        try:
-            with ctrl_c_stops() as interrupted:
-                stream = llm.stream(llm.chat_tokens(messages), max_tokens, sampling, seed=seed)
-                for chunk in stream:
-                    click.echo(chunk.text, nl=False)
-                    sys.stdout.flush()
-                    answer += chunk.text
-                    if interrupted.is_set():
-                        stream.close()  # runs the generator's cleanup: KV cache trimmed to what was shown
-                        click.echo(dim(" [stopped]"), nl=False)
-                        break
-        except ContextFullError as exc:
-            messages.pop()
-            click.echo(f"\nerror: {exc}. Type /reset to start a new conversation.", err=True)
+        if not _answer(chat, line, max_tokens, sampling, seed, dim):
             continue
-        messages.append({"role": "assistant", "content": answer})
         click.echo()
         click.echo(dim(stats_line(llm.stats())))
+
+
+def _answer(chat: Conversation, line: str, max_tokens, sampling, seed, dim) -> bool:
+    """Stream one answer to the terminal; False when it could not start (the question is taken back)."""
+    answer = ""
+    try:
+        with ctrl_c_stops() as interrupted:
+            stream = chat.ask(line, max_tokens, sampling, seed)
+            if chat.dropped:
+                click.echo(dim(f"[context full: the {chat.dropped} oldest messages were dropped; "
+                               f"--no-context-shift keeps them]"))
+            for chunk in stream:
+                click.echo(chunk.text, nl=False)
+                sys.stdout.flush()
+                answer += chunk.text
+                if interrupted.is_set():
+                    stream.close()  # runs the generator's cleanup: KV cache trimmed to what was shown
+                    click.echo(dim(" [stopped]"), nl=False)
+                    break
+    except ContextFullError as exc:
+        chat.take_back()
+        hint = "Type /reset to start a new conversation." if not chat.context_shift else ""
+        click.echo(f"\nerror: {exc}. {hint}".rstrip(), err=True)
+        return False
+    chat.answered(answer)
+    return True
 
 
 def bench_prompt_line(done: int, total: int, set_name: str, index: int, result, tie_tolerance: float) -> str:

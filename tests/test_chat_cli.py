@@ -11,8 +11,8 @@ import pytest
 
 
 def read_stats(child: pexpect.spawn) -> dict:
-    """Type /stats and parse the JSON it prints."""
-    child.sendline("/stats")
+    """Type /stats json and parse the JSON it prints."""
+    child.sendline("/stats json")
     child.expect(r"\{.*?\}\r?\n> ")
     return json.loads(child.after.rsplit("}", 1)[0] + "}")
 
@@ -75,14 +75,32 @@ def test_chat_piped_stdin_and_commands(synth_q8):
     assert "Traceback" not in proc.stderr
 
 
-def test_chat_context_full_offers_reset(synth_q8):
+def test_chat_message_longer_than_the_context_is_one_error(synth_q8):
+    """A message that cannot fit even alone: one error naming --n-ctx, the next message still answered; with
+    --no-context-shift the error offers /reset, as before context shifts."""
     long_line = "the cat sat on the mat " * 60
-    proc = subprocess.run([sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--n-ctx", "256",
-                           "--temperature", "0", "-n", "4"], input=f"{long_line}\nhi\n", capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0
-    assert "/reset" in proc.stderr and "context" in proc.stderr
-    assert proc.stdout.count("tok/s") == 1  # the short message after the error was still answered
+    for extra, needle in (((), "--n-ctx"), (("--no-context-shift",), "/reset")):
+        proc = subprocess.run([sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--n-ctx", "256",
+                               "--temperature", "0", "-n", "4", *extra], input=f"{long_line}\nhi\n",
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert needle in proc.stderr and "context" in proc.stderr and "Traceback" not in proc.stderr
+        assert proc.stdout.count("tok/s") == 1  # the short message after the error was still answered
+
+
+def test_chat_drops_oldest_turns_when_the_context_fills(synth_q8):
+    """Turns that together outgrow --n-ctx: the chat drops the oldest, says so on one line and answers every
+    message; with --no-context-shift the same conversation ends in a context error."""
+    lines = [f"message {i}: " + "the cat sat on the mat " * 12 for i in range(6)]
+    args = [sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--n-ctx", "256", "--temperature", "0",
+            "-n", "24"]
+    proc = subprocess.run(args, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("tok/s") == 6 and "error" not in proc.stderr, (proc.stdout, proc.stderr)
+    assert "oldest messages were dropped" in proc.stdout
+    strict = subprocess.run([*args, "--no-context-shift"], input="\n".join(lines) + "\n", capture_output=True,
+                            text=True, timeout=120)
+    assert "context" in strict.stderr and strict.stdout.count("tok/s") < 6
 
 
 @pytest.mark.smollm2

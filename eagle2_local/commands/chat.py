@@ -13,15 +13,20 @@ from .common import (chat_template_option, friendly_errors, load, runtime_option
 @runtime_options
 @sampling_options
 @click.option("--system", "system_prompt", default=None, help="System message that starts the conversation.")
+@click.option("--no-context-shift", is_flag=True,
+              help="When the conversation outgrows --n-ctx, stop with an error instead of dropping the oldest "
+                   "turns (the system message is always kept).")
 @chat_template_option()
 @friendly_errors
-def chat(system_prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
+def chat(system_prompt, no_context_shift, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed,
+         **rt):
     """Talk to the model in the terminal.
 
-    Answers stream as they are accepted; after each, a dim line shows tokens/s and tau. Commands: /reset
-    (forget the conversation), /stats (last answer's statistics), /exit. Ctrl-C stops the current answer,
-    Ctrl-D exits. Works with piped input too (one message per line).
+    Answers stream as they are accepted; after each, a dim line shows tokens/s and tau. When the conversation
+    outgrows the context, the oldest turns are dropped (a dim line says so) and the chat goes on. Commands:
+    /reset (forget the conversation), /stats (last answer's figures; /stats json: raw), /exit. Ctrl-C stops the
+    current answer, Ctrl-D exits. Works with piped input too (one message per line).
     """
     llm = load(**rt, seed=seed)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty)
-    run_chat(llm, system_prompt, max_tokens or None, sampling, seed)
+    run_chat(llm, system_prompt, max_tokens or None, sampling, seed, context_shift=not no_context_shift)

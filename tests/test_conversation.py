@@ -1,0 +1,77 @@
+"""A chat kept within the context: which turns are dropped, and that the answer after a shift is a fresh chat's."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle2_local import Eagle2
+from eagle2_local.conversation import Conversation, answer_room, fit_turns
+from eagle2_local.errors import ContextFullError
+
+SYSTEM = [{"role": "system", "content": "s" * 10}]
+
+
+def count(messages: list[dict]) -> int:
+    """A stand-in tokenizer for the pure tests: one token per character, four of glue per message."""
+    return sum(len(m["content"]) + 4 for m in messages)
+
+
+def exchange(i: int, n: int = 20) -> list[dict]:
+    return [{"role": "user", "content": f"q{i}".ljust(n)}, {"role": "assistant", "content": f"a{i}".ljust(n)}]
+
+
+def test_everything_kept_while_it_fits():
+    turns = exchange(0) + exchange(1) + [{"role": "user", "content": "last"}]
+    kept, dropped = fit_turns(SYSTEM, turns, count, limit=10_000)
+    assert kept == turns and dropped == 0
+
+
+def test_oldest_exchanges_dropped_whole_system_and_last_message_kept():
+    turns = exchange(0) + exchange(1) + exchange(2) + [{"role": "user", "content": "last"}]
+    limit = count(SYSTEM + exchange(2) + turns[-1:])  # room for the newest exchange and the question only
+    kept, dropped = fit_turns(SYSTEM, turns, count, limit)
+    assert kept == exchange(2) + turns[-1:] and dropped == 4
+    assert count(SYSTEM + kept) <= limit
+
+
+def test_tool_replies_leave_with_their_question():
+    tool_turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "call"},
+                 {"role": "tool", "content": "result"}, {"role": "assistant", "content": "done"}]
+    turns = tool_turn + [{"role": "user", "content": "next"}]
+    kept, dropped = fit_turns([], turns, count, limit=count(turns[-1:]))
+    assert kept == turns[-1:] and dropped == 4
+
+
+def test_a_message_that_cannot_fit_alone_is_an_error():
+    with pytest.raises(ContextFullError, match="--n-ctx"):
+        fit_turns(SYSTEM, [{"role": "user", "content": "x" * 500}], count, limit=100)
+
+
+def test_room_for_the_answer():
+    assert answer_room(512, 64) == 64
+    assert answer_room(512, None) == 128  # a quarter of the context without a limit
+    assert answer_room(512, 10_000) == 256  # never more than half
+
+
+@pytest.mark.smollm2
+def test_six_turns_past_the_context_and_the_answer_after_a_shift_is_a_fresh_chats(smollm2_path, smollm2_head):
+    """The default model and head (a fixed tree: no calibration) with n_ctx 256: a 6-turn chat goes past the context without an error (the
+    questions alone outgrow it, whatever the answers' lengths), and each answer after a shift equals what a fresh
+    chat (an empty KV cache) answers to the kept turns."""
+    facts = " ".join(f"Fact {i}: the {colour} box holds {i * 7} marbles." for i, colour in
+                     enumerate(["red", "green", "blue", "yellow"]))
+    questions = [f"{facts} Question {n}: which box holds {n % 4 * 7} marbles?" for n in range(1, 7)]
+    with Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=256, n_threads=1, total_tokens=12, depth=4) as llm:
+        assert len(llm.chat_tokens([{"role": "user", "content": q} for q in questions])) > 256
+        chat = Conversation(llm, "You are a helpful assistant.")
+        shifts = []
+        for question in questions:
+            answer = "".join(chunk.text for chunk in chat.ask(question, 24, None, 0))
+            if chat.dropped:
+                shifts.append((chat.messages, answer))
+            chat.answered(answer)
+        assert shifts, "the conversation never outgrew the context"
+        for kept, answer in shifts:
+            llm.reset()
+            fresh = "".join(chunk.text for chunk in llm.stream(llm.chat_tokens(kept), 24, None, seed=0))
+            assert fresh == answer
