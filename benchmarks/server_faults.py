@@ -56,7 +56,7 @@ PROBE = {"messages": [{"role": "user", "content": "What is the capital of France
 HOSTILE_GRAMMARS = {"left recursion through an optional rule": 'root ::= x root "b" | "c"\nx ::= "a"?',
                     "60,000 nested parentheses": "root ::= " + "(" * 60000 + '"a"' + ")" * 60000}
 LONG_PROMPT = "Retell this story: " + " ".join(
-    f"On day {i} the miller weighed {i * 11} sacks and gave {i % 4} away." for i in range(46))
+    f"On day {i} the miller weighed {i * 11} sacks and gave {i % 4} away." for i in range(30))
 USER = [{"role": "user", "content": "Hi"}]
 QUEUE_FULL = "503 queue_full"
 
@@ -321,7 +321,7 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
         "refused_queue_full_503": run.statuses[QUEUE_FULL],
         "errors_5xx": sum(v for k, v in run.statuses.items() if isinstance(k, int) and k >= 500),
         "long_prompt_alone_s": long_alone,
-        "no_answer": sum(v for k, v in run.statuses.items() if isinstance(k, str)),
+        "no_answer": sum(v for k, v in run.statuses.items() if str(k).startswith("no answer")),
         "closed_by_server": dict(run.closed),
         "peak_rss_mib_sampled": round(run.peak_rss_mib, 1), "vm_hwm_mib": round(run.rss_mib("VmHWM"), 1),
         "probe_answers": len(probes), "probe_same_throughout": reference is not None and all(
