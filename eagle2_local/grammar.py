@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -30,6 +31,12 @@ from .llama import LlamaModel, last_llama_errors
 from .sampling import SamplingParams
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
+STEP_LIMIT_S = 1.0
+"""The longest one grammar operation (a mask, an accept) may take before the generation is ended. A grammar
+ambiguous under recursion (``root ::= "x" root "y" | "x" root "z" | ""``) passes every static check, but llama.cpp
+keeps one parse stack per reading, so each token multiplies them: measured, the 12th accepted "x" took 4 s and
+the 13th 37 s. Real grammars take milliseconds; ending at the first step past 1 s bounds the damage to a few
+seconds (the step after a 1 s one costs a few times more, the growth factor per token) instead of hours."""
 
 __all__ = ["Grammar", "GrammarError", "GrammarState", "choose", "response_grammar"]
 
@@ -125,7 +132,9 @@ class GrammarState:
         buf["logit"] = 0.0
         arr = llama_cpp.llama_token_data_array(data=buf.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
                                                size=len(ids), selected=-1, sorted=False)
+        t0 = time.perf_counter()
         llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(arr))
+        _check_step(time.perf_counter() - t0)
         return np.isfinite(buf["logit"])
 
     def allows(self, token: int) -> bool:
@@ -153,7 +162,9 @@ class GrammarState:
         return np.where(allowed, logits, -np.inf)
 
     def accept(self, token: int) -> None:
+        t0 = time.perf_counter()
         llama_cpp.llama_sampler_accept(self._ptr, int(token))
+        _check_step(time.perf_counter() - t0)
 
     def clone(self) -> "GrammarState":
         return GrammarState(llama_cpp.llama_sampler_clone(self._ptr), self.n_vocab)
@@ -168,6 +179,12 @@ class GrammarState:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _check_step(elapsed_s: float) -> None:
+    if elapsed_s > STEP_LIMIT_S:
+        raise GrammarError(f"following the grammar took {elapsed_s:.1f} s for one token (its parses multiply "
+                           "with each token: an ambiguous recursion); stopped")
 
 
 def choose(sampling: SamplingParams, grammar: GrammarState | None, logits: np.ndarray, history: np.ndarray,

@@ -268,3 +268,30 @@ def test_python_api_raises_one_clear_grammar_error(smollm2_path):
     messages = json.loads(proc.stdout.strip().splitlines()[-1])
     for message, needle in zip(messages, ["left-recursive", "deep", "matches no text", "maximum is below"]):
         assert needle in message and "\n" not in message, messages
+
+
+@pytest.mark.smollm2
+def test_a_grammar_whose_parses_multiply_is_stopped_within_seconds(smollm2_path):
+    """An ambiguous recursion passes every static check, but llama.cpp's parse stacks multiply with each token
+    (the 13th "x" alone took 37 s): the step limit ends it with a GrammarError after a second or two. In a
+    subprocess limited to 60 s, so that without the limit the test fails instead of running for hours."""
+    script = textwrap.dedent(f"""
+        import time
+        from eagle2_local.grammar import Grammar, GrammarError
+        from eagle2_local.llama import LlamaModel
+        model = LlamaModel({str(smollm2_path)!r}, n_gpu_layers=0)
+        state = Grammar('root ::= "x" root "y" | "x" root "z" | ""').state(model)
+        x = model.tokenize(b"x", add_special=False, parse_special=False)[0]
+        t0 = time.perf_counter()
+        try:
+            for _ in range(40):
+                assert state.allows(x)
+                state.accept(x)
+            print("accepted 40")
+        except GrammarError as exc:
+            print(f"{{time.perf_counter() - t0:.1f}} {{exc}}")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seconds, message = proc.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert "parses multiply" in message and float(seconds) < 15, proc.stdout
