@@ -158,6 +158,22 @@ def test_verdicts_are_cached_and_refusals_too(monkeypatch):
     assert len(runs) == 1  # refused by the validator: no child at all
 
 
+def test_busy_checker_refuses_without_caching_a_verdict(monkeypatch):
+    """With every child slot taken, a new grammar is refused as busy (a 503 in the server), not judged: once a
+    slot frees, the same grammar passes."""
+    import threading
+
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()
+    monkeypatch.setattr(grammar_guard, "_slots", slots)
+    monkeypatch.setattr(grammar_guard, "PROBE_WAIT_S", 0.1)
+    fresh = f'root ::= "busy {random.random()}"'
+    with pytest.raises(grammar_guard.GrammarCheckBusy, match="retry"):
+        guard_gbnf(fresh)
+    slots.release()
+    guard_gbnf(fresh)
+
+
 def test_differential_against_llama_cpp():
     """Seeded random grammars (groups, repetitions, escapes, classes, tokens, comments, mutations): whenever
     llama.cpp (in a child) refuses, hangs or crashes, the validator refuses too; whenever llama.cpp takes one, the
