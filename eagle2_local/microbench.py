@@ -149,8 +149,8 @@ def measure_costs(target: Target, engine, params: TreeParams, progress=None,
     and engine empty."""
     say = progress or log.info
     sizes = calibration_sizes(params)
-    say("first run with these settings on this machine: timing what a draft tree costs here, so that the budget "
-        "drafts only where it pays (once; the result is cached)")
+    say("timing what a draft tree costs on this machine, so that the budget drafts only where it pays (once for "
+        "these settings: the result is cached)")
     say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
     timers = Timers(target, clock, warm_size=min(8, params.total_tokens))
     cal = calibrate(timers.plain, timers.verify, sizes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,10 @@ def test_chat_two_turns_ctrl_c_and_ctrl_d(smollm2_path, smollm2_head):
     first = child.before
     assert "Paris" in first
     child.expect(r", tau \d+\.\d+")  # speculative statistics on the same line
+    child.expect("> ")
+    child.sendline("/stats")  # a short table a person reads
+    child.expect(r"tau +\d+\.\d+ tokens per target pass")
+    child.expect(r"accepted +\w+")
     child.expect("> ")
     # a long answer, interrupted
     child.sendline("Write a very long story about a dragon who learns to cook. Make it at least 500 words.")
@@ -118,6 +123,7 @@ def test_chat_first_turn_is_generates_answer_whatever_came_before(smollm2_path):
                           input=f"{message}\nWhat about the blue ones?\n/reset\n{message}\n", capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    answers = [line for line in proc.stdout.splitlines() if line and "tok/s" not in line
-               and line != "conversation reset"]
+    # answers are what stands between the stats lines (an answer may hold newlines of its own)
+    answers = [block.strip() for block in re.split(r"^.*tok/s.*$", proc.stdout, flags=re.M)]
+    answers = [a.removeprefix("conversation reset").strip() for a in answers if a]
     assert answers[0] == expected.strip() and answers[-1] == expected.strip(), (answers, expected)
