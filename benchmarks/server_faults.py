@@ -70,6 +70,7 @@ class Run:
         self.statuses: Counter = Counter()
         self.closed: Counter = Counter()  # connections the server closed, by what the client did
         self.notes: list[str] = []
+        self.grammar_statuses: dict[str, list] = {}  # per hostile grammar, its status in each round
         self.peak_rss_mib = 0.0
         self._lock = threading.Lock()
         self._sampling = threading.Event()
@@ -216,8 +217,9 @@ def body_burst(run: Run, n: int) -> None:
 
 
 def hostile_grammars(run: Run) -> None:
-    for gbnf in HOSTILE_GRAMMARS.values():
-        run.post(COMPLETIONS, json={"prompt": "Say a:", "max_tokens": 4, "grammar": gbnf}, timeout=30)
+    for name, gbnf in HOSTILE_GRAMMARS.items():
+        r = run.post(COMPLETIONS, json={"prompt": "Say a:", "max_tokens": 4, "grammar": gbnf}, timeout=30)
+        run.grammar_statuses.setdefault(name, []).append(_label(r) if r is not None else "no answer")
 
 
 # ---------------------------------------------------------------- raw sockets
@@ -320,7 +322,7 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
         "requests": sum(run.statuses.values()), "answered_2xx": answered, "by_status": statuses,
         "refused_queue_full_503": run.statuses[QUEUE_FULL],
         "errors_5xx": sum(v for k, v in run.statuses.items() if isinstance(k, int) and k >= 500),
-        "long_prompt_alone_s": long_alone,
+        "hostile_grammars": run.grammar_statuses, "long_prompt_alone_s": long_alone,
         "no_answer": sum(v for k, v in run.statuses.items() if str(k).startswith("no answer")),
         "closed_by_server": dict(run.closed),
         "peak_rss_mib_sampled": round(run.peak_rss_mib, 1), "vm_hwm_mib": round(run.rss_mib("VmHWM"), 1),
