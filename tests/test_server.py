@@ -715,7 +715,8 @@ def test_same_request_same_answer_two_threads_plain(tmp_path):
     """A plain server on 2 threads (single-token decodes there split long KV ranges, so reuse is limited to
     aligned prompt cells): a request's answer alone on a fresh server is its answer after others and under
     concurrency."""
-    s = start_server(tmp_path / "server.log", "--threads", "2", "--n-ctx", str(N_CTX), "--api-key", KEY, "--plain")
+    s = start_server(tmp_path / "server.log", "--threads", "2", "--n-ctx", str(N_CTX), "--api-key", KEY, "--plain",
+                     "--expose-stats")
     try:
         alone = {}
         for prompt in SAME:
