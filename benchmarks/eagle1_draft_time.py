@@ -27,10 +27,10 @@ import numpy as np  # noqa: E402
 
 from convert.eagle1 import write_head  # noqa: E402
 from eagle2_local import Eagle2  # noqa: E402
-from eagle2_local.bench import interleaved, load_prompt_sets, machine_info  # noqa: E402
-from eagle2_local.eagle1_format import HeadParams  # noqa: E402
-from eagle2_local.microbench import DraftTimes  # noqa: E402
-from eagle2_local.models import default_model_path  # noqa: E402
+from eagle2_local.measure.bench import interleaved, load_prompt_sets, machine_info  # noqa: E402
+from eagle2_local.formats.eagle1_format import HeadParams  # noqa: E402
+from eagle2_local.measure.microbench import DraftTimes  # noqa: E402
+from eagle2_local.formats.models import default_model_path  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "eagle1-numpy-draft-time-smollm2.json"
 

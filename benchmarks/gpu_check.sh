@@ -37,7 +37,7 @@ prepare() {
     else "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$work"; fi
   fi
   local model
-  model=$("$py" -c 'from eagle2_local.models import default_model_path; print(default_model_path())')
+  model=$("$py" -c 'from eagle2_local.formats.models import default_model_path; print(default_model_path())')
   : > "$work/manifest.txt"
   for f in "$sdist" "$model"; do
     local name sum

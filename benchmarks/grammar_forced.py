@@ -26,9 +26,9 @@ import time
 import numpy as np
 
 from eagle2_local import Eagle2
-from eagle2_local.bench import load_prompt_sets
+from eagle2_local.measure.bench import load_prompt_sets
 from eagle2_local.drafts.forced import CHAIN_PRIOR
-from eagle2_local.models import default_model_path
+from eagle2_local.formats.models import default_model_path
 
 RULES = {"single": (0.0, False), "chain": (CHAIN_PRIOR, False), "learned": (0.0, True),
          "chain+learned": (CHAIN_PRIOR, True)}

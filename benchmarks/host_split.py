@@ -21,7 +21,8 @@ from pathlib import Path
 
 time.perf_counter = time.thread_time  # before eagle2_local binds it: the same clock as host_time --cpu-clock
 
-from eagle2_local import acceptance, backend_topk, backlog, generator, llama, target, tree  # noqa: E402
+from eagle2_local.decoding import acceptance, backlog, generator, target, tree
+from eagle2_local.llamacpp import backend_topk, llama  # noqa: E402
 from eagle2_local.drafts import base, draft_model, eagle3_llama, lookup, merged  # noqa: E402
 
 WRAPPED = {  # owner -> functions whose own host time is listed

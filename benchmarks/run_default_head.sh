@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 R=benchmarks/results
 P=benchmarks/prompts/eagle
-HEAD=$(python -c "from eagle2_local.models import default_head_path as d; print(d())")
+HEAD=$(python -c "from eagle2_local.formats.models import default_head_path as d; print(d())")
 E=(python cli.py)
 # losslessness first: the long sweep the default test run leaves out (50 prompts x 128 tokens, ~10 minutes)
 python -m pytest -q -m slow

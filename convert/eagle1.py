@@ -1,6 +1,6 @@
 """Convert an EAGLE-1/2 head folder (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) to GGUF.
 
-The schema (architecture, keys, tensor names) is :mod:`eagle2_local.eagle1_format`; this module only maps a
+The schema (architecture, keys, tensor names) is :mod:`eagle2_local.formats.eagle1_format`; this module only maps a
 Hugging Face checkpoint onto it. The three published head families differ only in biases and RoPE base:
 Vicuna / LLaMA2-chat (fc bias), LLaMA3-Instruct (no bias, rope_theta 500000), Qwen2 (fc and q/k/v biases).
 The flags are read from the config and cross-checked against the tensors actually present, so a config that lies
@@ -16,10 +16,10 @@ from typing import Callable
 
 import numpy as np
 
-from eagle2_local import gguf_keys as keys
+from eagle2_local.formats import gguf_keys as keys
 from eagle2_local.errors import IncompatibleDraftError, ModelError
-from eagle2_local.eagle1_format import (ARCH, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
-                                      check_tensors)
+from eagle2_local.formats.eagle1_format import (ARCH, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
+                                                check_tensors)
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
 from .head_config import rope_settings
@@ -85,7 +85,7 @@ def check_target(target: str | Path, params: HeadParams, config: dict) -> None:
     """Refuse a target the head was not trained for: hidden size, vocabulary size, special tokens, token texts."""
     from gguf import GGUFReader
 
-    from eagle2_local.models import read_gguf_info
+    from eagle2_local.formats.models import read_gguf_info
 
     info = read_gguf_info(target)
     name = info.path.name

@@ -40,11 +40,11 @@ from typing import Callable
 import numpy as np
 import gguf
 
-from eagle2_local.atomic_write import atomic_path
-from eagle2_local import gguf_keys as keys
+from eagle2_local.formats.atomic_write import atomic_path
+from eagle2_local.formats import gguf_keys as keys
 from eagle2_local.errors import ModelError
-from eagle2_local.gguf_fields import copy_fields_from
-from eagle2_local.models import file_sha256, read_gguf_info
+from eagle2_local.formats.gguf_fields import copy_fields_from
+from eagle2_local.formats.models import file_sha256, read_gguf_info
 
 from .checkpoint import OUTTYPES, Progress, add_tensor, load_checkpoint
 from .head_config import feature_layers, rope_settings

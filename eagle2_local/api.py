@@ -21,21 +21,21 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .chat import check_template, prompt_tokens, render_for_model
+from .chat.templates import check_template, prompt_tokens, render_for_model
 from .drafts import DraftEngine, DraftModelEngine, DraftSpec, LookupDraft, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
-from .grammar import Grammar, response_grammar
-from .generator import Chunk, DraftTimer, GenerationStats, Generator
+from .decoding.grammar import Grammar, response_grammar
+from .decoding.generator import Chunk, DraftTimer, GenerationStats, Generator
 from .tree_policy import TreeBudget
-from .costs import CostKey, cached_or_measured, file_identity
-from .llama import MAX_SEQ, ContextSettings, LlamaModel, system_info
-from .microbench import check_costs, measure_costs
-from .models import default_head_path, resolve_model
-from .rpc import parse_servers
-from .sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
-from .target import Target
-from .tools import AnswerStream, ToolPlan, assistant_message, plan_tools
-from .tree import TreeParams
+from .measure.cost_cache import CostKey, cached_or_measured, file_identity
+from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel, system_info
+from .measure.microbench import check_costs, measure_costs
+from .formats.models import default_head_path, resolve_model
+from .llamacpp.rpc import parse_servers
+from .decoding.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
+from .decoding.target import Target
+from .chat.tool_calls import AnswerStream, ToolPlan, assistant_message, plan_tools
+from .decoding.tree import TreeParams
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class Eagle2:
                speculative: bool | None = None, cache_prompt: bool | None = None,
                grammar: str | Grammar | None = None,
                cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
-        """Stream :class:`~eagle2_local.generator.Chunk` pieces (text, the token ids it came from, and the
+        """Stream :class:`~eagle2_local.decoding.generator.Chunk` pieces (text, the token ids it came from, and the
         finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
 
         ``max_tokens`` None: up to the context's end; ``sampling`` None: greedy; ``seed`` None: the
@@ -218,7 +218,7 @@ class Eagle2:
         bit (on a one-thread CPU build: all of them) and evaluates the rest in small aligned batches: the same
         request always gets the same answer, at some cost in prompt time (NOTES.md#lossless).
 
-        ``grammar``: GBNF text (or a :class:`~eagle2_local.grammar.Grammar`, e.g. from a JSON schema) the answer
+        ``grammar``: GBNF text (or a :class:`~eagle2_local.decoding.grammar.Grammar`, e.g. from a JSON schema) the answer
         must follow; drafted trees then carry grammar states and tokens the grammar forces are drafted for free,
         with or without a draft (see :meth:`Generator.generate`).
 
@@ -276,7 +276,7 @@ class Eagle2:
         "required", ``{"type": "function", "function": {"name": ...}}``): calls come back as
         ``message.tool_calls`` with ``finish_reason`` "tool_calls"; "required" and a named function constrain the
         answer to a call (several with ``parallel_tool_calls``, where the template's format allows) whose
-        arguments follow the function's ``parameters`` (:mod:`eagle2_local.tools`)."""
+        arguments follow the function's ``parameters`` (:mod:`eagle2_local.chat.tool_calls`)."""
         plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
         constraint = response_grammar(grammar=grammar, response_format=response_format)
         if plan is not None:
@@ -289,7 +289,7 @@ class Eagle2:
     def tool_plan(self, tools: list[dict] | None, tool_choice: str | dict | None = None,
                   parallel_tool_calls: bool | None = None) -> ToolPlan | None:
         """What ``tools`` and ``tool_choice`` mean with this model's chat template (None: no tools); refused
-        here in one line (:class:`~eagle2_local.tools.ToolError`) when they cannot be used."""
+        here in one line (:class:`~eagle2_local.chat.tool_calls.ToolError`) when they cannot be used."""
         return plan_tools(self.chat_template, tools, tool_choice, parallel_tool_calls)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:

@@ -15,9 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic_model import write_model  # noqa: E402
-from eagle2_local.bench import interleaved, load_prompt_sets  # noqa: E402
+from eagle2_local.measure.bench import interleaved, load_prompt_sets  # noqa: E402
 from eagle2_local.errors import Eagle2Error  # noqa: E402
-from eagle2_local.layer_draft import write_truncated  # noqa: E402
+from eagle2_local.formats.layer_draft import write_truncated  # noqa: E402
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "eagle"
 
@@ -38,7 +38,7 @@ def private_cost_cache(tmp_path_factory):
 def llama_backend():
     """llama.cpp set up as the runtime sets it up, before any test loads a model: the reference runs through
     llama-cpp-python's own ``Llama`` then load into the same weight buffers as ours (no AMX, see cpu_buffers)."""
-    from eagle2_local.llama import ensure_backend
+    from eagle2_local.llamacpp.llama import ensure_backend
     ensure_backend()
 
 
@@ -68,7 +68,7 @@ def synth_q8_weak(synth_dir) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     from eagle2_local.errors import ModelError
-    from eagle2_local.models import default_model_path
+    from eagle2_local.formats.models import default_model_path
     try:
         return default_model_path()
     except ModelError as exc:
@@ -81,7 +81,7 @@ def smollm2_path() -> Path:
 def smollm2_head(smollm2_path) -> Path:
     """The EAGLE-3 head shipped for SmolLM2: the cheapest real draft (a level costs a fraction of a target token,
     where the target drafting for itself costs a full pass per level), accepted often enough for multi-token paths."""
-    from eagle2_local.models import default_head_path
+    from eagle2_local.formats.models import default_head_path
     head = default_head_path()
     assert head is not None, "the default head must ship with the package"
     return head

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local.backlog import FeatureBacklog
+from eagle2_local.decoding.backlog import FeatureBacklog
 
 
 def rows(start: int, n: int) -> np.ndarray:

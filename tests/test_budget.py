@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
-from eagle2_local.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
-from eagle2_local.costs import CostKey, cached_or_measured, load_costs, save_costs
+from eagle2_local.measure.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
+from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_costs, save_costs
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
                                       RoundTimes, SourceAcceptance, TreeBudget, best_size, deeper_can_pay)
 from eagle2_local.tree_policy.budget import LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
-from eagle2_local.tree import LOOKUP
+from eagle2_local.decoding.tree import LOOKUP
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
@@ -504,7 +504,8 @@ def test_eagle2_calibrates_once_then_checks_the_cache(synth_q8, tmp_path, monkey
     checks, checks a cached calibration at start, never caches a disturbed one, and stays lossless."""
     from functools import partial
 
-    from eagle2_local import api, microbench
+    from eagle2_local import api
+    from eagle2_local.measure import microbench
     from eagle2_local.api import Eagle2
 
     def timing(steps) -> None:  # every timed call of calibration and start check takes the next step
@@ -814,7 +815,7 @@ def test_rounds_that_verified_only_forced_tokens_judge_no_kind():
     """Under a grammar a drafted round may verify only forced tokens (free and certain): it has its own
     acceptance map and leaves the kind's record and exploration account alone, even where a forced guess
     missed; a round with lookup nodes among them is judged as a lookup round."""
-    from eagle2_local.tree import FORCED, LOOKUP
+    from eagle2_local.decoding.tree import FORCED, LOOKUP
 
     budget = TreeBudget(steep(), max_nodes=16, max_depth=6, model_draft=False)
     observe_plain(budget, 0.009)

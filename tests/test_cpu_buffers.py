@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from eagle2_local import cpu_buffers
+from eagle2_local.llamacpp import cpu_buffers
 
 FAKE = {11: "AMX", 22: "CPU_REPACK", 33: "KLEIDIAI"}  # buffer-type "addresses" -> names
 

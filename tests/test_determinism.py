@@ -16,8 +16,8 @@ import pytest
 
 from conftest import load_prompts
 from eagle2_local import Eagle2
-from eagle2_local.llama import ContextSettings, LlamaModel
-from eagle2_local.target import PROMPT_CHUNK, Target
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.decoding.target import PROMPT_CHUNK, Target
 
 pytestmark = pytest.mark.smollm2
 

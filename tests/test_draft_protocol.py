@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eagle2_local import backend_topk
+from eagle2_local.llamacpp import backend_topk
 from eagle2_local.drafts import DraftEngine, DraftModelEngine, DraftSpec, Proposals, draft_spec
 from eagle2_local.errors import Eagle2Error
-from eagle2_local.generator import Generator
-from eagle2_local.llama import LlamaModel
-from eagle2_local.target import Target
-from eagle2_local.tree import TreeParams
+from eagle2_local.decoding.generator import Generator
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.decoding.target import Target
+from eagle2_local.decoding.tree import TreeParams
 from helpers import ONE_THREAD, make, random_prompts, run
 
 PARAMS = TreeParams(24, 6, 4)
@@ -160,7 +160,7 @@ def test_eagle2_generate_yields_tokens_like_llama_generate(synth_q8, synth_q8_we
     and plain give the same ones; ``reset=False`` continues after the cached text; a timer given at
     construction hears every draft call."""
     from eagle2_local import Eagle2
-    from eagle2_local.microbench import DraftTimes
+    from eagle2_local.measure.microbench import DraftTimes
 
     times = DraftTimes()
     with Eagle2(synth_q8, draft_model_path=synth_q8_weak, n_ctx=512, n_threads=1, total_tokens=12, depth=4,

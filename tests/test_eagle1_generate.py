@@ -98,8 +98,8 @@ def test_kv_reuse_across_plain_and_speculative_calls_keeps_head_features(tmp_pat
     import numpy as np
 
     from eagle2_local.drafts import MergedDraft
-    from eagle2_local.llama import ContextSettings, LlamaModel
-    from eagle2_local.target import Target
+    from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+    from eagle2_local.decoding.target import Target
 
     head = synthetic_head(tmp_path, "h", hidden=64, vocab=SYNTH_VOCAB)
     seen = {}

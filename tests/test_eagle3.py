@@ -10,13 +10,13 @@ import pytest
 
 from convert.eagle3 import convert_eagle3, permute_rope_rows
 from eagle2_local.api import Eagle2
-from eagle2_local import backend_topk
+from eagle2_local.llamacpp import backend_topk
 from eagle2_local.drafts.base import TreeSequences
 from eagle2_local.drafts.eagle3_llama import Eagle3Engine
 from eagle2_local.errors import DecodeError, IncompatibleDraftError, ModelError, TreeError
-from eagle2_local.llama import ContextSettings, LlamaModel
-from eagle2_local.target import Target
-from eagle2_local.tree import top_k_log_probs
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.decoding.target import Target
+from eagle2_local.decoding.tree import top_k_log_probs
 from eagle3_reference import Eagle3Reference
 from eagle_heads import chat_turn_outputs
 from head_checkpoints import random_eagle3
@@ -292,7 +292,7 @@ def test_default_model_uses_its_shipped_head_losslessly(smollm2_path):
     EAGLE-3 trees (many accepted tokens) equals plain greedy output (1 thread, trees < 64 nodes: bit-identical).
     This is the default run's lossless sweep on the real model, one prompt from each of five sets; the long one
     (50 prompts x 128 tokens) runs with ``-m slow``."""
-    from eagle2_local.models import default_head_path
+    from eagle2_local.formats.models import default_head_path
 
     assert default_head_path() is not None, "the default head must ship with the package"
     prompts = load_prompts(5)

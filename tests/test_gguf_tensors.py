@@ -8,7 +8,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from eagle2_local.errors import ModelError
-from eagle2_local.gguf_tensors import load_tensor, tensor_index
+from eagle2_local.formats.gguf_tensors import load_tensor, tensor_index
 
 
 @pytest.mark.parametrize("fixture", ["synth_q8", "synth_f32"])

@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from eagle2_local import grammar_guard
-from eagle2_local.grammar_check import (MAX_ELEMENTS, MAX_GRAMMAR_BYTES, MAX_NESTING, MAX_PARSE_PATHS, GrammarError,
-                                        check_gbnf)
-from eagle2_local.grammar_guard import compile_isolated, guard_gbnf
+from eagle2_local.decoding import grammar_guard
+from eagle2_local.decoding.grammar_check import (MAX_ELEMENTS, MAX_GRAMMAR_BYTES, MAX_NESTING, MAX_PARSE_PATHS,
+                                                 GrammarError, check_gbnf)
+from eagle2_local.decoding.grammar_guard import compile_isolated, guard_gbnf
 from helpers import assert_one_line_error, run_cli
 
 HANGS = 'root ::= x root "b" | "c"\nx ::= "a"?'  # left recursion behind a rule empty only through its '?'
@@ -63,8 +63,8 @@ def test_project_grammars_pass():
     converter's for a range of schemas, json_object, and the tool-call grammars of both formats."""
     import llama_cpp.llama_grammar as shipped
 
-    from eagle2_local.grammar import Grammar
-    from eagle2_local.tools import HERMES, LLAMA3, call_grammar, check_tools
+    from eagle2_local.decoding.grammar import Grammar
+    from eagle2_local.chat.tool_calls import HERMES, LLAMA3, call_grammar, check_tools
 
     texts = {name: value for name, value in vars(shipped).items() if name.endswith("_GBNF")}
     assert {"JSON_GBNF", "ARITHMETIC_GBNF", "C_GBNF", "CHESS_GBNF"} <= set(texts)
@@ -262,7 +262,7 @@ def test_python_api_raises_one_clear_grammar_error(smollm2_path):
         import json, resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
         from eagle2_local import Eagle2
-        from eagle2_local.grammar import Grammar, GrammarError
+        from eagle2_local.decoding.grammar import Grammar, GrammarError
         texts = json.loads(sys.stdin.read())
         with Eagle2({str(smollm2_path)!r}, plain=True, n_ctx=256, n_threads=1) as llm:
             out = []
@@ -293,8 +293,8 @@ def test_a_grammar_whose_parses_multiply_is_stopped_within_seconds(smollm2_path)
     subprocess limited to 60 s, so that without the limit the test fails instead of running for hours."""
     script = textwrap.dedent(f"""
         import time
-        from eagle2_local.grammar import Grammar, GrammarError
-        from eagle2_local.llama import LlamaModel
+        from eagle2_local.decoding.grammar import Grammar, GrammarError
+        from eagle2_local.llamacpp.llama import LlamaModel
         model = LlamaModel({str(smollm2_path)!r}, n_gpu_layers=0)
         state = Grammar('root ::= "x" root "y" | "x" root "z" | ""').state(model)
         x = model.tokenize(b"x", add_special=False, parse_special=False)[0]

@@ -15,8 +15,8 @@ from eagle2_local import Eagle2
 from eagle2_local.drafts import constrained
 from eagle2_local.drafts.constrained import POOL_FACTOR
 from eagle2_local.drafts.forced import ForcedDraft, VocabForest
-from eagle2_local.grammar import Grammar
-from eagle2_local.tree import Proposals
+from eagle2_local.decoding.grammar import Grammar
+from eagle2_local.decoding.tree import Proposals
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from helpers import assert_follows_grammar, first_divergence
 
@@ -113,7 +113,7 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
     """The prefix-forest search returns the grammar's whole allowed set where it is small (the full mask says
     the same), proposes a single allowed token with probability 1 and a chain as its longest token, and gives
     up inside free text."""
-    from eagle2_local.llama import LlamaModel
+    from eagle2_local.llamacpp.llama import LlamaModel
     model = LlamaModel(smollm2_path)
     forest = VocabForest(model)
     state = Grammar.from_json_schema(PERSON).state(model)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local import llama
-from eagle2_local.acceptance import accept_greedy
-from eagle2_local.llama import Batch
-from eagle2_local.tree import Proposals, ancestor_mask, leaf_membership, node_depths, top_children, verify_layout
+from eagle2_local.llamacpp import llama
+from eagle2_local.decoding.acceptance import accept_greedy
+from eagle2_local.llamacpp.llama import Batch
+from eagle2_local.decoding.tree import (Proposals, ancestor_mask, leaf_membership, node_depths, top_children,
+                                        verify_layout)
 from helpers import random_tree
 
 

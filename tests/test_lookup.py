@@ -13,13 +13,13 @@ from eagle2_local.api import Eagle2
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
 from eagle2_local.drafts.lookup import COPY, PROMPT, REPEAT, MatchConfidence
 from eagle2_local.drafts.merged import merge_lookup_rows, merge_proposals
-from eagle2_local.generator import Generator
-from eagle2_local.llama import LlamaModel
-from eagle2_local.sampling import SamplingParams
-from eagle2_local.target import Target
-from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, top_children
+from eagle2_local.decoding.generator import Generator
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.decoding.sampling import SamplingParams
+from eagle2_local.decoding.target import Target
+from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, top_children
 from eagle2_local.tree_policy import FixedTree, RoundPlan
-import eagle2_local.generator as generator_mod
+import eagle2_local.decoding.generator as generator_mod
 from helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
 
 

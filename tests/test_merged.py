@@ -11,8 +11,8 @@ import pytest
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft
 from eagle2_local.drafts.lookup import ROOT
 from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, merge_lookup_rows, weigh_into_top_k
-from eagle2_local.llama import LlamaModel
-from eagle2_local.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, grow_list_candidates
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, grow_list_candidates
 from helpers import ONE_THREAD
 
 

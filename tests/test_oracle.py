@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eagle2_local.tree import LOOKUP, MODEL, DraftTree
+from eagle2_local.decoding.tree import LOOKUP, MODEL, DraftTree
 from eagle2_local.tree_policy.oracle import accepted_length, best_schedule, size_table
 
 

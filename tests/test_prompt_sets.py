@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import PROMPTS_DIR
-from eagle2_local.bench import load_prompt_sets
+from eagle2_local.measure.bench import load_prompt_sets
 
 SETS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts"
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
@@ -49,7 +49,7 @@ def test_every_set_holds_back_every_fourth_record_of_each_category():
 def test_code_edit_short_answers_are_short_exact_edits(smollm2_path):
     """The promise: the whole answer (the edited function, fenced) is under 120 tokens. The builder bounds it at
     240 characters; here the default model's tokenizer counts it."""
-    from eagle2_local.llama import LlamaModel
+    from eagle2_local.llamacpp.llama import LlamaModel
 
     model = LlamaModel(smollm2_path)
     recs = records("code_edit_short")
@@ -138,8 +138,8 @@ def test_build_script_regenerates_the_committed_files(tmp_path):
 def test_extract_schema_records_constrain_their_answers(smollm2_path):
     """Every record's schema compiles for llama.cpp's grammar engine, the loader attaches it, and it admits the
     record asked for and refuses one with a field missing; the passages are not those of ``extract``."""
-    from eagle2_local.grammar import Grammar
-    from eagle2_local.llama import LlamaModel
+    from eagle2_local.decoding.grammar import Grammar
+    from eagle2_local.llamacpp.llama import LlamaModel
 
     recs = records("extract_schema")
     (loaded,) = [s for s in load_prompt_sets([str(SETS_DIR / "extract_schema.jsonl")], None)]

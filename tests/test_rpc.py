@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from conftest import load_prompts
-from eagle2_local import rpc
+from eagle2_local.llamacpp import rpc
 from eagle2_local.errors import Eagle2Error
-from eagle2_local.llama import ContextSettings, LlamaModel
-from eagle2_local.target import Target
-from eagle2_local.tree import TreeParams
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.decoding.target import Target
+from eagle2_local.decoding.tree import TreeParams
 from helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree, run_cli,
                      sequential_logits, synthetic_head)
 
@@ -135,7 +135,7 @@ ONE_THREAD = ContextSettings(n_ctx=1024, n_batch=128, n_seq_max=80, n_threads=1)
 
 
 def _load_logged(path, endpoints, caplog) -> tuple[LlamaModel, str]:
-    with caplog.at_level("DEBUG", logger="eagle2_local.llama"):
+    with caplog.at_level("DEBUG", logger="eagle2_local.llamacpp.llama"):
         model = LlamaModel(path, rpc_servers=endpoints)
     return model, "\n".join(r.getMessage() for r in caplog.records)
 
@@ -195,7 +195,7 @@ def _greedy(llm, prompts: list[str], max_tokens: int) -> list[list[int]]:
 
 
 def _sampling():
-    from eagle2_local.sampling import SamplingParams
+    from eagle2_local.decoding.sampling import SamplingParams
     return SamplingParams(temperature=0.0)
 
 
@@ -242,7 +242,7 @@ def test_greedy_equals_plain_on_the_same_servers(endpoints, draft, smollm2_path,
 def test_layer_inputs_and_borrowed_embedding_on_the_servers(endpoints, smollm2_path, monkeypatch):
     """EAGLE-3 features (three layers' residual inputs) read back from the servers equal the host CPU's, and the
     default head, whose token embedding / LM head are the target's (on the servers), drafts the same tree."""
-    from eagle2_local import backend_topk
+    from eagle2_local.llamacpp import backend_topk
     from eagle2_local.api import Eagle2
 
     monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)  # dense head rows, compared entry by entry

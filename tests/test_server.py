@@ -25,8 +25,8 @@ import openai
 import pytest
 
 from eagle2_local.errors import ContextFullError, DecodeError, TreeError
-from eagle2_local.grammar import Grammar
-from eagle2_local.llama import LlamaModel
+from eagle2_local.decoding.grammar import Grammar
+from eagle2_local.llamacpp.llama import LlamaModel
 from helpers import assert_follows_grammar
 
 pytestmark = pytest.mark.smollm2
@@ -513,7 +513,7 @@ class StandIn:
 
     def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None,
                cancelled=None):
-        from eagle2_local.generator import Chunk
+        from eagle2_local.decoding.generator import Chunk
 
         self.started.set()
         if self.fault is not None:
@@ -529,7 +529,7 @@ class StandIn:
 
 
 def _job(loop, max_tokens: int = 2):
-    from eagle2_local.sampling import SamplingParams
+    from eagle2_local.decoding.sampling import SamplingParams
     from eagle2_local.server import Job
 
     return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, None, None, loop)
@@ -937,7 +937,7 @@ def test_framework_errors_are_labelled_by_their_status():
 
 
 def test_the_tool_calls_message_shows_the_shape_once():
-    from eagle2_local.chat import validate_messages
+    from eagle2_local.chat.templates import validate_messages
     from eagle2_local.errors import Eagle2Error
 
     with pytest.raises(Eagle2Error) as err:

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from eagle2_local.grammar import GrammarError
+from eagle2_local.decoding.grammar import GrammarError
 from test_grammar_guard import DEAD, HANGS, NESTED, WRAPS
 from test_server import CHAT, COMPLETIONS, SERVER_ARGS, StandIn, start_server, stop_server
 

@@ -13,7 +13,7 @@ import pytest
 
 from eagle2_local.drafts.lookup import COPY, LookupDraft
 from eagle2_local.drafts.text_copy import PRIOR_RATES, TextCopy, after
-from eagle2_local.llama import LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
 
 PROMPT = 'Passage: The nurse Ursula Ward lives in Leeds. Answer as JSON with "name" and "city".\n'
 PIECE = re.compile(rb" ?\w+|[^\w ]| ")

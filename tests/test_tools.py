@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle2_local import Eagle2
-from eagle2_local.chat import render_chat
+from eagle2_local.chat.templates import render_chat
 from eagle2_local.errors import Eagle2Error
-from eagle2_local.models import read_gguf_info
-from eagle2_local.tools import (HERMES, LLAMA3, AnswerStream, ToolCall, ToolError, assistant_message, call_format,
-                                plan_tools)
+from eagle2_local.formats.models import read_gguf_info
+from eagle2_local.chat.tool_calls import (HERMES, LLAMA3, AnswerStream, ToolCall, ToolError, assistant_message,
+                                          call_format, plan_tools)
 from helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.smollm2
@@ -221,7 +221,7 @@ def test_bad_tools_are_one_line_errors(template, tools, choice, needle, param):
 def test_call_grammars_take_the_calls_the_formats_read(llm, fmt, text):
     """The grammar of each format, compiled by llama.cpp for the model's vocabulary, lets the model write a call
     token by token, exactly as its parser reads it, and then end; a call of a function not offered is refused."""
-    from eagle2_local.tools import call_grammar, check_tools
+    from eagle2_local.chat.tool_calls import call_grammar, check_tools
 
     grammar = call_grammar(fmt, check_tools([WEATHER, TIME]), parallel=True)
     state = grammar.state(llm.model)

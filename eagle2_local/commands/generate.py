@@ -7,17 +7,17 @@ import sys
 
 import click
 
-from ..console import stats_line
-from ..grammar import Grammar, GrammarError, response_grammar
-from ..grammar_check import MAX_GRAMMAR_BYTES
-from ..grammar_guard import guard_gbnf
+from .console import stats_line
+from ..decoding.grammar import Grammar, GrammarError, response_grammar
+from ..decoding.grammar_check import MAX_GRAMMAR_BYTES
+from ..decoding.grammar_guard import guard_gbnf
 from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
                      sampling_params)
 
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
     """The grammar named by --grammar-file / --json-schema (one at most), checked before anything loads: the
-    guards (:mod:`eagle2_local.grammar_guard`) refuse in one line what would hang or crash llama.cpp."""
+    guards (:mod:`eagle2_local.decoding.grammar_guard`) refuse in one line what would hang or crash llama.cpp."""
     if grammar_file is not None and json_schema is not None:
         fail("give one of --grammar-file and --json-schema")
     grammar = None
@@ -72,7 +72,7 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
     llm = load(**rt, seed=seed)
     if constraint is None and not llm.speculative and not rt["plain"] and not as_json:
         click.echo("note: no draft for this model (--head or --draft-model); running plain decoding", err=True)
-    from ..chat import prompt_tokens
+    from ..chat.templates import prompt_tokens
     tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty)
     out_tokens: list[int] = []
@@ -98,8 +98,8 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
 def check_constraint(constraint, model: str | None, verbose: bool) -> None:
     """Compile the grammar for the model's vocabulary before anything else loads (a draft, a calibration), so an
     invalid one is one error line and nothing else."""
-    from ..llama import LlamaModel
-    from ..models import resolve_model
+    from ..llamacpp.llama import LlamaModel
+    from ..formats.models import resolve_model
 
     probe = LlamaModel(resolve_model(model), n_gpu_layers=0, verbose=verbose)
     try:

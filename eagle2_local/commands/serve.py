@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ..sampling import SamplingDefaults
+from ..decoding.sampling import SamplingDefaults
 from .common import (chat_template_option, fail, friendly_errors, load, read_chat_template, runtime_options,
                      sampling_options)
 
@@ -63,7 +63,7 @@ def rpc_server_cmd(host, port, threads):
 
     Needs an RPC build of llama-cpp-python (README). Runs until Ctrl-C. One client at a time.
     """
-    from .. import rpc
+    from ..llamacpp import rpc
 
     if not rpc.is_loopback(host):
         click.echo(rpc.UNTRUSTED_WARNING, err=True)

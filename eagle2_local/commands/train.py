@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..console import ProgressLine
+from .console import ProgressLine
 from .common import depth_option, fail, friendly_errors, model_option, rpc_option, threads_option, verbose_option
 
 
@@ -60,9 +60,9 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
         import torch
     except ImportError:
         fail("training needs torch: pip install 'eagle2-local[train]'")
-    from ..models import resolve_model
+    from ..formats.models import resolve_model
     from ..train.loop import TrainConfig
-    from ..rpc import parse_servers
+    from ..llamacpp.rpc import parse_servers
     from ..train.pipeline import TrainJob, run_job
 
     if export_vocab is not None and export_vocab < draft_vocab and not resume:
@@ -108,8 +108,8 @@ def eval_head(model, head_dir, prompt_files, n_prompts, max_tokens, depth, paral
         import torch
     except ImportError:
         fail("evaluating a head needs torch: pip install 'eagle2-local[train]'")
-    from ..models import resolve_model
-    from ..rpc import parse_servers
+    from ..formats.models import resolve_model
+    from ..llamacpp.rpc import parse_servers
     from ..train.evaluate import evaluate_sets
 
     if threads:

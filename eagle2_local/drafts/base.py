@@ -12,11 +12,11 @@ A round of speculation looks like this from the engine's side:
 3. ``commit(accepted_cand_ids)``: which candidates the target accepted, in path order; the engine keeps what it
    can reuse and forgets the rest of the tree.
 
-A draft's output rows come in one of two forms (:data:`~eagle2_local.tree.DraftOutput`):
+A draft's output rows come in one of two forms (:data:`~eagle2_local.decoding.tree.DraftOutput`):
 
 * dense logits, shape (rows, n_vocab): a neural draft (draft model, EAGLE head); the tree builder takes each
   row's top k by log-softmax;
-* :class:`~eagle2_local.tree.Proposals`: a drafter that already *has* its candidates (an n-gram lookup, a suffix
+* :class:`~eagle2_local.decoding.tree.Proposals`: a drafter that already *has* its candidates (an n-gram lookup, a suffix
   index) returns each row's candidate tokens with their log-probabilities, padded with -inf; it must not
   fabricate one-hot dense rows. A lookup that knows several continuations proposes them all: the root's row
   carries each continuation's first token, and ``expand`` of a node carries the next tokens of the
@@ -37,7 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import TreeError
-from ..tree import DraftOutput, Proposals
+from ..decoding.tree import DraftOutput, Proposals
 
 __all__ = ["DraftEngine", "DraftOutput", "Proposals", "TreeSequences", "as_list"]
 

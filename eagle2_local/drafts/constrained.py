@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..grammar import GrammarState
-from ..tree import FORCED, DraftOutput, Proposals, top_k_log_probs
+from ..decoding.grammar import GrammarState
+from ..decoding.tree import FORCED, DraftOutput, Proposals, top_k_log_probs
 from .base import DraftEngine
 from .forced import ForcedDraft
 from .merged import merge_proposals

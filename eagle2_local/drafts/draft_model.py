@@ -14,11 +14,11 @@ import logging
 import numpy as np
 
 from ..errors import IncompatibleDraftError, TreeError
-from .. import backend_topk
-from ..backend_topk import BackendTopK
-from ..tree import Proposals
+from ..llamacpp import backend_topk
+from ..llamacpp.backend_topk import BackendTopK
+from ..decoding.tree import Proposals
 from .base import TreeSequences, as_list
-from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
+from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import logging
 
 import numpy as np
 
-from ..blas_threads import single_blas_thread
+from ..llamacpp.blas_threads import single_blas_thread
 from ..errors import TreeError
-from ..eagle1_format import HeadFile
+from ..formats.eagle1_format import HeadFile
 
 log = logging.getLogger(__name__)
 

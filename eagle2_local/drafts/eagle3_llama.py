@@ -28,14 +28,14 @@ import numpy as np
 from llama_cpp import llama_cpp_ext
 
 from ..errors import IncompatibleDraftError, ModelError, TreeError
-from .. import gguf_keys as keys
-from ..llama_ext import LAYER_INPUT_ARCHS, buffer_view
+from ..formats import gguf_keys as keys
+from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
 from .base import TreeSequences, as_list
-from ..llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
-from ..models import GGUFInfo
-from .. import backend_topk
-from ..backend_topk import BackendTopK
-from ..tree import Proposals
+from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
+from ..formats.models import GGUFInfo
+from ..llamacpp import backend_topk
+from ..llamacpp.backend_topk import BackendTopK
+from ..decoding.tree import Proposals
 
 log = logging.getLogger(__name__)
 

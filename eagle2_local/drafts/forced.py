@@ -25,9 +25,9 @@ from collections import Counter
 
 import numpy as np
 
-from ..grammar import GrammarState
-from ..llama import LlamaModel
-from ..tree import FORCED, Proposals
+from ..decoding.grammar import GrammarState
+from ..llamacpp.llama import LlamaModel
+from ..decoding.tree import FORCED, Proposals
 
 MAX_FIRST = 6  # more allowed roots than this: nothing is forced here
 FIRST_LOOK = 32  # roots checked first: more than MAX_FIRST of them allowed settles it (the rest go unchecked)

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..tree import LOOKUP, Proposals, Rows
+from ..decoding.tree import LOOKUP, Proposals, Rows
 from .base import as_list
 from .renames import Divergence, RenameLearner
 from .text_copy import TextCopy

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..tree import BOTH, LOOKUP, DraftOutput, ListRows, Proposals, Rows, top_children
+from ..decoding.tree import BOTH, LOOKUP, DraftOutput, ListRows, Proposals, Rows, top_children
 from .base import DraftEngine, as_list
 from .lookup import ROOT, LookupDraft
 

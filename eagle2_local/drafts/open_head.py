@@ -1,7 +1,7 @@
 """Opening a draft-head GGUF: dispatch on its architecture, check it fits the target, say which target features
 it needs, and build its engine.
 
-* ``eagle1`` (EAGLE-1/2 heads, :mod:`eagle2_local.eagle1_format`): exact numpy engine; features are the target's
+* ``eagle1`` (EAGLE-1/2 heads, :mod:`eagle2_local.formats.eagle1_format`): exact numpy engine; features are the target's
   post-final-norm hidden states; embedding / LM head dequantized from the target GGUF.
 * ``eagle3`` (llama.cpp's native architecture): llama.cpp engine; features are three layers' residual inputs
   (or the final-norm fallback, see :func:`eagle3_llama.feature_source`).
@@ -17,16 +17,16 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import gguf_keys as keys
-from ..atomic_write import atomic_path
+from ..formats import gguf_keys as keys
+from ..formats.atomic_write import atomic_path
 from ..errors import ModelError
-from ..gguf_fields import copy_gguf
-from ..gguf_tensors import load_tensor, tensor_index
-from ..eagle1_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
-from ..llama import ContextSettings, LlamaModel
-from ..models import GGUFInfo, read_gguf_info
-from ..target import Target
-from ..tree import TreeParams
+from ..formats.gguf_fields import copy_gguf
+from ..formats.gguf_tensors import load_tensor, tensor_index
+from ..formats.eagle1_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
+from ..llamacpp.llama import ContextSettings, LlamaModel
+from ..formats.models import GGUFInfo, read_gguf_info
+from ..decoding.target import Target
+from ..decoding.tree import TreeParams
 from .base import DraftEngine
 from .eagle1_numpy import Eagle1NumpyEngine
 from .eagle3_llama import ARCH as EAGLE3_ARCH, Eagle3Engine, check_eagle3_fits

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import Eagle2Error
-from ..llama import ContextSettings, LlamaModel
-from ..models import resolve_model
-from ..target import Target
-from ..tree import TreeParams
+from ..llamacpp.llama import ContextSettings, LlamaModel
+from ..formats.models import resolve_model
+from ..decoding.target import Target
+from ..decoding.tree import TreeParams
 from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab
 from .lookup import LookupDraft

@@ -51,7 +51,7 @@ class RenameLearner:
 
     @classmethod
     def for_model(cls, model) -> "RenameLearner":
-        """A learner with ``model``'s (a :class:`~eagle2_local.llama.LlamaModel`) tokenizer."""
+        """A learner with ``model``'s (a :class:`~eagle2_local.llamacpp.llama.LlamaModel`) tokenizer."""
         return cls(lambda tokens: b"".join(map(model.piece, tokens)).decode("utf-8", "replace"),
                    lambda text: model.tokenize(text, add_special=False, parse_special=True))
 

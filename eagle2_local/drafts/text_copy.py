@@ -70,7 +70,7 @@ class TextCopy:
 
     @classmethod
     def for_model(cls, model) -> "TextCopy":
-        """A text copy with ``model``'s (a :class:`~eagle2_local.llama.LlamaModel`) pieces and tokenizer."""
+        """A text copy with ``model``'s (a :class:`~eagle2_local.llamacpp.llama.LlamaModel`) pieces and tokenizer."""
         return cls(model.piece, lambda text: model.tokenize(text, add_special=False, parse_special=False))
 
     @property

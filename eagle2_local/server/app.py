@@ -18,12 +18,12 @@ from fastapi.security import HTTPBearer
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..chat import prompt_tokens
+from ..chat.templates import prompt_tokens
 from ..errors import Eagle2Error, ParameterError
-from ..grammar import Grammar, GrammarError, response_grammar
-from ..grammar_guard import PROBE_WAIT_S, GrammarCheckBusy
-from ..sampling import DEFAULTS, SamplingDefaults, SamplingParams
-from ..tools import ToolPlan
+from ..decoding.grammar import Grammar, GrammarError, response_grammar
+from ..decoding.grammar_guard import PROBE_WAIT_S, GrammarCheckBusy
+from ..decoding.sampling import DEFAULTS, SamplingDefaults, SamplingParams
+from ..chat.tool_calls import ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
 from .guard import Guard, body_limit
 from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
@@ -151,7 +151,7 @@ class Service:
         """The request's constraint (``grammar``, ``json_schema``, ``response_format``, or the calls its
         ``tool_choice`` requires), checked and compiled once against the model here (on a worker thread) so that
         a bad one is a 400 before the request takes a queue slot: the guards of
-        :mod:`eagle2_local.grammar_guard` refuse what would hang, bloat or crash llama.cpp, in this process or a
+        :mod:`eagle2_local.decoding.grammar_guard` refuse what would hang, bloat or crash llama.cpp, in this process or a
         time- and memory-limited child, and a grammar that allows no token at its start is refused too."""
         try:
             grammar = response_grammar(body.grammar, body.json_schema, body.response_format)

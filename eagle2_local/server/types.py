@@ -1,6 +1,6 @@
 """What the API reads and writes: the request bodies (pydantic models, with the fields this server refuses rather
 than ignores) and the response objects of both endpoints. A field a request leaves out takes the server's
-:class:`~eagle2_local.sampling.SamplingDefaults`."""
+:class:`~eagle2_local.decoding.sampling.SamplingDefaults`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..tools import AnswerStream, ToolPlan, assistant_message
+from ..chat.tool_calls import AnswerStream, ToolPlan, assistant_message
 from .errors import APIError
 
 MAX_STOPS = 16  # each stop string is checked at every token
@@ -99,7 +99,7 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    tools: list[Any] | None = None  # OpenAI's function entries; checked by eagle2_local.tools
+    tools: list[Any] | None = None  # OpenAI's function entries; checked by eagle2_local.chat.tool_calls
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
 
@@ -107,7 +107,7 @@ class ChatRequest(SamplingFields):
 # ---------------------------------------------------------------- responses
 class ChatShape:
     """``chat.completion`` objects and their stream chunks, for one answer: calls in it are read as the request's
-    tool ``plan`` says (:mod:`eagle2_local.tools`)."""
+    tool ``plan`` says (:mod:`eagle2_local.chat.tool_calls`)."""
 
     prefix, final_object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
 

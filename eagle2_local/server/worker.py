@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
-from ..grammar import Grammar, GrammarError
-from ..generator import add_counts, host_summary
-from ..sampling import SamplingParams
+from ..decoding.grammar import Grammar, GrammarError
+from ..decoding.generator import add_counts, host_summary
+from ..decoding.sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
 
 log = logging.getLogger(__name__)

@@ -150,7 +150,7 @@ def first_user_turns(docs: Iterable[Document]) -> Iterator[list[dict]]:
 
 def document_tokens(model, doc: Document, max_len: int) -> list[int]:
     """Token ids of a document, the way the runtime would see it: chat template for conversations."""
-    from ..chat import prompt_tokens, render_chat, special_text
+    from ..chat.templates import prompt_tokens, render_chat, special_text
 
     if isinstance(doc, str):
         tokens = model.tokenize(doc, add_special=True, parse_special=False)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..chat import prompt_tokens, render_for_model
-from ..llama import LlamaModel
+from ..chat.templates import prompt_tokens, render_for_model
+from ..llamacpp.llama import LlamaModel
 from .features import N_BATCH, FeatureExtractor, FeatureSet
 from .head import Eagle3Head, HeadConfig
 from .loop import chain_acceptance

@@ -22,9 +22,9 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from ..atomic_write import atomic_path
+from ..formats.atomic_write import atomic_path
 from ..errors import Eagle2Error
-from ..llama import ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
 
 log = logging.getLogger(__name__)
 

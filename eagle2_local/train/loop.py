@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..atomic_write import atomic_path
+from ..formats.atomic_write import atomic_path
 from .features import FeatureSet
 from .head import Eagle3Head
 

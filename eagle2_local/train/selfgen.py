@@ -15,8 +15,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..chat import prompt_tokens, render_for_model
-from ..llama import LlamaModel
+from ..chat.templates import prompt_tokens, render_for_model
+from ..llamacpp.llama import LlamaModel
 from .features import ExtractSettings, FeatureExtractor, fill_cache
 
 log = logging.getLogger(__name__)

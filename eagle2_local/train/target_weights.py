@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import gguf_keys as keys
+from ..formats import gguf_keys as keys
 from ..errors import ModelError
 
 

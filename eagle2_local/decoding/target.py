@@ -32,8 +32,8 @@ from typing import Callable
 import llama_cpp
 import numpy as np
 
-from .errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
-from .llama import ContextSettings, LlamaContext, LlamaModel
+from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
+from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
 from .tree import DraftTree, verify_layout
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from typing import Iterator
 
 import click
 
-from .bench import PROJECTION_STEPS_MS, projected_speedup
-from .conversation import Conversation
-from .errors import ContextFullError
+from ..measure.bench import PROJECTION_STEPS_MS, projected_speedup
+from ..chat.conversation import Conversation
+from ..errors import ContextFullError
 
 
 def stats_line(stats: dict) -> str:
@@ -192,7 +192,7 @@ def _tools_lines(s: dict) -> list[str]:
 def projection_lines(report: dict) -> list[str]:
     """A projection, not a measurement: the speed-up each set's tau and measured host time per round would
     allow on a device where a tree verify costs one target step and drafting is free (see
-    :func:`~eagle2_local.bench.projected_speedup`), at a few step times. Shows what the host's own work costs
+    :func:`~eagle2_local.measure.bench.projected_speedup`), at a few step times. Shows what the host's own work costs
     where llama.cpp is fast; empty for reports without host figures."""
     rows = [(name, s) for name, s in report["sets"].items() if s.get("host_eagle") and s.get("host_plain")]
     if not rows:

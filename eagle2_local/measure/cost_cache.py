@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .tree_policy.costs import CostModel
+from ..tree_policy.costs import CostModel
 
-from .atomic_write import atomic_path
+from ..formats.atomic_write import atomic_path
 
 log = logging.getLogger(__name__)
 

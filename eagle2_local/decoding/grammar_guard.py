@@ -1,7 +1,7 @@
 """What a grammar goes through before llama.cpp compiles it in this process (issue 45: one request must not hang,
 bloat or kill the server, nor the CLI or a program using the API).
 
-1. :func:`~eagle2_local.grammar_check.check_gbnf`, a validator in pure Python: the length, the nesting, the
+1. :func:`~eagle2_local.decoding.grammar_check.check_gbnf`, a validator in pure Python: the length, the nesting, the
    expanded size, left recursion behind rules that match nothing, parse-path blow-ups, dead ends. It refuses
    every form known to hang or crash llama.cpp, in milliseconds.
 2. :func:`compile_isolated`: llama.cpp compiles the grammar in a child process, with a wall-clock limit
@@ -10,7 +10,7 @@ bloat or kill the server, nor the CLI or a program using the API).
    process. The child loads only libllama (no Python package), so it takes about 0.1 s.
 
 Both run for every grammar at every entry point (the server, ``generate``/``chat`` and the Python API: all
-compile through :meth:`eagle2_local.grammar.Grammar.state`), the first time a text is seen: verdicts are cached
+compile through :meth:`eagle2_local.decoding.grammar.Grammar.state`), the first time a text is seen: verdicts are cached
 by the text's hash (:data:`CACHE_SIZE` of them), so a grammar used for every request, or the same JSON schema
 sent again, costs a dictionary lookup. 0.1 s once per distinct grammar is cheap next to what a grammar is for
 (a generation), and it keeps the three entry points' guarantees the same; the test suite, which compiles a few

@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 import llama_cpp
 
-from .errors import Eagle2Error
+from ..errors import Eagle2Error
 from .ggml_backend import DEVICE_TYPE_CPU, ggml_fn
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from pathlib import Path
 import gguf
 
 from . import gguf_keys as keys
-from .errors import Eagle2Error
+from ..errors import Eagle2Error
 from .gguf_fields import copy_field
 
 

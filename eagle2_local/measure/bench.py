@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .chat import prompt_tokens, render_for_model
-from .errors import Eagle2Error
-from .generator import GenerationStats, add_counts, host_summary
-from .grammar import Grammar, GrammarError
-from .llama import LlamaModel, system_info
-from .sampling import SamplingParams
+from ..chat.templates import prompt_tokens, render_for_model
+from ..errors import Eagle2Error
+from ..decoding.generator import GenerationStats, add_counts, host_summary
+from ..decoding.grammar import Grammar, GrammarError
+from ..llamacpp.llama import LlamaModel, system_info
+from ..decoding.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from .api import Eagle2
-    from .llamacpp_tools import ToolRun
+    from ..api import Eagle2
+    from ..llamacpp.binaries import ToolRun
 
 log = logging.getLogger(__name__)
 
@@ -473,7 +473,7 @@ class LlamaCppTools:
     def run(self, rendered: str | list[str], max_tokens: int) -> dict:
         """Time every tool on a prompt, or on each turn's prompt of a chat (tokens and seconds summed over the
         turns): decode-only and end-to-end (prompt included) tokens/s, drafted and accepted counts."""
-        from .llamacpp_tools import NGRAM_MODES, run_completion, run_speculative
+        from ..llamacpp.binaries import NGRAM_MODES, run_completion, run_speculative
         prompts = [rendered] if isinstance(rendered, str) else rendered
         tools = {"completion": lambda p: run_completion(self.bin_dir, self.model, p, max_tokens, self.threads,
                                                         self.n_ctx)}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import IncompatibleDraftError, ModelError
+from ..errors import IncompatibleDraftError, ModelError
 
 ARCH = "eagle1"
 

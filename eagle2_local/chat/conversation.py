@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .errors import ContextFullError
+from ..errors import ContextFullError
 
 log = logging.getLogger(__name__)
 

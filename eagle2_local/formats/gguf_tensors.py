@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import gguf_keys as keys
-from .errors import ModelError
+from ..errors import ModelError
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9

@@ -17,9 +17,9 @@ from typing import Callable
 import numpy as np
 
 from .calibration import adopt_cached, calibrate, calibration_sizes, cost_model
-from .target import Target
-from .tree import DraftTree, TreeParams, grow_candidates
-from .tree_policy.costs import CostModel
+from ..decoding.target import Target
+from ..decoding.tree import DraftTree, TreeParams, grow_candidates
+from ..tree_policy.costs import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def check_costs(target: Target, costs: CostModel, params: TreeParams,
 
 @dataclass
 class DraftTimes:
-    """A :class:`~eagle2_local.generator.DraftTimer` that keeps every draft call's time: give it to
+    """A :class:`~eagle2_local.decoding.generator.DraftTimer` that keeps every draft call's time: give it to
     ``Eagle2(draft_timer=...)``, generate, then read it (:func:`drafting_profile`)."""
 
     catch_up_s: list[float] = field(default_factory=list)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import llama_cpp
 
-from .errors import ModelError
+from ..errors import ModelError
 from .llama import charge_llama, host_inside_llama
 
 log = logging.getLogger(__name__)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
 
-from .chat import render_chat
-from .errors import ParameterError
-from .grammar import Grammar, GrammarError
+from .templates import render_chat
+from ..errors import ParameterError
+from ..decoding.grammar import Grammar, GrammarError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ never refuses a grammar llama.cpp would parse, set up in bounded time and memory
 the limits below and the rules' structure (undefined rules, true nullability by fixpoint, left recursion through
 nullable prefixes, parse-path counts, dead ends). It imports nothing but the standard library: the server runs
 it on any thread, the CLI before a model loads. A form it does not know is still caught by the isolated compile
-(:mod:`eagle2_local.grammar_guard`).
+(:mod:`eagle2_local.decoding.grammar_guard`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .errors import Eagle2Error
+from ..errors import Eagle2Error
 
 MAX_GRAMMAR_BYTES = 256 * 1024
 """The UTF-8 size of a grammar text. Grammars people write are a few KB and the JSON-schema grammars the project

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import llama_cpp
 
-from .errors import ModelError
+from ..errors import ModelError
 
 # Architectures whose llama.cpp graph stores ``res->t_layer_inp[il]`` (llama-cpp-python 0.3.36).
 LAYER_INPUT_ARCHS = frozenset({

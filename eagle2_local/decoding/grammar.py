@@ -27,7 +27,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from .grammar_check import GrammarError
 from .grammar_guard import guard_gbnf, parse_error
-from .llama import LlamaModel, last_llama_errors
+from ..llamacpp.llama import LlamaModel, last_llama_errors
 from .sampling import SamplingParams
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
@@ -70,7 +70,7 @@ class Grammar:
 
     def state(self, model: LlamaModel) -> "GrammarState":
         """A parse at the grammar's start, over ``model``'s vocabulary. The text first passes the guards of
-        :mod:`eagle2_local.grammar_guard` (validator, then a compile in a child process; cached), so that no
+        :mod:`eagle2_local.decoding.grammar_guard` (validator, then a compile in a child process; cached), so that no
         grammar can hang, bloat or crash this process in llama.cpp."""
         guard_gbnf(self.gbnf, self.root)
         last_llama_errors()

@@ -15,7 +15,7 @@ from functools import lru_cache
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import Eagle2Error
+from ..errors import Eagle2Error
 
 log = logging.getLogger(__name__)
 

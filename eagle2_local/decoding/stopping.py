@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass, field
 
-from .llama import LlamaModel
+from ..llamacpp.llama import LlamaModel
 
 
 @dataclass

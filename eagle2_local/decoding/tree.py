@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import TreeError
+from ..errors import TreeError
 
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
 

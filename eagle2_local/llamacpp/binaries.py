@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import Eagle2Error
+from ..errors import Eagle2Error
 
 log = logging.getLogger(__name__)
 

