@@ -82,7 +82,7 @@ done
 for endpoint in "${SERVERS[@]}"; do
   "$PY" - "$endpoint" <<'EOF' || { echo "rpc_check: server $endpoint did not come up:" >&2; cat "$LOGS"/*.log >&2; exit 1; }
 import sys, time
-from eagle2_local import rpc
+from eagle2_local.llamacpp import rpc
 deadline = time.monotonic() + 60
 while True:
     try:

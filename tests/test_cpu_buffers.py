@@ -70,7 +70,7 @@ def test_every_real_type_dropped_and_the_model_still_decodes(smollm2_path):
     the rest kept in order, then the model loads into plain CPU buffers and answers as with them (greedy)."""
     code = f"""
 import json
-from eagle2_local import cpu_buffers, llama
+from eagle2_local.llamacpp import cpu_buffers, llama
 from eagle2_local.api import Eagle2
 def answer():
     with Eagle2({str(smollm2_path)!r}, plain=True, n_threads=1) as llm:

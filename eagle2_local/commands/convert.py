@@ -28,7 +28,7 @@ def layer_draft(model, out, layers):
 
 def _convert_command() -> click.Command:
     """``eagle2-local convert``: the converter package's own click command (also ``python -m convert`` from a
-    checkout, ``python -m eagle2_local.convert`` once installed: pyproject maps convert/ under the package; a
+    checkout, ``python -m eagle2_local.convert`` once installed: setup.py maps convert/ under the package; a
     checkout used without installing has only the top-level ``convert``)."""
     try:
         from ..convert.command import convert_command

@@ -100,7 +100,7 @@ _STDERR_LOCK = threading.Lock()  # fd 2 is process-wide: two threads redirecting
 def _c_stderr() -> Iterator[list[str]]:
     """Capture what C code writes to file descriptor 2 meanwhile: llama.cpp's grammar parser prints its errors
     there (not through the log callback), several lines that would break a one-line error. One thread at a
-    time (the server compiles grammars on its event loop and its worker)."""
+    time (the server compiles grammars on worker threads)."""
     lines: list[str] = []
     sys.stderr.flush()
     with _STDERR_LOCK, tempfile.TemporaryFile() as tmp:

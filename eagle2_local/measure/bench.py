@@ -458,7 +458,7 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
 class LlamaCppTools:
     """llama.cpp's own binaries timed on the same rendered prompts (what users would run instead): plain
     ``llama-completion``, draft-simple with ``draft`` (None: not run) and each of ``ngram`` (names in
-    llamacpp_tools.NGRAM_MODES), one after another in an order that alternates per prompt, as bench's own modes
+    binaries.NGRAM_MODES), one after another in an order that alternates per prompt, as bench's own modes
     do."""
 
     bin_dir: Path
