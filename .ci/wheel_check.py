@@ -45,7 +45,17 @@ def check_installed_files(checkout: Path) -> None:
     print(f"wheel check: installed at {where}, shipped head and templates present")
 
 
-def check_every_module_imports() -> None:
+def source_packages(checkout: Path) -> list[str]:
+    """Every package of the checkout as the wheel should install it (convert/ under eagle2_local)."""
+    found = []
+    for top, installed_as in (("eagle2_local", "eagle2_local"), ("convert", "eagle2_local.convert")):
+        for init in (checkout / top).rglob("__init__.py"):
+            parts = init.parent.relative_to(checkout / top).parts
+            found.append(".".join((installed_as, *parts)))
+    return found
+
+
+def check_every_module_imports(checkout: Path) -> None:
     """Import every module the wheel installed (a missing subpackage fails here, not in a user's first command)."""
     import eagle2_local
 
@@ -60,8 +70,9 @@ def check_every_module_imports() -> None:
                 print(f"wheel check: {name} needs the optional '{exc.name}' (not installed here)")
                 continue
             fail(f"import {name}: {exc}")
-    if "eagle2_local.convert" not in names or "eagle2_local.tree_policy" not in names:
-        fail(f"subpackages missing from the wheel: found {sorted(n for n in names if n.count('.') == 1)}")
+    missing = sorted(set(source_packages(checkout)) - set(names) - {"eagle2_local"})
+    if missing:
+        fail(f"packages of the source tree missing from the wheel: {missing}")
     print(f"wheel check: {len(names)} modules import")
 
 
@@ -118,9 +129,7 @@ def check_chat_answers() -> None:
                 fail(f"eagle2-local chat exited with {os.waitstatus_to_exitcode(status)} after /exit")
             print("wheel check: eagle2-local chat answered through a pty and left on /exit")
             return
-        try:
-            os.read(fd, 4096)
-        except OSError:
+        if not term._read():  # drain what it prints, waiting at most 0.5 s (a bare read could block for ever)
             time.sleep(0.1)
     fail("eagle2-local chat did not exit after /exit")
 
@@ -130,7 +139,7 @@ def main() -> None:
     if checkout == Path.cwd().resolve() or checkout in Path.cwd().resolve().parents:
         fail("run this from a folder outside the checkout")
     check_installed_files(checkout)
-    check_every_module_imports()
+    check_every_module_imports(checkout)
     check_chat_answers()
 
 

@@ -82,15 +82,10 @@ class Conversation:
 
     def ask(self, text: str, max_tokens: int | None, sampling, seed: int | None) -> Iterator:
         """Stream the answer to ``text`` (the model's chunks); the caller adds the answer with :meth:`answered`.
-        Turns are dropped first when the prompt and room for the answer would not fit; on an error the question
-        is taken back, so the conversation is as before."""
+        Turns are dropped first when the prompt and room for the answer would not fit; on an error the caller
+        takes the question back (:meth:`take_back`), so the conversation is as before."""
         self.turns.append({"role": "user", "content": text})
-        try:
-            tokens = self._prompt(max_tokens)
-        except ContextFullError:
-            self.turns.pop()
-            raise
-        return self.llm.stream(tokens, max_tokens, sampling, seed=seed)
+        return self.llm.stream(self._prompt(max_tokens), max_tokens, sampling, seed=seed)
 
     def answered(self, answer: str) -> None:
         self.turns.append({"role": "assistant", "content": answer})

@@ -20,7 +20,7 @@ from ..drafts.constrained import ConstrainedDraft
 from ..drafts.forced import ForcedDraft, VocabForest
 from ..drafts.lookup import LookupDraft
 from ..drafts.merged import MergedDraft
-from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
+from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from ..llamacpp.llama import llama_seconds
 from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
@@ -297,7 +297,8 @@ class Generator:
         stats.prompt_tokens_reused = keep
         try:
             ver = self.target.prefill(prompt[keep:], aligned=exact, cancelled=cancelled)
-        except PrefillCancelled:  # back to the kept text: tokens, target and draft agree, the backlog covers it
+        except BaseException:  # cancelled, failed or interrupted: back to the kept text (tokens, target and draft
+            # agree, the backlog covers it)
             self.target.rollback(keep)
             if self.engine is not None:
                 self.engine.rollback(keep)

@@ -692,8 +692,10 @@ def check_gbnf(text: str, root: str = "root") -> GbnfSummary:
     _check_left_recursion(rules)
     paths = _check_costs(rules)
     _check_dead_ends(rules, p.symbol_ids[root], root)
-    probe = text
-    for start, end in reversed(p.token_spans):
-        probe = probe[:start] + "<[0]>" + probe[end:]
+    pieces, last = [], 0
+    for start, end in p.token_spans:  # in order of the text: one join, not a copy of the text per token
+        pieces += [text[last:start], "<[0]>"]
+        last = end
+    probe = "".join(pieces) + text[last:]
     return GbnfSummary(n_rules=len(p.rules), n_elements=sum(_weight(a) for a in p.rules.values()),
                        max_parse_paths=paths, probe_text=probe)

@@ -57,16 +57,17 @@ class GrammarCheckBusy(GrammarError):
     """Too many new grammars are being checked at once: nothing is wrong with this one; retry."""
 
 
-def guard_gbnf(text: str, root: str = "root", isolated: bool = True) -> None:
-    """Refuse ``text`` (a :class:`GrammarError`, one line) unless the validator passes it and, with ``isolated``,
-    llama.cpp compiled it in a child within the limits. Cached: a text already judged costs a lookup."""
+def guard_gbnf(text: str, root: str = "root") -> None:
+    """Refuse ``text`` (a :class:`GrammarError`, one line) unless the validator passes it and llama.cpp compiled
+    it in a child within the limits (where no child can run, the validator's word stands). Cached: a text already
+    judged costs a lookup."""
     key = hashlib.sha256(f"{root}\0{text}".encode("utf-8", "surrogatepass")).digest()
     with _verdicts_lock:
         verdict = _verdicts.get(key)
         if verdict is not None:
             _verdicts.move_to_end(key)
-    if verdict is None or (isolated and verdict == "checked"):
-        verdict = _judge(text, root, isolated)
+    if verdict is None:
+        verdict = _judge(text, root)
         with _verdicts_lock:
             _verdicts[key] = verdict
             while len(_verdicts) > CACHE_SIZE:
@@ -75,12 +76,10 @@ def guard_gbnf(text: str, root: str = "root", isolated: bool = True) -> None:
         raise GrammarError(verdict)
 
 
-def _judge(text: str, root: str, isolated: bool) -> str:
+def _judge(text: str, root: str) -> str:
     """The verdict on a text not judged yet: "checked" (validator), "isolated" (and a child), or why not."""
     try:
         summary = check_gbnf(text, root)
-        if not isolated:
-            return "checked"
         if compile_isolated(summary.probe_text, root):
             return "isolated"
         return "checked"
