@@ -44,7 +44,7 @@ n_gpu_layers_option = shared_option(
 rpc_option = shared_option(
     "--rpc", "rpc", metavar="HOST:PORT[,...]", default=None,
     help="llama.cpp RPC servers (`eagle2-local rpc-server`) that hold the offloaded layers of the target and "
-         "draft; needs an RPC build of llama-cpp-python (README).")
+         "draft; needs an RPC build of llama-cpp-python (docs/backends.md).")
 depth_option = shared_option("--depth", type=int, default=6, show_default=True,
                              help="Draft levels below the root (draft passes per round).")
 tree_top_k_option = shared_option("--tree-top-k", type=int, default=10, show_default=True,

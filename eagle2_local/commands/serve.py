@@ -61,7 +61,7 @@ def serve(host, port, api_key, max_queue, expose_stats, idle_timeout, alias, max
 def rpc_server_cmd(host, port, threads):
     """Serve this machine's CPU backend to other eagle2-local processes (their --rpc HOST:PORT).
 
-    Needs an RPC build of llama-cpp-python (README). Runs until Ctrl-C. One client at a time.
+    Needs an RPC build of llama-cpp-python (docs/backends.md). Runs until Ctrl-C. One client at a time.
     """
     from ..llamacpp import rpc
 
