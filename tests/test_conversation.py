@@ -11,9 +11,13 @@ from eagle2_local.errors import ContextFullError
 SYSTEM = [{"role": "system", "content": "s" * 10}]
 
 
-def count(messages: list[dict]) -> int:
+def tokens(messages: list[dict]) -> list[int]:
     """A stand-in tokenizer for the pure tests: one token per character, four of glue per message."""
-    return sum(len(m["content"]) + 4 for m in messages)
+    return [0] * sum(len(m["content"]) + 4 for m in messages)
+
+
+def count(messages: list[dict]) -> int:
+    return len(tokens(messages))
 
 
 def exchange(i: int, n: int = 20) -> list[dict]:
@@ -22,29 +26,29 @@ def exchange(i: int, n: int = 20) -> list[dict]:
 
 def test_everything_kept_while_it_fits():
     turns = exchange(0) + exchange(1) + [{"role": "user", "content": "last"}]
-    kept, dropped = fit_turns(SYSTEM, turns, count, limit=10_000)
-    assert kept == turns and dropped == 0
+    kept, dropped, prompt = fit_turns(SYSTEM, turns, tokens, limit=10_000)
+    assert kept == turns and dropped == 0 and prompt == tokens(SYSTEM + turns)
 
 
 def test_oldest_exchanges_dropped_whole_system_and_last_message_kept():
     turns = exchange(0) + exchange(1) + exchange(2) + [{"role": "user", "content": "last"}]
     limit = count(SYSTEM + exchange(2) + turns[-1:])  # room for the newest exchange and the question only
-    kept, dropped = fit_turns(SYSTEM, turns, count, limit)
+    kept, dropped, prompt = fit_turns(SYSTEM, turns, tokens, limit)
     assert kept == exchange(2) + turns[-1:] and dropped == 4
-    assert count(SYSTEM + kept) <= limit
+    assert count(SYSTEM + kept) <= limit and prompt == tokens(SYSTEM + kept)
 
 
 def test_tool_replies_leave_with_their_question():
     tool_turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "call"},
                  {"role": "tool", "content": "result"}, {"role": "assistant", "content": "done"}]
     turns = tool_turn + [{"role": "user", "content": "next"}]
-    kept, dropped = fit_turns([], turns, count, limit=count(turns[-1:]))
+    kept, dropped, _ = fit_turns([], turns, tokens, limit=count(turns[-1:]))
     assert kept == turns[-1:] and dropped == 4
 
 
 def test_a_message_that_cannot_fit_alone_is_an_error():
     with pytest.raises(ContextFullError, match="--n-ctx"):
-        fit_turns(SYSTEM, [{"role": "user", "content": "x" * 500}], count, limit=100)
+        fit_turns(SYSTEM, [{"role": "user", "content": "x" * 500}], tokens, limit=100)
 
 
 def test_room_for_the_answer():

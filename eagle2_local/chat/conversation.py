@@ -28,21 +28,22 @@ def answer_room(n_ctx: int, max_tokens: int | None) -> int:
     return max(1, min(wanted, n_ctx // 2))
 
 
-def fit_turns(system: Sequence[dict], turns: Sequence[dict], n_tokens: Callable[[list[dict]], int],
-              limit: int) -> tuple[list[dict], int]:
+def fit_turns(system: Sequence[dict], turns: Sequence[dict], tokenize: Callable[[list[dict]], list[int]],
+              limit: int) -> tuple[list[dict], int, list[int]]:
     """The newest turns that fit: drop the oldest user/assistant exchanges (never the system messages, never the
-    last message) until ``n_tokens(system + kept) <= limit``. Returns the kept turns and how many messages were
-    dropped; raises :class:`ContextFullError` when the last message alone does not fit."""
+    last message) until ``tokenize(system + kept)`` holds at most ``limit`` tokens. Returns the kept turns, how many
+    messages were dropped and the prompt's tokens (rendered once per try); raises :class:`ContextFullError` when
+    the last message alone does not fit."""
     kept = list(turns)
     dropped = 0
-    while n_tokens([*system, *kept]) > limit:
+    while len(prompt := tokenize([*system, *kept])) > limit:
         if len(kept) <= 1:
-            raise ContextFullError(f"the message does not fit the context ({n_tokens([*system, *kept])} prompt "
-                                   f"tokens, {limit} allowed with room for the answer); raise --n-ctx")
+            raise ContextFullError(f"the message does not fit the context ({len(prompt)} prompt tokens, {limit} "
+                                   f"allowed with room for the answer); raise --n-ctx")
         cut = _oldest_exchange(kept)
         del kept[:cut]
         dropped += cut
-    return kept, dropped
+    return kept, dropped, prompt
 
 
 def _oldest_exchange(turns: list[dict]) -> int:
@@ -100,9 +101,9 @@ class Conversation:
         if not self.context_shift:
             return self.llm.chat_tokens(self.messages)
         limit = self.llm.n_ctx() - answer_room(self.llm.n_ctx(), max_tokens)
-        kept, self.dropped = fit_turns(self.system, self.turns, lambda m: len(self.llm.chat_tokens(m)), limit)
+        kept, self.dropped, prompt = fit_turns(self.system, self.turns, self.llm.chat_tokens, limit)
         if self.dropped:
             log.info("context shift: dropped the %d oldest messages to fit n_ctx=%d", self.dropped,
                      self.llm.n_ctx())
             self.turns[:] = kept
-        return self.llm.chat_tokens(self.messages)
+        return prompt
