@@ -47,7 +47,7 @@ import eagle2_local.decoding.generator as generator_mod
 from eagle2_local import Eagle2
 from eagle2_local.measure import cost_cache
 from eagle2_local.measure.bench import SPLITS, load_prompt_sets
-from eagle2_local.decoding.generator import GenerationStats
+from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.formats.models import default_model_path
 from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
 from eagle2_local.tree_policy.oracle import Schedule, SizeTable, best_schedule, size_table

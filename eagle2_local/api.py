@@ -25,7 +25,8 @@ from .chat.templates import check_template, prompt_tokens, render_for_model
 from .drafts import DraftEngine, DraftModelEngine, DraftSpec, LookupDraft, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .decoding.grammar import Grammar, response_grammar
-from .decoding.generator import Chunk, DraftTimer, GenerationStats, Generator
+from .decoding.generator import Chunk, DraftTimer, Generator
+from .decoding.stats import GenerationStats
 from .tree_policy import TreeBudget
 from .measure.cost_cache import CostKey, cached_or_measured, file_identity
 from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel, system_info

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..chat.templates import prompt_tokens, render_for_model
 from ..errors import Eagle2Error
-from ..decoding.generator import GenerationStats, add_counts, host_summary
+from ..decoding.stats import GenerationStats, add_counts, host_summary
 from ..decoding.grammar import Grammar, GrammarError
 from ..llamacpp.llama import LlamaModel, system_info
 from ..decoding.sampling import SamplingParams

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from ..decoding.grammar import Grammar, GrammarError
-from ..decoding.generator import add_counts, host_summary
+from ..decoding.stats import add_counts, host_summary
 from ..decoding.sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
 
