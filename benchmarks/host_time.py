@@ -47,7 +47,6 @@ from eagle2_local.decoding.stats import GenerationStats  # noqa: E402
 from eagle2_local.llamacpp import backend_topk
 from eagle2_local.decoding import generator  # noqa: E402
 from eagle2_local.measure.bench import load_prompt_sets  # noqa: E402
-from eagle2_local.decoding.stats import host_summary  # noqa: E402
 
 PROMPT = "Explain how a hash table works, with a short example in Python."
 
@@ -110,7 +109,7 @@ def main() -> None:
         per_round.clear()
         trees = hashlib.sha256()
         prof = cProfile.Profile() if args.profile else None
-        texts, stats = [], []
+        texts, parts = [], []
         between.clear()
         for prompt, grammar in zip(prompts, grammars):
             last_done[0] = None
@@ -121,8 +120,8 @@ def main() -> None:
             if prof:
                 prof.disable()
             texts.append(out["choices"][0]["message"]["content"])
-            stats.append(llm.stats())
-    s = stats[-1] if len(stats) == 1 else _summed(stats)
+            parts.append(llm.last_stats)
+    s = sum(parts, GenerationStats()).as_dict()  # the answers as one: τ over all passes, host over all rounds
     keys = ("engine", "n_tokens", "rounds", "tau", "mean_tree_size", "tokens_per_s", "rounds_s", "llama_s",
             "host_s", "host_ms_per_round", "host_draft_ms_per_round", "host_verify_ms_per_round", "host_us_per_node")
     draft_ms, verify_ms = np.array(per_round).reshape(-1, 2).T
@@ -140,19 +139,6 @@ def main() -> None:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.profile)
         print(buf.getvalue())
-
-
-def _summed(stats: list[dict]) -> dict:
-    """Several answers' stats as one: sums, τ over all passes, host figures over all rounds."""
-    total = {k: sum(st[k] for st in stats) for k in ("n_tokens", "rounds", "rounds_s", "llama_s", "target_passes",
-                                                      "pass_tokens", "total_s", "prefill_s", "drafted_nodes",
-                                                      "host_draft_s", "host_verify_s")}
-    sizes = [st["mean_tree_size"] * (st["rounds"] - st["plain_steps"]) for st in stats]
-    trees = sum(st["rounds"] - st["plain_steps"] for st in stats)
-    return {**total, **host_summary(stats), "engine": stats[0]["engine"],
-            "tau": round(total["pass_tokens"] / max(total["target_passes"], 1), 4),
-            "mean_tree_size": round(sum(sizes) / max(trees, 1), 2),
-            "tokens_per_s": round(total["n_tokens"] / max(total["total_s"] - total["prefill_s"], 1e-9), 3)}
 
 
 if __name__ == "__main__":

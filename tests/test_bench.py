@@ -141,6 +141,7 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     """Per set: each n-gram mode's median speed-up over llama-completion (decode-only and end to end), its
     acceptance, which mode was best and eagle2-local against it; the table prints them. Needs
     --llama-cpp-bin to run for real (llama.cpp's binaries), so only the bookkeeping is tested here."""
+    from eagle2_local.decoding.stats import GenerationStats
     from eagle2_local.measure.bench import PromptResult, _tools_summary
     from eagle2_local.commands.console import _tools_lines
 
@@ -151,7 +152,8 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
                           "ngram-mod": {"tokens_per_s": mod, "e2e_tokens_per_s": mod * 0.8, "tokens": 64,
                                         "drafted": 10, "accepted": 2}}}
 
-    rs = [PromptResult("s", i, {"tokens_per_s": 10.0}, {"tokens_per_s": 14.0}, True, llama_cpp=tools(s, m))
+    plain, eagle = GenerationStats(n_tokens=10, total_s=1.0), GenerationStats(n_tokens=14, total_s=1.0)
+    rs = [PromptResult("s", i, plain, eagle, True, llama_cpp=tools(s, m))
           for i, (s, m) in enumerate([(12.0, 9.0), (11.0, 9.5), (13.0, 8.0)])]
     t = _tools_summary(rs)
     assert t["best_ngram"] == "ngram-simple" and t["ngram"]["ngram-simple"]["speedup"] == pytest.approx(1.2)

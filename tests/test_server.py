@@ -26,6 +26,7 @@ import pytest
 
 from eagle2_local.errors import ContextFullError, DecodeError, TreeError
 from eagle2_local.decoding.grammar import Grammar
+from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.llamacpp.llama import LlamaModel
 from helpers import assert_follows_grammar
 
@@ -524,8 +525,10 @@ class StandIn:
             self.generated += 1
             yield Chunk("x", [7], "length" if i == max_tokens - 1 else None)
 
-    def stats(self) -> dict:
-        return {"prompt_tokens": 1, "n_tokens": self.generated, "target_passes": self.generated}
+    @property
+    def last_stats(self) -> GenerationStats:
+        return GenerationStats(prompt_tokens=1, n_tokens=self.generated, target_passes=self.generated,
+                               pass_tokens=self.generated)
 
 
 def _job(loop, max_tokens: int = 2):
@@ -735,17 +738,18 @@ def test_stats_totals_sum_the_host_time():
     per drafted node over all of them; the last generation's figures stay under "last"."""
     from eagle2_local.server.worker import GenerationTotals
     totals = GenerationTotals()
-    first = {"n_tokens": 10, "rounds": 4, "drafted_nodes": 40, "llama_s": 0.5, "host_draft_s": 0.02,
-             "host_verify_s": 0.01}
-    plain = {"n_tokens": 5, "rounds": 5, "drafted_nodes": 0, "llama_s": 0.3, "host_draft_s": 0.0,
-             "host_verify_s": 0.005}
+    first = GenerationStats(n_tokens=10, target_passes=4, pass_tokens=10, rounds=4, tree_sizes={11: 4},
+                            llama_s=0.5, host_draft_s=0.02, host_verify_s=0.01)
+    plain = GenerationStats(n_tokens=5, target_passes=5, pass_tokens=5, rounds=5, llama_s=0.3,
+                            host_verify_s=0.005)
     totals.add(first)
     totals.add(plain)
     d = totals.as_dict()
+    assert d["generations"] == 2 and d["n_tokens"] == 15 and d["tau"] == round(15 / 9, 4)
     assert d["rounds"] == 9 and d["llama_s"] == 0.8 and d["host_s"] == pytest.approx(0.035)
     assert d["host_ms_per_round"] == pytest.approx(35 / 9, abs=1e-4)
     assert d["host_draft_ms_per_round"] == pytest.approx(20 / 9, abs=1e-4)
-    assert d["host_us_per_node"] == pytest.approx(875.0) and d["last"] is plain
+    assert d["host_us_per_node"] == pytest.approx(875.0) and d["last"] == plain.as_dict()
 
 
 # ------------------------------------------------------------------ structured output

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import click
 
-from ..measure.bench import PROJECTION_STEPS_MS, projected_speedup
+from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..chat.conversation import Conversation
 from ..errors import ContextFullError
 
@@ -142,13 +142,14 @@ def _answer(chat: Conversation, line: str, max_tokens, sampling, seed, dim) -> b
     return True
 
 
-def bench_prompt_line(done: int, total: int, set_name: str, index: int, result, tie_tolerance: float) -> str:
+def bench_prompt_line(done: int, total: int, set_name: str, index: int, result: PromptResult,
+                      tie_tolerance: float) -> str:
     """Progress of ``bench`` after one prompt; the mark says = identical, ~ near-tie divergence, ! mismatch."""
     r = result
     mark = "=" if r.identical else ("~" if (r.divergence_gap or 0) < tie_tolerance else "!")
-    turns = f" ({r.turns} turns)" if getattr(r, "turns", 1) > 1 else ""
-    return (f"[{done}/{total}] {set_name}#{index}{turns}: plain {r.plain['tokens_per_s']:.1f} tok/s, "
-            f"eagle {r.eagle['tokens_per_s']:.1f} tok/s (x{r.speedup:.2f}, tau {r.eagle['tau']:.2f}) {mark}")
+    turns = f" ({r.turns} turns)" if r.turns > 1 else ""
+    return (f"[{done}/{total}] {set_name}#{index}{turns}: plain {r.plain.tokens_per_s:.1f} tok/s, "
+            f"eagle {r.eagle.tokens_per_s:.1f} tok/s (x{r.speedup:.2f}, tau {r.eagle.tau:.2f}) {mark}")
 
 
 def bench_table(report: dict) -> list[str]:

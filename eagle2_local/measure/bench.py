@@ -13,7 +13,6 @@ batch-invariant, see NOTES.md#lossless), and as a mismatch otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import itertools
 import json
@@ -22,7 +21,6 @@ import os
 import platform
 import statistics
 from dataclasses import dataclass, field
-from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +28,7 @@ import numpy as np
 
 from ..chat.templates import prompt_tokens, render_for_model
 from ..errors import Eagle2Error
-from ..decoding.stats import GenerationStats, add_counts, host_summary
+from ..decoding.stats import GenerationStats
 from ..decoding.grammar import Grammar, GrammarError
 from ..llamacpp.llama import LlamaModel, system_info
 from ..decoding.sampling import SamplingParams
@@ -165,8 +163,8 @@ def machine_info() -> dict:
 class PromptResult:
     set: str
     index: int
-    plain: dict
-    eagle: dict
+    plain: GenerationStats  # the record's every turn, added up (the median run of ``repeat``)
+    eagle: GenerationStats
     identical: bool
     divergence_at: int | None = None  # token index in the answer of turn ``divergence_turn``
     divergence_gap: float | None = None
@@ -178,7 +176,7 @@ class PromptResult:
 
     @property
     def speedup(self) -> float:
-        return self.eagle["tokens_per_s"] / self.plain["tokens_per_s"] if self.plain["tokens_per_s"] else 0.0
+        return self.eagle.tokens_per_s / self.plain.tokens_per_s if self.plain.tokens_per_s else 0.0
 
 
 @dataclass
@@ -231,7 +229,7 @@ class Bench:
             run.rendered.append(rendered)
             run.prompts.append(prompt)
             run.answers.append(tokens)
-            run.parts.append(self.llm.last_stats)
+            run.stats += self.llm.last_stats
             messages.append({"role": "assistant", "content": "".join(text)})
         return run
 
@@ -249,7 +247,7 @@ class Bench:
             for mode in order:
                 runs[mode].append(self._chat(mode, turns, grammar))
         plain, eagle = runs["plain"][0], runs["eagle"][0]
-        res = PromptResult(set_name, index, _median_stats(runs["plain"]), _median_stats(runs["eagle"]),
+        res = PromptResult(set_name, index, _median(runs["plain"]), _median(runs["eagle"]),
                            identical=plain.answers == eagle.answers, turns=len(turns), split=split,
                            constrained=grammar is not None)
         if not res.identical and self.sampling.greedy:
@@ -281,9 +279,7 @@ class Bench:
         out: dict[str, dict] = {}
         for name in dict.fromkeys(r.set for r in self.results):
             rs = [r for r in self.results if r.set == name]
-            passes = sum(r.eagle["target_passes"] for r in rs)
-            depth = _sum_lists([r.eagle["accepted_per_depth"] for r in rs])
-            n_rounds = passes or 1
+            plain, eagle = (sum((getattr(r, mode) for r in rs), GenerationStats()) for mode in ("plain", "eagle"))
             greedy = self.sampling.greedy
             near = [r for r in rs if not r.identical and r.divergence_gap is not None
                     and r.divergence_gap < self.tie_tolerance]
@@ -292,20 +288,20 @@ class Bench:
                 "n_turns": sum(r.turns for r in rs),
                 "n_constrained": sum(r.constrained for r in rs),
                 "speedup": round(statistics.median(r.speedup for r in rs), 4),
-                "tokens_per_s_plain": round(statistics.median(r.plain["tokens_per_s"] for r in rs), 3),
-                "tokens_per_s_eagle": round(statistics.median(r.eagle["tokens_per_s"] for r in rs), 3),
-                "speedup_e2e": round(statistics.median(_e2e(r.eagle) / max(_e2e(r.plain), 1e-9) for r in rs), 4),
-                "tokens_per_s_e2e_plain": round(statistics.median(_e2e(r.plain) for r in rs), 3),
-                "tokens_per_s_e2e_eagle": round(statistics.median(_e2e(r.eagle) for r in rs), 3),
-                "tau": round(sum(r.eagle["pass_tokens"] for r in rs) / n_rounds, 4),
-                "acceptance_per_depth": [round(d / n_rounds, 4) for d in depth],
-                "mean_tree_size": round(statistics.mean(r.eagle["mean_tree_size"] for r in rs), 2),
-                "plain_steps": sum(r.eagle.get("plain_steps", 0) for r in rs),
-                "nodes_by_source": reduce(add_counts, (r.eagle.get("nodes_by_source", {}) for r in rs), {}),
-                "accepted_by_source": reduce(add_counts, (r.eagle.get("accepted_by_source", {}) for r in rs), {}),
-                "time_split_eagle": {k: round(sum(r.eagle[k] for r in rs), 3) for k in ("draft_s", "verify_s", "other_s")},
-                "host_eagle": _host(r.eagle for r in rs),
-                "host_plain": _host(r.plain for r in rs),
+                "tokens_per_s_plain": round(statistics.median(r.plain.tokens_per_s for r in rs), 3),
+                "tokens_per_s_eagle": round(statistics.median(r.eagle.tokens_per_s for r in rs), 3),
+                "speedup_e2e": _speedup_e2e(rs),
+                "tokens_per_s_e2e_plain": round(statistics.median(r.plain.tokens_per_s_e2e for r in rs), 3),
+                "tokens_per_s_e2e_eagle": round(statistics.median(r.eagle.tokens_per_s_e2e for r in rs), 3),
+                "tau": round(eagle.tau, 4),
+                "acceptance_per_depth": [round(d / (eagle.target_passes or 1), 4) for d in eagle.accepted_per_depth],
+                "mean_tree_size": round(statistics.mean(round(r.eagle.mean_tree_size, 2) for r in rs), 2),
+                "plain_steps": eagle.plain_steps,
+                "nodes_by_source": eagle.nodes_by_source,
+                "accepted_by_source": eagle.accepted_by_source,
+                "time_split_eagle": {k: round(getattr(eagle, k), 3) for k in ("draft_s", "verify_s", "other_s")},
+                "host_eagle": eagle.host_totals(),
+                "host_plain": plain.host_totals(),
                 "identical_outputs": sum(r.identical for r in rs) if greedy else None,
                 "near_tie_divergences": len(near) if greedy else None,
                 "mismatches": (len(rs) - sum(r.identical for r in rs) - len(near)) if greedy else None,
@@ -325,14 +321,14 @@ class Bench:
                              "identical": r.identical, "split": r.split, "divergence_at": r.divergence_at,
                              "divergence_gap": r.divergence_gap, "turns": r.turns,
                              "divergence_turn": r.divergence_turn, "constrained": r.constrained,
-                             "plain": r.plain, "eagle": r.eagle,
+                             "plain": r.plain.as_dict(), "eagle": r.eagle.as_dict(),
                              "llama_cpp": r.llama_cpp}
                             for r in self.results]}
 
 
-def _e2e(stats: dict) -> float:
-    """End-to-end tokens/s of one run: generated tokens over the whole time, prompt evaluation included."""
-    return stats["n_tokens"] / stats["total_s"] if stats.get("total_s") else 0.0
+def _speedup_e2e(rs: list[PromptResult]) -> float:
+    """The median end-to-end speed-up (tokens over the whole time, prompt evaluation included)."""
+    return round(statistics.median(r.eagle.tokens_per_s_e2e / max(r.plain.tokens_per_s_e2e, 1e-9) for r in rs), 4)
 
 
 def _median_ratio(pairs) -> float:
@@ -344,10 +340,9 @@ def _median_ratio(pairs) -> float:
 def _split_summary(rs: list[PromptResult]) -> dict:
     """A subset of a set's records (the held-out ones): medians of speed-ups (decode-only and end to end), tau,
     and eagle2-local against the best n-gram mode of the whole set when llama.cpp's tools ran."""
-    passes = sum(r.eagle["target_passes"] for r in rs) or 1
+    eagle = sum((r.eagle for r in rs), GenerationStats())
     out = {"n_prompts": len(rs), "speedup": round(statistics.median(r.speedup for r in rs), 4),
-           "speedup_e2e": round(statistics.median(_e2e(r.eagle) / max(_e2e(r.plain), 1e-9) for r in rs), 4),
-           "tau": round(sum(r.eagle["pass_tokens"] for r in rs) / passes, 4),
+           "speedup_e2e": _speedup_e2e(rs), "tau": round(eagle.tau, 4),
            "identical_outputs": sum(r.identical for r in rs)}
     if all(r.llama_cpp and "ngram" in r.llama_cpp for r in rs):
         out["llama_cpp"] = _tools_summary(rs)
@@ -361,7 +356,7 @@ def _tools_summary(rs: list[PromptResult]) -> dict:
     med = lambda key: round(statistics.median(t[key] for t in tools), 3)  # noqa: E731
     out = {"tokens_per_s_completion": med("completion_tokens_per_s"),
            "tokens_per_s_e2e_completion": med("completion_e2e_tokens_per_s"),
-           "speedup_eagle_vs_completion": _median_ratio((r.eagle["tokens_per_s"], r.llama_cpp["completion_tokens_per_s"])
+           "speedup_eagle_vs_completion": _median_ratio((r.eagle.tokens_per_s, r.llama_cpp["completion_tokens_per_s"])
                                                         for r in rs)}
     if "draft_simple_tokens_per_s" in tools[0]:
         out.update({"tokens_per_s_draft_simple": med("draft_simple_tokens_per_s"),
@@ -383,7 +378,7 @@ def _tools_summary(rs: list[PromptResult]) -> dict:
         best = max(modes, key=lambda m: ngram[m]["speedup"])
         out["ngram"] = ngram
         out["best_ngram"] = best
-        out["speedup_eagle_vs_best_ngram"] = _median_ratio((r.eagle["tokens_per_s"], r.llama_cpp["ngram"][best]["tokens_per_s"])
+        out["speedup_eagle_vs_best_ngram"] = _median_ratio((r.eagle.tokens_per_s, r.llama_cpp["ngram"][best]["tokens_per_s"])
                                                            for r in rs)
     return out
 
@@ -399,59 +394,21 @@ def projected_speedup(tau: float, host_ms: float, step_ms: float, plain_host_ms:
     return tau * (step_ms + plain_host_ms) / (step_ms + host_ms)
 
 
-def _host(stats) -> dict:
-    """A set's host time: the rounds, their time inside llama.cpp, and :func:`host_summary`'s figures."""
-    stats = list(stats)
-    return {"rounds": sum(s.get("rounds", 0) for s in stats),
-            "llama_s": round(sum(s.get("llama_s", 0.0) for s in stats), 4), **host_summary(stats)}
-
-
 @dataclass
 class ChatRun:
-    """One record run in one mode: per turn, the rendered prompt, its tokens, the answer and its stats."""
+    """One record run in one mode: per turn, the rendered prompt, its tokens and the answer; the turns' stats
+    added up, so a chat's tokens/s and τ cover every turn."""
 
     rendered: list[str] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
     answers: list[list[int]] = field(default_factory=list)
-    parts: list[GenerationStats] = field(default_factory=list)
-
-    @property
-    def stats(self) -> GenerationStats:
-        return merge_stats(self.parts)
+    stats: GenerationStats = field(default_factory=GenerationStats)
 
 
-def merge_stats(parts: list[GenerationStats]) -> GenerationStats:
-    """A chat's turns as one generation, so its tokens/s and τ cover every turn: counts and times add up,
-    acceptance per depth adds depth by depth, tree sizes are concatenated, per-source counts add, and the engine
-    and the auto budget's state are the last turn's (the state after the chat)."""
-    if len(parts) == 1:
-        return parts[0]
-    out = GenerationStats()
-    for f in dataclasses.fields(GenerationStats):
-        values = [getattr(p, f.name) for p in parts]
-        if f.name == "accepted_per_depth":
-            merged = _sum_lists(values)
-        elif f.name in ("engine", "budget") or not all(isinstance(v, (int, float, list, dict)) for v in values):
-            merged = values[-1]
-        elif isinstance(values[0], list):
-            merged = [x for v in values for x in v]
-        elif isinstance(values[0], dict):
-            merged = reduce(add_counts, values, {})
-        else:
-            merged = sum(values)
-        setattr(out, f.name, merged)
-    return out
-
-
-def _median_stats(runs: list[ChatRun]) -> dict:
-    """The stats dict of the run with the median decode time (repeats only change timings)."""
+def _median(runs: list[ChatRun]) -> GenerationStats:
+    """The stats of the run with the median decode time (repeats only change timings)."""
     ordered = sorted((r.stats for r in runs), key=lambda st: st.decode_s)
-    return ordered[len(ordered) // 2].as_dict()
-
-
-def _sum_lists(lists: list[list[int]]) -> list[int]:
-    n = max((len(x) for x in lists), default=0)
-    return [sum(x[i] for x in lists if i < len(x)) for i in range(n)]
+    return ordered[len(ordered) // 2]
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from ..decoding.grammar import Grammar, GrammarError
-from ..decoding.stats import add_counts, host_summary
+from ..decoding.stats import GenerationStats
 from ..decoding.sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
 
@@ -56,40 +56,22 @@ class Job:
 
 
 class GenerationTotals:
-    """What the generations since the server started produced, summed: tokens, target passes (so τ), the
-    draft tokens verified and accepted per drafter (model, lookup, both), and the rounds' host time."""
-
-    SUMMED = ("n_tokens", "target_passes", "pass_tokens", "plain_steps", "rounds", "drafted_nodes")
-    SUMMED_S = ("llama_s", "host_draft_s", "host_verify_s")
+    """What the generations since the server started produced: their statistics added up (one
+    :class:`GenerationStats`, which computes τ and the host figures), how many there were and the last one's."""
 
     def __init__(self) -> None:
         self.generations = 0
-        for key in self.SUMMED:
-            setattr(self, key, 0)
-        for key in self.SUMMED_S:
-            setattr(self, key, 0.0)
-        self.nodes_by_source: dict[str, int] = {}
-        self.accepted_by_source: dict[str, int] = {}
-        self.last: dict | None = None
+        self.sum = GenerationStats()
+        self.last: GenerationStats | None = None
 
-    def add(self, stats: dict) -> None:
+    def add(self, stats: GenerationStats) -> None:
         self.generations += 1
+        self.sum = self.sum + stats
         self.last = stats
-        for key in self.SUMMED:
-            setattr(self, key, getattr(self, key) + int(stats.get(key, 0)))
-        for key in self.SUMMED_S:
-            setattr(self, key, getattr(self, key) + float(stats.get(key, 0.0)))
-        for key in ("nodes_by_source", "accepted_by_source"):
-            add_counts(getattr(self, key), stats.get(key) or {})
 
     def as_dict(self) -> dict:
-        tau = self.pass_tokens / self.target_passes if self.target_passes else 1.0
-        return {"generations": self.generations, "n_tokens": self.n_tokens, "target_passes": self.target_passes,
-                "pass_tokens": self.pass_tokens, "tau": round(tau, 4), "plain_steps": self.plain_steps,
-                "nodes_by_source": dict(self.nodes_by_source),
-                "accepted_by_source": dict(self.accepted_by_source), "rounds": self.rounds,
-                "llama_s": round(self.llama_s, 4),
-                **host_summary([{k: getattr(self, k) for k in self.SUMMED + self.SUMMED_S}]), "last": self.last}
+        last = self.last.as_dict() if self.last is not None else None
+        return {"generations": self.generations, **self.sum.totals_dict(), "last": last}
 
 
 class ModelWorker:
@@ -218,8 +200,8 @@ class ModelWorker:
             log.info("generation ended at a dead end of its grammar: %s", exc)
         finally:
             stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
-            stats = self.llm.stats()
+            stats = self.llm.last_stats
             with self._lock:
                 self.totals.add(stats)
-        done = {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats}
+        done = {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats.as_dict()}
         return "done", ({**done, "finish_detail": detail} if detail else done)
