@@ -15,12 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from convert.eagle3 import convert_eagle3  # noqa: E402
 from eagle2_local.formats.models import default_model_path  # noqa: E402
-from head_checkpoints import random_eagle3  # noqa: E402
+from tests.support.head_checkpoints import random_eagle3  # noqa: E402
 
 
 def main() -> None:

@@ -7,19 +7,12 @@ SmolLM2 tests are marked ``smollm2``. Outside CI they are skipped when the model
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from synthetic_model import write_model  # noqa: E402
-from eagle2_local.measure.bench import interleaved, load_prompt_sets  # noqa: E402
-from eagle2_local.errors import Eagle2Error  # noqa: E402
-from eagle2_local.formats.layer_draft import write_truncated  # noqa: E402
-
-PROMPTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "eagle"
+from eagle2_local.formats.layer_draft import write_truncated
+from tests.support.synthetic_model import write_model
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -92,10 +85,3 @@ def smollm2_weak(smollm2_path, synth_dir) -> Path:
     """SmolLM2 cut to its first 24 of 30 layers: a real, weaker same-vocabulary draft (tau about 1.5-2.5)."""
     return write_truncated(smollm2_path, synth_dir / "smollm2-24layers.gguf", n_layers=24)
 
-
-def load_prompts(n: int) -> list[str]:
-    """The first turns of EAGLE's six prompt sets, interleaved, ``n`` in total (more than they hold: a failure)."""
-    try:
-        return interleaved(load_prompt_sets([str(PROMPTS_DIR)], None), n)
-    except Eagle2Error as exc:
-        pytest.fail(str(exc))

@@ -11,8 +11,8 @@ from eagle2_local.errors import (ContextFullError, Eagle2Error, IncompatibleDraf
                                  UnsupportedModelError)
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.formats.models import read_gguf_info, resolve_model
-from helpers import assert_one_line_error, run_cli
-from synthetic_model import write_model
+from tests.support.helpers import assert_one_line_error, run_cli
+from tests.support.synthetic_model import write_model
 
 
 @pytest.fixture()
@@ -237,7 +237,7 @@ def test_eagle2_frees_what_it_loaded_when_the_draft_fails(synth_f32, tmp_path, m
 
 def test_asking_for_more_prompts_than_the_sets_hold_is_an_error(tmp_path):
     """Once an endless loop in the tests' prompt loader; the package's interleaving refuses instead."""
-    from conftest import load_prompts
+    from tests.support.prompts import load_prompts
     from eagle2_local.measure.bench import PromptSet, interleaved
     sets = [PromptSet("a", ["a0", "a1", "a2"]), PromptSet("b", ["b0"])]
     assert interleaved(sets, 4) == ["a0", "b0", "a1", "a2"]

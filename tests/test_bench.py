@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PROMPTS_DIR
+from tests.support.prompts import PROMPTS_DIR
 
 
 def test_bench_json_fields(tmp_path, synth_q8):

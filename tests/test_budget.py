@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
+from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
 from eagle2_local.measure.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
 from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_costs, save_costs
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,

@@ -11,7 +11,7 @@ import pytest
 from eagle2_local.chat.templates import prompt_tokens, render_chat, render_fallback, render_for_model
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp.llama import LlamaModel
-from synthetic_model import CHATML, CHATML_WITH_BOS, write_model
+from tests.support.synthetic_model import CHATML, CHATML_WITH_BOS, write_model
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import load_prompts
+from tests.support.prompts import load_prompts
 from eagle2_local import Eagle2
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target

@@ -12,7 +12,7 @@ from eagle2_local.drafts import check_same_vocab
 from eagle2_local.errors import IncompatibleDraftError
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.decoding.stopping import TokenEmitter
-from synthetic_model import write_model
+from tests.support.synthetic_model import write_model
 
 
 def test_vocab_mismatch_names_first_difference(tmp_path, synth_q8, smollm2_path):

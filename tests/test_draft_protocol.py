@@ -19,7 +19,7 @@ from eagle2_local.decoding.generator import Generator
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import TreeParams
-from helpers import ONE_THREAD, make, random_prompts, run
+from tests.support.helpers import ONE_THREAD, make, random_prompts, run
 
 PARAMS = TreeParams(24, 6, 4)
 

@@ -9,7 +9,7 @@ from convert.eagle1 import convert_head
 from eagle2_local.drafts import Eagle1NumpyEngine
 from eagle2_local.errors import TreeError
 from eagle2_local.formats.eagle1_format import read_head
-from eagle_heads import VARIANTS, head_config, head_tensors, write_head_dir
+from tests.support.eagle_heads import VARIANTS, head_config, head_tensors, write_head_dir
 
 VOCAB, HIDDEN = 300, 64
 # a tree of depth 4 below the root: (parent candidate ids per level); ids are numbered level by level

@@ -8,12 +8,12 @@ import gguf
 import pytest
 from click.testing import CliRunner
 
-from conftest import load_prompts
+from tests.support.prompts import load_prompts
 from eagle2_local import Eagle2
 from eagle2_local.errors import Eagle2Error, IncompatibleDraftError, ModelError
-from eagle_heads import chat_turn_outputs
-from helpers import assert_one_line_error, run_cli, synthetic_head
-from synthetic_model import vocab
+from tests.support.eagle_heads import chat_turn_outputs
+from tests.support.helpers import assert_one_line_error, run_cli, synthetic_head
+from tests.support.synthetic_model import vocab
 
 SYNTH_VOCAB = len(vocab()[0])
 

@@ -17,11 +17,11 @@ from eagle2_local.errors import DecodeError, IncompatibleDraftError, ModelError,
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import top_k_log_probs
-from eagle3_reference import Eagle3Reference
-from eagle_heads import chat_turn_outputs
-from head_checkpoints import random_eagle3
-from synthetic_model import write_model
-from conftest import load_prompts
+from tests.support.eagle3_reference import Eagle3Reference
+from tests.support.eagle_heads import chat_turn_outputs
+from tests.support.head_checkpoints import random_eagle3
+from tests.support.synthetic_model import write_model
+from tests.support.prompts import load_prompts
 
 LAYERS = [0, 2, 3]
 

@@ -14,7 +14,7 @@ from scipy.stats import chi2
 from eagle2_local import Eagle2
 from eagle2_local.decoding.grammar import Grammar, GrammarError, response_grammar
 from eagle2_local.decoding.sampling import SamplingParams
-from helpers import assert_follows_grammar, assert_one_line_error, run_cli
+from tests.support.helpers import assert_follows_grammar, assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.smollm2
 

@@ -22,7 +22,7 @@ from eagle2_local.decoding import grammar_guard
 from eagle2_local.decoding.grammar_check import (MAX_ELEMENTS, MAX_GRAMMAR_BYTES, MAX_NESTING, MAX_PARSE_PATHS,
                                                  GrammarError, check_gbnf)
 from eagle2_local.decoding.grammar_guard import compile_isolated, guard_gbnf
-from helpers import assert_one_line_error, run_cli
+from tests.support.helpers import assert_one_line_error, run_cli
 
 HANGS = 'root ::= x root "b" | "c"\nx ::= "a"?'  # left recursion behind a rule empty only through its '?'
 NESTED = "root ::= " + "(" * 60_000 + '"a"' + ")" * 60_000  # 120 KB: overflows llama.cpp's parser's stack

@@ -18,7 +18,7 @@ from eagle2_local.drafts.forced import ForcedDraft, VocabForest
 from eagle2_local.decoding.grammar import Grammar
 from eagle2_local.decoding.tree import Proposals
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
-from helpers import assert_follows_grammar, first_divergence
+from tests.support.helpers import assert_follows_grammar, first_divergence
 
 pytestmark = pytest.mark.smollm2
 

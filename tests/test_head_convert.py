@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from convert.eagle1 import convert_head
 from eagle2_local.errors import IncompatibleDraftError, ModelError
 from eagle2_local.formats.eagle1_format import ARCH, TENSOR_NAMES, read_head
-from eagle_heads import VARIANTS, head_config, head_tensors, write_head_dir
-from synthetic_model import vocab
+from tests.support.eagle_heads import VARIANTS, head_config, head_tensors, write_head_dir
+from tests.support.synthetic_model import vocab
 
 SYNTH_VOCAB = len(vocab()[0])
 

@@ -9,7 +9,7 @@ from eagle2_local.decoding.acceptance import accept_greedy
 from eagle2_local.llamacpp.llama import Batch
 from eagle2_local.decoding.tree import (Proposals, ancestor_mask, leaf_membership, node_depths, top_children,
                                         verify_layout)
-from helpers import random_tree
+from tests.support.helpers import random_tree
 
 
 def test_verify_layout_equals_depths_and_leaf_membership():

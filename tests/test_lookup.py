@@ -20,7 +20,7 @@ from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, top_children
 from eagle2_local.tree_policy import FixedTree, RoundPlan
 import eagle2_local.decoding.generator as generator_mod
-from helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
+from tests.support.helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
 
 
 def rebuilt(tokens: list[int], max_n: int = 4) -> NgramIndex:

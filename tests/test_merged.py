@@ -13,7 +13,7 @@ from eagle2_local.drafts.lookup import ROOT
 from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, merge_lookup_rows, weigh_into_top_k
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, grow_list_candidates
-from helpers import ONE_THREAD
+from tests.support.helpers import ONE_THREAD
 
 
 def test_lookup_only_odds_start_at_one_and_learn_per_band():

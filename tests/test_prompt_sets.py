@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROMPTS_DIR
+from tests.support.prompts import PROMPTS_DIR
 from eagle2_local.measure.bench import load_prompt_sets
 
 SETS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts"

@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_prompts
+from tests.support.prompts import load_prompts
 from eagle2_local.llamacpp import rpc
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import TreeParams
-from helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree, run_cli,
+from tests.support.helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree, run_cli,
                      sequential_logits, synthetic_head)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.decoding.grammar import Grammar
-from helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, mask_ignoring, over_accepting
+from tests.support.helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, mask_ignoring, over_accepting
 
 PROMPT = [1, 40, 41, 42, 43]
 

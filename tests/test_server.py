@@ -28,7 +28,7 @@ from eagle2_local.errors import ContextFullError, DecodeError, TreeError
 from eagle2_local.decoding.grammar import Grammar
 from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.llamacpp.llama import LlamaModel
-from helpers import assert_follows_grammar
+from tests.support.helpers import assert_follows_grammar
 
 pytestmark = pytest.mark.smollm2
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from synthetic_model import WORDS, write_model
+from tests.support.synthetic_model import WORDS, write_model
 from eagle2_local.chat.templates import prompt_tokens, render_for_model
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
@@ -256,11 +256,11 @@ def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path, monkeypatch):
 
 
 def test_training_time_test_matches_the_inference_layout(tiny, tmp_path):
-    """Step j of the unrolled head at row P equals an independent float64 head (tests/eagle3_reference.py, which
+    """Step j of the unrolled head at row P equals an independent float64 head (tests/support/eagle3_reference.py, which
     the llama.cpp engine is tested against) fed as the runtime feeds a tree node at depth j: real-feature entries
     for rows <= P, then the node's own chain at positions P+1..P+j, each seeing exactly those entries."""
     from safetensors.torch import load_file
-    from eagle3_reference import Eagle3Reference
+    from tests.support.eagle3_reference import Eagle3Reference
 
     torch.manual_seed(1)
     head = build_head(tiny["tw"], tiny["draft_ids"], seed=0)

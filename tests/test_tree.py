@@ -11,7 +11,7 @@ from eagle2_local.drafts.lookup import LookupDraft
 from eagle2_local.decoding.tree import (LOOKUP, DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates,
                                         grow_list_candidates, grow_row_candidates, leaf_membership, log_softmax,
                                         node_depths, select_tree, tree_leaves)
-from helpers import path_to
+from tests.support.helpers import path_to
 
 V = 50
 

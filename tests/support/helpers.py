@@ -20,7 +20,7 @@ from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.sampling import SamplingParams, sample_from
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import DraftTree, TreeParams
-from eagle_heads import head_config, head_tensors, write_head_dir
+from tests.support.eagle_heads import head_config, head_tensors, write_head_dir
 
 
 # ------------------------------------------------------------------ structured answers

@@ -1,0 +1,1 @@
+"""What the tests share: synthetic models and heads, checkpoint writers, references, and assertion helpers."""
