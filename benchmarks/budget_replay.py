@@ -60,15 +60,8 @@ def freeze_time() -> None:
     """Costs stay as calibrated; rounds and plain steps are observed at their calibrated cost."""
     for name in ("observe_plain", "observe_verify", "observe_draft", "observe_catch_up"):
         setattr(cost_model.CostModel, name, lambda self, *args, **kwargs: None)
-    observe, plain = budget_mod.TreeBudget.observe, budget_mod.TreeBudget._plain
-
-    def observe_nodes(self, result) -> None:
-        self._replay_nodes = result.n_nodes if result.plan.drafts else 1
-        observe(self, result)
-
-    budget_mod.TreeBudget.observe = observe_nodes
-    budget_mod.TreeBudget._realised_s = lambda self, times, kind: float(
-        self.costs.verify_s(getattr(self, "_replay_nodes", 1)))
+    plain = budget_mod.TreeBudget._plain
+    budget_mod.TreeBudget._realised_s = lambda self, result: float(self.costs.verify_s(result.n_nodes))
     budget_mod.TreeBudget._plain = lambda self, seconds: plain(self, float(self.costs.verify_s(1)))
     api.check_costs = lambda target, costs, params: (True, {"replay": "start-up check skipped"})
 

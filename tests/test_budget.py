@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.budget_helpers import set_tree_rate
 from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
 from eagle2_local.measure.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
 from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_costs, save_costs
@@ -112,6 +113,25 @@ def test_budget_go_deeper_and_size_read_the_round_times():
     assert plan.nodes(scores, times) <= 3
 
 
+def test_a_round_is_judged_by_what_its_own_plan_says():
+    """What a round was planned on travels in its plan, and the budget keeps nothing about the round in flight:
+    rounds observed after later plans were made are still judged as planned, a backlog catch-up timed as one
+    and an exploring round paid from its kind's account."""
+    budget = TreeBudget(steep(), max_nodes=60, max_depth=6)
+    catch_up = budget.tree_plan(500)
+    exploring = budget.tree_plan(1, MODEL_ROUND, exploring=True)
+    lookup = budget.tree_plan(1, LOOKUP_ROUND)
+    assert (catch_up.fresh_tokens, catch_up.exploring, catch_up.free_only) == (500, False, False)
+    assert exploring.exploring and (lookup.fresh_tokens, lookup.free_only) == (1, True)
+    scores = np.array([-1.5])
+    catch_up_s = 0.001 + 499 * 0.0002  # the root's cost and 0.2 ms a backlog token
+    observe_tree(budget, catch_up, RoundTimes(0.0, levels=[catch_up_s]), scores, np.array([False]), 0.02, 1)
+    assert budget.costs.draft_token_now == pytest.approx(0.0002, rel=0.01)
+    assert budget.accounts[MODEL_ROUND].spent == 0.0
+    observe_tree(budget, exploring, RoundTimes(0.0, levels=[0.001]), scores, np.array([False]), 0.02, 1)
+    assert budget.accounts[MODEL_ROUND].spent > 1.0  # 1 token for ~2.3 plain steps
+
+
 def test_a_draft_that_cannot_pay_is_never_run():
     """Even accepting every drafted token cannot beat plain decoding when one level costs 5 target tokens."""
     budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)
@@ -126,7 +146,7 @@ def test_free_lookup_branches_draft_alone_where_the_model_draft_cannot_pay():
     the summary; without a sure match the round is a plain step."""
     costs = steep(draft_root=0.009, draft_level=0.045)
     merged = TreeBudget(costs, max_nodes=60, max_depth=6, free_lookup=True)
-    assert merged.ceiling_rate() < costs.plain_rate < merged.ceiling_rate(free=True)
+    assert merged.ceiling_rate() < costs.plain_rate < merged.ceiling_rate(lookup=True)
     assert not wants_tree(merged)  # the first round measures a plain step
     observe_plain(merged, 0.009)
     assert not merged.plan(500, 0.3).drafts  # a match this unsure cannot make a chain pay
@@ -137,7 +157,7 @@ def test_free_lookup_branches_draft_alone_where_the_model_draft_cannot_pay():
     assert plan.go_deeper(sure[:1], sure[:1], 1, times)
     assert plan.nodes(sure, times) == 9
     observe_tree(merged, plan, times, sure, np.ones(8, dtype=bool), costs.verify_s(9), 9)
-    assert merged.summary()["lookup_only_rounds"] == 1
+    assert merged.summary()["lookup_rounds"] == 1
     assert costs.draft_root_now == pytest.approx(0.009)  # a lookup-only round teaches nothing of the model
     alone = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)
     assert not alone.plan().drafts and not alone.plan().free_only
@@ -165,7 +185,7 @@ def test_free_rounds_where_the_budget_said_plain_are_sized_and_teach_only_accept
     observe_tree(budget, plan, times, chain[:4], np.ones(4, dtype=bool), budget.costs.verify_s(5), 5)
     assert budget.acceptance.n_observed == observed + 4
     assert budget.guard.summary() == guard and budget.tree_rate is None
-    assert budget.plain_steps == 1
+    assert budget.schedule.plain_steps == 1
 
 
 def test_losing_trees_explore_only_as_their_account_allows():
@@ -186,7 +206,7 @@ def test_losing_trees_explore_only_as_their_account_allows():
     plan = budget.plan()
     assert plan.drafts  # nothing known yet: try a tree
     tree_round(plan, False)  # one token for 2.2 plain steps: trees lose (no probe yet: nothing paid)
-    assert budget.trees_losing() and budget.accounts[MODEL_ROUND].left == 0.25
+    assert budget.losing(MODEL_ROUND) and budget.accounts[MODEL_ROUND].left == 0.25
     plan = budget.plan()
     assert plan.drafts  # the allowance pays for a probe, which loses 1.2 steps: overdrawn
     tree_round(plan, False)
@@ -207,12 +227,12 @@ def test_losing_trees_explore_only_as_their_account_allows():
     assert len(probes) >= 2 and all(100 <= g <= 140 for g in np.diff(probes))  # ~1.2 / 0.01 steps apart
     budget.begin_answer()  # a new answer adds its allowance: at most a quarter step, debts stay
     assert budget.accounts[MODEL_ROUND].left <= 0.25
-    budget.tree_rate = 10 * budget.costs.plain_rate  # a probe that wins brings trees back at once
+    set_tree_rate(budget, 10 * budget.costs.plain_rate)  # a probe that wins brings trees back at once
     tree_round_won = budget.tree_plan()
     times = RoundTimes(0.0, levels=[0.0])
     tree_round_won.go_deeper(scores, scores, 1, times)
     observe_tree(budget, tree_round_won, times, scores, np.array([True, True, True]), 0.001, 4)
-    assert not budget.trees_losing() and sum(wants_tree(budget) for _ in range(10)) >= 9
+    assert not budget.losing(MODEL_ROUND) and sum(wants_tree(budget) for _ in range(10)) >= 9
 
 
 def test_acceptance_map_starts_at_path_confidence_and_converges():
@@ -406,7 +426,7 @@ def test_a_flat_cost_model_learns_and_trees_stop():
     world = World()
     flat_costs = CostModel(SIZES, [world.plain_s * (1 + 0.001 * n) for n in SIZES], 0.0001, 0.0001)
     budget, tally = run_budget(flat_costs, world, rounds=1000)
-    assert budget.trees_losing()  # both measures: the modelled gain and the realised one (or the guard)
+    assert budget.losing(MODEL_ROUND)  # both measures: the modelled gain and the realised one (or the guard)
     assert sum(tally.tree_rounds[:30]) <= 12 and tally.tree_share(100) < 0.01
     assert tally.rate(100) >= 0.95 / world.plain_s
 
@@ -566,7 +586,7 @@ def test_probes_wait_while_the_draft_has_a_long_backlog():
     observe_tree(budget, plan, times, scores, np.array([False, False, False]), 0.02, 1)
     assert not any(wants_tree(budget, fresh_tokens=100 + i) for i in range(20))
     assert any(wants_tree(budget, fresh_tokens=3) for _ in range(4))
-    budget.tree_rate = 10 * budget.costs.plain_rate
+    set_tree_rate(budget, 10 * budget.costs.plain_rate)
     assert wants_tree(budget, fresh_tokens=500)
 
 
@@ -579,7 +599,7 @@ def test_a_lookup_probe_ignores_a_long_backlog_it_ingests_for_free():
                             schedule=ProbeSchedule(explore_allowance=100.0))
         for _ in range(3):
             observe_plain(budget, 0.009)
-        budget.tree_rate = 0.5 * budget.costs.plain_rate  # trees lost, modelled and realised
+        set_tree_rate(budget, 0.5 * budget.costs.plain_rate)  # trees lost, modelled and realised
         budget.guard.add_tree(1, 0.05)
         return budget
     lookup, head = losing_budget(token_s=0.000001), losing_budget(token_s=0.0009)
@@ -638,9 +658,9 @@ def test_once_trees_win_a_long_backlog_is_caught_up_at_once():
     world = World(**GPU)
     budget = TreeBudget(true_costs(world, token_s=0.001), max_nodes=60, max_depth=6)
     world.token_s = 0.001  # 700 tokens: 47 plain steps, which a postponed draft would wait 470 rounds on
-    budget.tree_rate = 3 * budget.costs.plain_rate
+    set_tree_rate(budget, 3 * budget.costs.plain_rate)
     run(budget, world, 30, np.random.default_rng(0), prompt=5)
-    assert not budget.trees_losing()
+    assert not budget.losing(MODEL_ROUND)
     postponed = budget.catch_up_postponed
     tally = run(budget, world, 8, np.random.default_rng(1), prompt=700)
     assert any(tally.tree_rounds[:2]) and budget.catch_up_postponed == postponed
@@ -709,10 +729,10 @@ def test_a_losing_model_draft_does_not_stop_sure_lookups():
     world = World(**QWEN_CPU, accept_power=6.0, copy_rate=0.6, lookup_p=0.9, copy_p=0.97)
     budget = TreeBudget(true_costs(world), max_nodes=16, max_depth=6, free_lookup=True)
     tally = answers(budget, world, 8, 64)
-    assert not budget.losing(LOOKUP_ROUND) and budget.lookup_only_rounds > 0.5 * len(tally.tokens)  # 60% match
+    assert not budget.losing(LOOKUP_ROUND) and budget.lookup_rounds > 0.5 * len(tally.tokens)  # 60% match
     assert tally.rate(64) > 1.3 / world.plain_s
     budget.guard.tripped, budget.accounts[MODEL_ROUND].left = True, -5.0  # model rounds lost, nothing left
-    budget.tree_rate = 0.5 * budget.costs.plain_rate
+    set_tree_rate(budget, 0.5 * budget.costs.plain_rate)
     tally = answers(budget, world, 2, 64, seed=100)
     assert budget.losing(MODEL_ROUND) and tally.tree_share() > 0.4 and tally.rate() > 1.3 / world.plain_s
 
@@ -731,7 +751,7 @@ def test_lookups_that_lose_do_not_stop_a_winning_model_draft():
     assert budget.losing(LOOKUP_ROUND)
     tally = answers(budget, world, 4, 64)
     assert not budget.losing(MODEL_ROUND)
-    assert budget.lookup_only_rounds == LOOKUP_MIN_ROUNDS  # no match: no lookup round of their own
+    assert budget.lookup_rounds == LOOKUP_MIN_ROUNDS  # no match: no lookup round of their own
     assert tally.tree_share(8) > 0.8 and tally.rate(8) > 2 / world.plain_s
 
 
@@ -787,9 +807,9 @@ def test_a_copying_answer_after_prose_answers_drafts_from_its_first_rounds():
     prose = World(**QWEN_CPU, copy_rate=0.05, lookup_p=0.3, copy_p=0.3)
     budget = TreeBudget(true_costs(prose), max_nodes=16, max_depth=12, model_draft=False)
     answers(budget, prose, 6, 64, model_draft=False)
-    assert budget.lookup_only_rounds == 0 and budget.evidence_rounds == 0
+    assert budget.lookup_rounds == 0 and budget.evidence_rounds == 0
     budget.guard.tripped, budget.accounts[LOOKUP_ROUND].left = True, -5.0  # a record of lookups losing
-    budget.tree_rate = 0.5 * budget.costs.plain_rate
+    set_tree_rate(budget, 0.5 * budget.costs.plain_rate)
     assert budget.losing(LOOKUP_ROUND)
     copying = World(**QWEN_CPU, copy_rate=0.9, lookup_p=0.9, copy_p=0.97)
     copying.now = prose.now
@@ -806,7 +826,7 @@ def test_prose_answers_after_prose_answers_pay_nothing_for_lookups():
     world = World(copy_rate=0.3, lookup_p=0.3, copy_p=0.3, look_s=0.0003)
     budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6, free_lookup=True)
     tally = answers(budget, world, 12, 64)
-    assert budget.lookup_only_rounds == 0 and budget.evidence_rounds == 0
+    assert budget.lookup_rounds == 0 and budget.evidence_rounds == 0
     assert tally.rate() >= 0.999 / world.plain_s
     assert budget.plan(1, 0.97).free_only  # a sure match would be drafted at once
 

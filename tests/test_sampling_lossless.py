@@ -12,6 +12,7 @@ from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.decoding.grammar import Grammar
+from tests.support.budget_helpers import set_tree_rate
 from tests.support.helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, mask_ignoring, over_accepting
 
 PROMPT = [1, 40, 41, 42, 43]
@@ -117,7 +118,7 @@ def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
     for seed in range(N_RUNS):
         spec.policy = forced_budget(12, 4)
         if seed % 2:  # trees "lose": plain steps, and probe trees as the exploration account allows
-            spec.policy.tree_rate = 0.0
+            set_tree_rate(spec.policy, 0.0)
             spec.policy.plan()  # the probe falls before the run: it starts with a plain step
         toks = []
         for ch in spec.generate(PROMPT, 4, sampling, seed=seed):  # 4: a later round may still draft

@@ -9,7 +9,14 @@ it one :class:`RoundResult`:
   candidates (root included) to verify, at most ``plan.max_nodes``.
 
 The round's :class:`RoundTimes`, read from the loop's one clock, is what the statistics, the policy (through the
-plan's callables and the result) and a draft timer all see.
+plan's callables and the result) and a draft timer all see. A policy keeps nothing about the round in flight: what
+it decided and why travels in the plan, and :meth:`TreePolicy.observe` reads it back from ``result.plan``.
+
+Words used the same way throughout: the *free drafts* are the drafters that cost nothing to run (lookups, a
+grammar's forced tokens; a draft's ``free_part``); a *lookup round* is a drafted round of the free drafts alone
+(``free_only``: the model draft sits it out), one of the two kinds of round the auto budget judges apart, the other
+being *model rounds*; an *unasked* round is a round of the free drafts that the loop runs where the plan said
+plain (:meth:`TreePolicy.free_plan`).
 
 :class:`FixedTree` is EAGLE-2 as published: always a tree, all levels, ``max_nodes`` nodes.
 :class:`~eagle2_local.tree_policy.budget.TreeBudget` (``--budget auto``) sizes trees by measured cost and draft
@@ -106,10 +113,16 @@ class RoundPlan:
     drafts: bool
     max_nodes: int = 1
     max_depth: int = 0
-    free_only: bool = False  # only the draft's free part (lookup branches) runs; the model draft sits out
+    free_only: bool = False  # only the free drafts run (a lookup round); the model draft sits out
     # a round of free drafts the loop runs where plan() said plain (tokens a grammar forces): the policy sizes
     # it (free_plan) and learns only its acceptance from it; its schedule and guards never hear of it
     unasked: bool = False
+    # what the policy decided it on, for its own observe() (the loop reads neither): the text the draft's
+    # catch-up ingests, root included (1 where only free drafts run: they read nothing ahead), and whether the
+    # round was drafted while rounds of its kind lose to plain steps (its loss is then paid from their
+    # exploration account)
+    fresh_tokens: int = 1
+    exploring: bool = False
     go_deeper: GoDeeperFn = _always
     size: SizeFn | None = None  # None: max_nodes
 

@@ -15,7 +15,7 @@ ranking score) through a binned reliability map per drafter (model draft, lookup
 exp(score) and learns the observed acceptance rate per bin.
 
 Rounds come in two kinds, judged apart: model rounds (the model draft runs, lookup branches merged in) and lookup
-rounds (the lookup alone). Before each round the lookup says how sure it is of the root's next token (its rate
+rounds (the free drafts alone: ``RoundPlan.free_only``; every drafted round of a lookup draft). Before each round the lookup says how sure it is of the root's next token (its rate
 learned from this text for that kind and length of match, which costs a few dictionary lookups); a lookup round
 runs exactly when a chain at that rate, valued through the lookups' acceptance map, beats plain steps on the
 calibrated curve (and the model rounds where those win). So lookups cost nothing where the text does not repeat,
@@ -34,8 +34,11 @@ known to win, a draft whose first catch-up would ingest a long backlog (a new pr
 is a small share of the plain decoding done since: a short answer to a long prompt on a slow machine stays plain
 decoding.
 
-Pure: the round's plan out, what it did (its clock readings included) in; unit-testable without llama.cpp. The
-sizing maths is in sizing.py, the draft-or-plain schedule in schedule.py, the realised-rate guard in guard.py.
+Pure: the round's plan out, what it did (its clock readings included) in; unit-testable without llama.cpp. What a
+round was planned on (its kind, its catch-up, whether it explores) travels in its plan and comes back in its
+result: nothing about the round in flight is kept here between :meth:`TreeBudget.plan` and
+:meth:`TreeBudget.observe`. The sizing maths is in sizing.py, the draft-or-plain schedule in schedule.py, the
+realised-rate guard in guard.py.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from .sizing import LOOKUP_FINE_BINS, SourceAcceptance, best_size, deeper_can_pa
 # with no round to reset the cache would otherwise grow it by one entry a round)
 EVIDENCE_KEPT = 256
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
-ROUND_KINDS = ("model", "lookup")
+ROUND_KINDS = ("model", "lookup")  # their names in the summary
 LOOKUP_MIN_ROUNDS = 8  # lookup rounds the guard needs before it may find lookups losing
 
 
@@ -66,7 +69,7 @@ class TreeBudget:
 
     ``free_lookup``: the draft has lookup branches that cost ~nothing (lookup rounds may run them alone);
     ``model_draft`` False: the draft *is* a lookup (every drafted round is a lookup round). ``guard`` judges the
-    main kind (model rounds, or lookup rounds for a lookup draft), ``free_guard`` a merged draft's lookup rounds.
+    main kind (model rounds, or lookup rounds for a lookup draft), ``lookup_guard`` a merged draft's lookup rounds.
     """
 
     costs: CostModel
@@ -79,7 +82,7 @@ class TreeBudget:
     model_draft: bool = True
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
     guard: RateGuard = field(default_factory=RateGuard)
-    free_guard: RateGuard = field(default_factory=RateGuard)
+    lookup_guard: RateGuard = field(default_factory=RateGuard)
 
     def __post_init__(self) -> None:
         if not self.model_draft:
@@ -97,17 +100,13 @@ class TreeBudget:
         lookups.min_rounds = max(lookups.min_rounds, LOOKUP_MIN_ROUNDS)
         self._gain: list[float | None] = [None, None]  # EMA of modelled rounds' tokens/s over the plain rate
         self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
-        self._steady = True
         self.rounds = 0
         self._can_pay: list[bool] | None = None
         self._evidence: dict[float, float] = {}  # evidence_gain per rate, for ``_evidence_state``
         self._evidence_state: tuple | None = None
-        self._kind = self._main
-        self._exploring = False  # the current round runs while its kind loses (paid from its account)
-        self.lookup_only_rounds = 0
+        self.lookup_rounds = 0  # lookup rounds of a draft with a model part (its model draft sitting out)
         self.evidence_rounds = 0  # lookup rounds run on the lookup's sure evidence (sure_lookup)
-        self.root_only_rounds = 0  # lookup rounds whose best tree was the root alone (decoded plainly)
-        self._fresh = 1  # tokens the current round's catch-up ingests
+        self.root_only_rounds = 0  # drafted rounds whose best tree was the root alone (decoded plainly)
 
     # ------------------------------------------------------------ state
     @property
@@ -115,14 +114,6 @@ class TreeBudget:
         """Tokens/s the main kind's rounds realise by the cost model, at today's plain speed (None: none yet)."""
         gain = self._gain[self._main]
         return None if gain is None else gain * self.costs.plain_rate
-
-    @tree_rate.setter
-    def tree_rate(self, rate: float | None) -> None:
-        self._gain[self._main] = None if rate is None else rate / self.costs.plain_rate
-
-    @property
-    def plain_steps(self) -> int:
-        return self.schedule.plain_steps
 
     @property
     def plain_probes(self) -> int:
@@ -133,7 +124,7 @@ class TreeBudget:
         return self.schedule.catch_up_postponed
 
     def guard_of(self, kind: int) -> RateGuard:
-        return self.guard if kind == self._main else self.free_guard
+        return self.guard if kind == self._main else self.lookup_guard
 
     def losing(self, kind: int) -> bool:
         """Do rounds of this kind lose to plain steps now? Only when both measures say so: the modelled rounds
@@ -148,9 +139,6 @@ class TreeBudget:
         # a model round costs its draft whatever comes of it: what its rounds realised so far is enough; lookups
         # wait for the guard's verdict over several rounds, so one unlucky chain does not stop a copying answer
         return kind == MODEL_ROUND and self.guard_gain(kind) < 1.0
-
-    def trees_losing(self) -> bool:
-        return self.losing(self._main)
 
     def begin_answer(self) -> None:
         """A new answer: each kind's exploration account gets this answer's allowance. The kinds' records stay:
@@ -210,7 +198,7 @@ class TreeBudget:
         if self._can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
             rate = self.costs.plain_rate
             self._can_pay = [self.model_draft and self.ceiling_rate() >= rate,
-                             self.free_lookup and self.ceiling_rate(free=True) >= rate]
+                             self.free_lookup and self.ceiling_rate(lookup=True) >= rate]
         return self._can_pay[kind]
 
     def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
@@ -237,24 +225,32 @@ class TreeBudget:
                                    self.max_depth + 1, self.accounts[MODEL_ROUND]):
             if self.schedule.plain_probe_due(self.costs):
                 return PLAIN_STEP
-            plan = self.tree_plan(fresh_tokens, MODEL_ROUND)
-            self._exploring = losing
-            return plan
+            return self.tree_plan(fresh_tokens, MODEL_ROUND, exploring=losing)
         return PLAIN_STEP
 
-    def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None) -> RoundPlan:
+    def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None, exploring: bool = False) -> RoundPlan:
         """The plan of a drafted round of ``kind`` (default: the main kind) whose catch-up ingests
         ``fresh_tokens`` (what :meth:`plan` returns when it drafts; called alone, a round forced whatever the
-        schedule says)."""
-        self._kind = kind = self._main if kind is None else kind
-        self._exploring = False
-        free = kind == LOOKUP_ROUND
-        self._fresh = 1 if free else fresh_tokens
+        schedule says). ``exploring``: drafted while that kind loses, so its loss is paid from its account.
+
+        Its callables value nodes for a round of that kind, drafted so far in the calibrated root cost plus the
+        levels measured in this round's own times."""
+        kind = self._main if kind is None else kind
+        lookup = kind == LOOKUP_ROUND
         self.schedule.round_started()
-        self._steady = self._fresh <= self.max_depth + 1  # a normal round, not a backlog catch-up
-        self.lookup_only_rounds += free and self.model_draft
-        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=free,
-                         go_deeper=self.go_deeper, size=self.best_nodes)
+        self.lookup_rounds += lookup and self.model_draft
+
+        def go_deeper(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, times: RoundTimes,
+                      sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
+            return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times, kind), kind,
+                                sources, frontier_sources)
+
+        def size(cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
+            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind)
+
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=lookup,
+                         fresh_tokens=1 if lookup else fresh_tokens, exploring=exploring, go_deeper=go_deeper,
+                         size=size)
 
     def free_plan(self) -> RoundPlan:
         """A round of free drafts where :meth:`plan` said plain (tokens a grammar forces, lookups): levels and
@@ -267,20 +263,21 @@ class TreeBudget:
                          size=lambda cands, times, sources=None: self._size(cands, sources, 0.0, LOOKUP_ROUND),
                          unasked=True)
 
-    def _root_s(self) -> float:
-        """The steady draft time of a round's root: none when only lookups draft."""
-        return 0.0 if self._kind == LOOKUP_ROUND else self.costs.draft_root_now
+    def _root_s(self, kind: int) -> float:
+        """The steady draft time of a ``kind`` round's root: none when only lookups draft."""
+        return 0.0 if kind == LOOKUP_ROUND else self.costs.draft_root_now
 
-    def ceiling_rate(self, free: bool = False) -> float:
-        """Tokens/s of the best conceivable round: a chain of L drafted tokens, all accepted (L + 1 emitted)."""
+    def ceiling_rate(self, lookup: bool = False) -> float:
+        """Tokens/s of the best conceivable round (``lookup``: a lookup round's, drafted for free): a chain of L
+        drafted tokens, all accepted (L + 1 emitted)."""
         levels = np.arange(1, self.max_depth + 1)
-        draft = np.zeros(len(levels)) if free else np.array([self.costs.draft_s(int(n)) for n in levels])
+        draft = np.zeros(len(levels)) if lookup else np.array([self.costs.draft_s(int(n)) for n in levels])
         times = draft + self.costs.verify_s(levels + 1)
         return float(np.max((levels + 1) / times))
 
-    def _draft_so_far(self, times: RoundTimes) -> float:
-        """Steady-state draft time of this round: the calibrated root cost plus the levels measured so far."""
-        return self._root_s() + times.deeper_s
+    def _draft_so_far(self, times: RoundTimes, kind: int) -> float:
+        """Steady-state draft time of a ``kind`` round: the calibrated root cost plus the levels measured so far."""
+        return self._root_s(kind) + times.deeper_s
 
     # ------------------------------------------------------------ while drafting (the plan's callables)
     def _probs(self, scores: np.ndarray, sources: np.ndarray | None, kind: int) -> np.ndarray:
@@ -290,22 +287,11 @@ class TreeBudget:
             sources = np.full(len(scores), kind, dtype=np.int8)
         return self.acceptance.prob(scores, sources)
 
-    def go_deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int,
-                  times: RoundTimes, sources: np.ndarray | None = None,
-                  frontier_sources: np.ndarray | None = None) -> bool:
-        """Is another level worth its cost? A question: asking changes nothing. ``sources``: the candidates'
-        drafters (None: all the round kind's own), so each is valued by its own map as the round's size will be."""
-        return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times), self._kind,
-                            sources, frontier_sources)
-
-    def best_nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
-        """Nodes to verify (root included) among the candidates, taken in the tree's order (best score first),
-        each valued by its own drafter's acceptance map."""
-        return self._size(cand_scores, sources, self._draft_so_far(times), self._kind)
-
     def _deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, draft_s: float,
                 kind: int, sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
-        """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself?"""
+        """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself? A question:
+        asking changes nothing. ``sources``: the candidates' drafters (None: all the kind's own), so each is valued
+        by its own map as the round's size will be."""
         if levels_done >= self.max_depth:
             return False
         p = np.sort(self._probs(cand_scores, sources, kind))[::-1]
@@ -317,7 +303,8 @@ class TreeBudget:
                               frontier_best=float(frontier.max()))
 
     def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int) -> int:
-        """The best node count of a ``kind`` round drafted in ``draft_s``, candidates in the tree's order."""
+        """The best node count (root included) of a ``kind`` round drafted in ``draft_s``, the candidates taken in
+        the tree's order (best score first), each valued by its own drafter's acceptance map."""
         scores = np.asarray(cand_scores)
         order = np.lexsort((np.arange(len(scores)), -scores))
         p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order], kind)
@@ -325,18 +312,19 @@ class TreeBudget:
 
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
-        times = result.times
-        if result.plan.unasked:  # in place of a plain step: the schedule counts that step
+        """What a round did, judged by what its plan says it was planned on (kind, catch-up, exploring)."""
+        times, plan = result.times, result.plan
+        if plan.unasked:  # in place of a plain step: the schedule counts that step
             self.schedule.plain_taken()
             self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
             return
-        if not result.plan.drafts:
+        if not plan.drafts:
             self._plain(times.verify_s)
             self._earn(1.0)
             return
-        kind = LOOKUP_ROUND if result.plan.free_only else MODEL_ROUND
+        kind = LOOKUP_ROUND if plan.free_only else MODEL_ROUND
         self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
-        realised_s = self._realised_s(times, kind)
+        realised_s = self._realised_s(result)
         if result.n_nodes == 1:  # only the root: the generator decoded it as a plain step
             self.root_only_rounds += 1
             self._plain(times.verify_s)
@@ -354,10 +342,10 @@ class TreeBudget:
         # calibrated one), so a change of load between its windows does not pass for a draft winning or losing
         self.guard_of(kind).add_tree(result.n_emitted, realised_s / self.costs.load)
         if times.levels and kind == MODEL_ROUND:  # a lookup round says nothing of the model draft's costs
-            if self._steady:
+            if _steady(plan):
                 self.costs.observe_draft(times.catch_up_s, times.level_s)
             else:
-                self.costs.observe_catch_up(self._fresh, times.catch_up_s)
+                self.costs.observe_catch_up(plan.fresh_tokens, times.catch_up_s)
         self._can_pay = None  # the learned shape moved
         # steady-state rate: the tokens really emitted over the round's modelled cost, which the lines above just
         # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
@@ -370,7 +358,7 @@ class TreeBudget:
         a, old = self.rate_alpha, self._gain[kind]
         self._gain[kind] = gain if old is None else (1 - a) * old + a * gain
         steps = realised_s * self.costs.plain_rate  # the round in plain steps at today's speed
-        if self._exploring:  # rounds of a kind that wins are the guard's to judge, not exploration
+        if plan.exploring:  # rounds of a kind that wins are the guard's to judge, not exploration
             self.accounts[kind].pay(steps - result.n_emitted)
         self._earn(steps)
 
@@ -379,7 +367,7 @@ class TreeBudget:
         self.schedule.plain_taken()
         self.costs.observe_plain(seconds)
         self.guard.add_plain(seconds / self.costs.load)
-        self.free_guard.add_plain(seconds / self.costs.load)
+        self.lookup_guard.add_plain(seconds / self.costs.load)
 
     def _earn(self, steps: float) -> None:
         for account in self.accounts:
@@ -392,14 +380,16 @@ class TreeBudget:
         rt, rp = guard.tree_rate(), guard.plain_rate()
         return 1.0 if rt is None or rp is None or not np.isfinite(rt) or not np.isfinite(rp) else rt / rp
 
-    def _realised_s(self, times: RoundTimes, kind: int) -> float:
-        """The round's measured time (drafting, verifying, accepting, committing), with a backlog catch-up
+    def _realised_s(self, result: RoundResult) -> float:
+        """A drafted round's measured time (drafting, verifying, accepting, committing), with a backlog catch-up
         counted at the steady root cost (paid once whatever the tree, and the tree is what the guard judges); at
         least the draft levels plus the verification."""
+        times, plan = result.times, result.plan
+        kind = LOOKUP_ROUND if plan.free_only else MODEL_ROUND
         if not times.levels:
-            return max(times.done - times.start, self._root_s() + times.verify_s)
+            return max(times.done - times.start, self._root_s(kind) + times.verify_s)
         root = times.catch_up_s
-        steady_root = root if self._steady or kind == LOOKUP_ROUND else self._root_s()
+        steady_root = root if _steady(plan) or kind == LOOKUP_ROUND else self._root_s(kind)
         return max(times.done - times.start - root, times.deeper_s + times.verify_s) + steady_root
 
     def summary(self) -> dict:
@@ -422,9 +412,14 @@ class TreeBudget:
                 "ceiling_tokens_per_s": round(self.ceiling_rate(), 2),
                 "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
                 "realised": self.guard.summary(), "kinds": kinds, "plain_probes": self.plain_probes,
-                "lookup_only_rounds": self.lookup_only_rounds, "root_only_rounds": self.root_only_rounds,
+                "lookup_rounds": self.lookup_rounds, "root_only_rounds": self.root_only_rounds,
                 "evidence_rounds": self.evidence_rounds,
                 "catch_up_postponed": self.catch_up_postponed,
                 "acceptance_by_score": {f"{e:.2f}": round(float(r), 3)
                                         for e, r in zip(main.edges, main.rates()[1:])},
                 "nodes_observed": self.acceptance.n_observed}
+
+
+def _steady(plan: RoundPlan) -> bool:
+    """A normal round, not a backlog catch-up: the draft ingests at most what one round can emit."""
+    return plan.fresh_tokens <= plan.max_depth + 1

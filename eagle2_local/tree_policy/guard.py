@@ -1,4 +1,5 @@
-"""The auto budget's last line of defence: realised tokens per second of tree rounds against plain steps."""
+"""The auto budget's rate guard: it guards the decoding speed against drafted rounds that lose, by the tokens per
+second they realised against plain steps' (one guard per kind of round, see TreeBudget)."""
 
 from __future__ import annotations
 
