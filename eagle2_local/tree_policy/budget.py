@@ -15,18 +15,18 @@ ranking score) through a binned reliability map per drafter (model draft, lookup
 exp(score) and learns the observed acceptance rate per bin.
 
 Rounds come in two kinds, judged apart: model rounds (the model draft runs, lookup branches merged in) and lookup
-rounds (the free drafts alone: ``RoundPlan.free_only``; every drafted round of a lookup draft). Before each round the lookup says how sure it is of the root's next token (its rate
-learned from this text for that kind and length of match, which costs a few dictionary lookups); a lookup round
-runs exactly when a chain at that rate, valued through the lookups' acceptance map, beats plain steps on the
-calibrated curve (and the model rounds where those win). So lookups cost nothing where the text does not repeat,
-and an answer that copies drafts its sure spans from its first rounds, whatever earlier answers did: the lookup
-needs no exploration, and a record of looks that found nothing cannot keep it out. Model rounds whose rounds
-stop beating plain decoding steps (modelled and realised, by their :class:`RateGuard`) draft only while their
-:class:`Exploration` account allows: an allowance per answer plus a share of the decoding, paid by their
-losses, so exploring costs a bounded share of every answer however short; a losing model draft does not stop
-sure lookups, nor the reverse. The records last across answers. A round whose best tree is the root alone is
-decoded as a plain step; a drafted round that verified only forced tokens (a grammar's, free and certain)
-judges no kind.
+rounds (the free drafts alone: ``RoundPlan.free_only``; every drafted round of a lookup draft). Before each round
+the lookup says how sure it is of the root's next token (its rate learned from this text for that kind and length of
+match, which costs a few dictionary lookups); a lookup round runs exactly when a chain at that rate, valued through
+the lookups' acceptance map, beats plain steps on the calibrated curve (and the model rounds where those win). So
+lookups cost nothing where the text does not repeat, and an answer that copies drafts its sure spans from its first
+rounds, whatever earlier answers did: the lookup needs no exploration, and a record of looks that found nothing
+cannot keep it out. Model rounds whose rounds stop beating plain decoding steps (modelled and realised, by their
+:class:`RateGuard`) draft only while their :class:`Exploration` account allows: an allowance per answer plus a share
+of the decoding, paid by their losses, so exploring costs a bounded share of every answer however short; a losing
+model draft does not stop sure lookups, nor the reverse. The records last across answers. A round whose best tree is
+the root alone is decoded as a plain step; a drafted round that verified only forced tokens (a grammar's, free and
+certain) judges no kind.
 
 A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
 at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not

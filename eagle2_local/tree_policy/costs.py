@@ -8,11 +8,11 @@ The auto budget weighs expected accepted tokens against time, so it needs two cu
   seconds per extra token when the catch-up ingests a backlog (a new prompt, tokens decoded plainly).
 
 Both start from a short calibration (calibration.py, timed by microbench.measure_costs; cached by
-eagle2_local/measure/cost_cache.py) and are corrected online from the timings of real rounds. Everything is held in units of
-one plain decoding step: the plain step's duration now is measured from the plain steps actually taken (other
-processes, thermal limits and context length change it), and the *shape* (what a tree of n nodes or a draft
-level costs in plain steps) is learned per size from the rounds actually run, so a calibration spoiled by other
-load cannot fix a wrong shape for good. Numbers in, numbers out.
+eagle2_local/measure/cost_cache.py) and are corrected online from the timings of real rounds. Everything is held in
+units of one plain decoding step: the plain step's duration now is measured from the plain steps actually taken
+(other processes, thermal limits and context length change it), and the *shape* (what a tree of n nodes or a draft
+level costs in plain steps) is learned per size from the rounds actually run, so a calibration spoiled by other load
+cannot fix a wrong shape for good. Numbers in, numbers out.
 """
 
 from __future__ import annotations

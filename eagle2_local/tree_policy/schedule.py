@@ -16,10 +16,10 @@ class Exploration:
     """What drafted rounds of one kind may still lose, in plain steps, while that kind loses to plain decoding.
 
     Every answer brings ``allowance`` steps (the account holds at most that much), every step of decoding earns
-    ``share`` of a step, and every drafted round of the kind pays what it lost against plain decoding (its time
-    in plain steps minus its tokens) or is refunded what it won, while that kind was losing. A losing kind drafts
-    again only while the account is positive, so exploring costs at most ``allowance`` plus ``share`` of the decoding per answer (and one
-    round's loss): bounded by its cost, in the machine's own unit, however short the answer."""
+    ``share`` of a step, and every drafted round of the kind pays what it lost against plain decoding (its time in
+    plain steps minus its tokens) or is refunded what it won, while that kind was losing. A losing kind drafts again
+    only while the account is positive, so exploring costs at most ``allowance`` plus ``share`` of the decoding per
+    answer (and one round's loss): bounded by its cost, in the machine's own unit, however short the answer."""
 
     share: float = 0.01
     allowance: float = 0.25
