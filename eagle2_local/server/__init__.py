@@ -15,9 +15,9 @@ stream closed, which trims the cache to the prompt plus what was emitted, exactl
 one that goes away while its prompt is evaluated stops between two prompt batches, the cache back to what it held.
 
 Laid out as llama-cpp-python's server is: ``types.py`` (request and response shapes), ``errors.py``
-(OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``guard.py`` (API key,
-admission before the body is read, body size and deadline), ``timeouts.py`` (closing connections that send no
-request), ``app.py`` (the routes, ``create_app``, ``serve``).
+(OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``admission.py``
+(the API key, a place taken before the body is read, the body's size and deadline), ``timeouts.py`` (closing
+connections that send no request), ``app.py`` (the routes, ``create_app``, ``serve``).
 
 Clients do not learn about each other: a response carries only the statistics its request alone decides (token
 counts and ids) unless the operator asks for all (``--expose-stats``), and ``/stats`` shows totals.
@@ -25,7 +25,7 @@ counts and ids) unless the operator asks for all (``--expose-stats``), and ``/st
 
 from .app import create_app, listen, serve
 from .errors import APIError
-from .guard import MAX_BODY_BYTES, body_limit
+from .admission import MAX_BODY_BYTES, body_limit
 from .worker import TERMINAL, GenerationTotals, Job, ModelWorker
 
 __all__ = ["APIError", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",

@@ -25,15 +25,12 @@ from ..decoding.grammar_guard import PROBE_WAIT_S, GrammarCheckBusy
 from ..decoding.sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from ..chat.tool_calls import ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
-from .guard import Guard, body_limit
+from .admission import Admission, body_limit
 from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
                     eagle_stats, usage)
 from .worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
-
-IDLE_TIMEOUT_S = 15.0  # a request head, then its body, must arrive within this; an idle kept-alive connection closes
-
 
 def _pick(value, default):
     return default if value is None else value
@@ -245,10 +242,11 @@ async def _cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2
 # ---------------------------------------------------------------- wiring
 def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting: int = 16,
                defaults: SamplingDefaults | None = None, expose_stats: bool = False,
-               body_timeout_s: float | None = IDLE_TIMEOUT_S) -> FastAPI:
+               body_timeout_s: float | None = None) -> FastAPI:
     """The ASGI app for ``llm`` (an :class:`eagle2_local.api.Eagle2`); it owns the worker thread.
     ``expose_stats``: responses carry every statistic of their generation, also those that depend on other
-    clients' requests (a single user's setting); ``body_timeout_s``: how long a request's body may take."""
+    clients' requests (a single user's setting); ``body_timeout_s``: how long a request's body may take (None:
+    no deadline; :func:`serve` passes its ``idle_timeout_s``)."""
     service = Service(llm, model_name, max_waiting, defaults or DEFAULTS, expose_stats)
 
     @asynccontextmanager
@@ -259,7 +257,7 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
     app = FastAPI(title="eagle2-local", lifespan=lifespan, docs_url="/docs", openapi_url="/openapi.json",
                   redoc_url=None)
     app.state.service = service
-    # The key is checked by the Guard; declared here too, so the OpenAPI spec names the scheme and /docs can
+    # The key is checked by Admission; declared here too, so the OpenAPI spec names the scheme and /docs can
     # send it ("Authorize"). auto_error=False: the dependency itself never refuses anything.
     keyed = [Security(HTTPBearer(auto_error=False, description="the server's --api-key"))] if api_key else None
     app.add_api_route("/health", service.health, methods=["GET"])
@@ -268,7 +266,7 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
     app.add_api_route("/v1/completions", service.completions, methods=["POST"], dependencies=keyed)
     app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"], dependencies=keyed)
     add_error_handlers(app)
-    app.add_middleware(Guard, api_key=api_key, places=service.worker, max_body=body_limit(llm.n_ctx()),
+    app.add_middleware(Admission, api_key=api_key, places=service.worker, max_body=body_limit(llm.n_ctx()),
                        body_timeout_s=body_timeout_s)
     return app
 
@@ -289,13 +287,14 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           max_waiting: int = 16, model_name: str | None = None, defaults: SamplingDefaults | None = None,
-          expose_stats: bool = False, idle_timeout_s: float = IDLE_TIMEOUT_S,
-          say: Callable[[str], None] = log.warning, log_level: str = "warning") -> None:
+          expose_stats: bool = False, idle_timeout_s: float, say: Callable[[str], None] = log.warning,
+          log_level: str = "warning") -> None:
     """Bind, then load the model (``open_model()`` returns an :class:`eagle2_local.api.Eagle2`), then serve
     until interrupted (Ctrl-C / SIGTERM). Binding first makes a busy port an instant error, not one after a load.
     ``model_name`` defaults to the GGUF file name without ``.gguf``. ``idle_timeout_s``: a connection's request
     head, and then its body, must each arrive within it (a silent or trickling client is closed, 408 for a body),
-    and a kept-alive connection is closed after that long without a request."""
+    and a kept-alive connection is closed after that long without a request (no default here: ``serve
+    --idle-timeout`` holds the one)."""
     import uvicorn
 
     from .timeouts import head_timeout_protocol

@@ -45,31 +45,32 @@ def _validation_error(_request: Request, exc: RequestValidationError) -> JSONRes
                     param=where).response()
 
 
-# A ``code`` per HTTP status for errors raised by the framework (an unknown route, a wrong method, a body
-# Starlette cannot parse): each keeps its own status and is labelled by it, as OpenAI labels its errors.
-STATUS_CODES = {400: "bad_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
-                405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "body_too_large",
-                415: "unsupported_media_type", 422: "invalid_value", 429: "rate_limit_exceeded",
-                503: "service_unavailable"}
+# The ``code`` of a status where OpenAI's label is not HTTP's own phrase (``not_found``, ``request_timeout``,
+# ...); 413 is named here too, since Python 3.13 renamed its phrase.
+OWN_CODES = {401: "invalid_api_key", 413: "body_too_large", 422: "invalid_value", 429: "rate_limit_exceeded"}
 
 
 def status_label(status: int) -> tuple[str, str]:
     """OpenAI's ``(type, code)`` for ``status``: ``invalid_request_error`` for a 4xx, ``server_error`` for a
-    5xx, and the table's code or else the status's own phrase (``http_NNN`` for a status without one)."""
+    5xx, and :data:`OWN_CODES`' code or else the status's own phrase (``http_NNN`` for a status without one)."""
     try:
         phrase = HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
     except ValueError:
         phrase = f"http_{status}"
-    return ("server_error" if status >= 500 else "invalid_request_error"), STATUS_CODES.get(status, phrase)
+    return ("server_error" if status >= 500 else "invalid_request_error"), OWN_CODES.get(status, phrase)
+
+
+def labelled(status: int, message: str, headers: dict[str, str] | None = None) -> APIError:
+    """An error labelled by its status alone (:func:`status_label`), as the framework's own are."""
+    return APIError(status, message, *status_label(status), headers=headers)
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """The framework's own errors (404 unknown route, 405 wrong method, 400 unparsable body, ...) in the same
     shape, each labelled by its status."""
     what = "unknown route" if exc.status_code == 404 else str(exc.detail).lower()
-    type_, code = status_label(exc.status_code)
-    return APIError(exc.status_code, f"{what}: {request.method} {request.url.path}", type_, code,
-                    headers=getattr(exc, "headers", None)).response()
+    return labelled(exc.status_code, f"{what}: {request.method} {request.url.path}",
+                    getattr(exc, "headers", None)).response()
 
 
 def server_fault() -> APIError:
@@ -87,7 +88,6 @@ def shutting_down() -> APIError:
 def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
     log.exception("request failed", exc_info=exc)
     return server_fault().response()
-
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -4,7 +4,7 @@ time, would hold its connection (a socket, a protocol object) for ever.
 
 :func:`head_timeout_protocol` gives uvicorn an HTTP/1.1 (h11) protocol that wants each request's head complete
 within a deadline, counted from the connection's start and from the end of each response (on a kept-alive
-connection). The body has its own deadline, in :class:`~eagle2_local.server.guard.Guard`.
+connection). The body has its own deadline, in :class:`~eagle2_local.server.admission.Admission`.
 """
 
 from __future__ import annotations

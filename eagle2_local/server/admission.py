@@ -1,5 +1,5 @@
-"""The API key, the admission of generation requests, and the body's size and deadline, checked by plain ASGI
-middleware before any routing (streams pass through untouched).
+"""Admission: what a request must pass before any routing, in one plain ASGI middleware (streams pass through
+untouched): the API key, a place for a generation request, and the body's size and deadline.
 
 As in llama-cpp-python's server, the key guards the API, not its description: ``/health`` and the OpenAPI docs
 (``/docs``, ``/openapi.json``) answer without it; they tell a client what the routes are, never what they hold.
@@ -16,7 +16,7 @@ import hmac
 import time
 from typing import Callable, Protocol
 
-from .errors import APIError
+from .errors import APIError, labelled
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # the most any context allows; stops a client from filling memory
 MIN_BODY_BYTES = 1024 * 1024  # the least: room for tools, schemas and JSON escapes around a short context
@@ -39,8 +39,8 @@ class Places(Protocol):
     def release(self) -> None: ...
 
 
-class Guard:
-    """API key, admission, body size and body deadline, before any routing."""
+class Admission:
+    """The API key, a place for a generation request, the body's size and deadline: checked before any routing."""
 
     def __init__(self, app, api_key: str | None, places: Places | None = None, max_body: int = MAX_BODY_BYTES,
                  body_timeout_s: float | None = None) -> None:
@@ -89,8 +89,7 @@ class Guard:
             token = given[7:].strip() if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
                 why = "missing API key" if not given else "invalid API key"
-                return APIError(401, f"{why}: send `Authorization: Bearer KEY`", code="invalid_api_key",
-                                headers={"WWW-Authenticate": "Bearer"})
+                return labelled(401, f"{why}: send `Authorization: Bearer KEY`", {"WWW-Authenticate": "Bearer"})
         length = headers.get("content-length", "0")
         if not (length.isascii() and length.isdigit()) or int(length) > self.max_body:
             return _too_large(self.max_body)
@@ -98,13 +97,11 @@ class Guard:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"request body larger than {limit} bytes", code="body_too_large",
-                    headers={"Connection": "close"})
+    return labelled(413, f"request body larger than {limit} bytes", {"Connection": "close"})
 
 
 def _too_slow(timeout_s: float) -> APIError:
-    return APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
-                    headers={"Connection": "close"})
+    return labelled(408, f"the request body did not arrive within {timeout_s:g} s", {"Connection": "close"})
 
 
 async def _read_body(receive, limit: int, timeout_s: float | None) -> tuple[APIError | None, Callable]:
