@@ -52,8 +52,7 @@ from eagle2_local.formats.models import default_model_path
 from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
 from eagle2_local.tree_policy.oracle import Schedule, SizeTable, best_schedule, size_table
 
-sys.path.insert(0, str(Path(__file__).parent))
-from curves import Curve, curves_for, load_curves  # noqa: E402  (benchmarks/curves.py, beside this script)
+from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
 
 
 def freeze_time() -> None:

@@ -19,19 +19,17 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
+from eagle2_local import Eagle2
+from eagle2_local.convert.eagle1 import write_head
+from eagle2_local.formats.eagle1_format import HeadParams
+from eagle2_local.formats.models import default_model_path
+from eagle2_local.measure.bench import interleaved, load_prompt_sets, machine_info
+from eagle2_local.measure.microbench import DraftTimes
+
 ROOT = Path(__file__).resolve().parents[1]
 EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from convert.eagle1 import write_head  # noqa: E402
-from eagle2_local import Eagle2  # noqa: E402
-from eagle2_local.measure.bench import interleaved, load_prompt_sets, machine_info  # noqa: E402
-from eagle2_local.formats.eagle1_format import HeadParams  # noqa: E402
-from eagle2_local.measure.microbench import DraftTimes  # noqa: E402
-from eagle2_local.formats.models import default_model_path  # noqa: E402
-
 OUT = ROOT / "benchmarks" / "results" / "eagle1-numpy-draft-time-smollm2.json"
 
 

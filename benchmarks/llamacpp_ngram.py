@@ -23,11 +23,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from eagle2_local.errors import Eagle2Error
+from eagle2_local.measure.bench import load_prompt_sets
 
-from eagle2_local.measure.bench import load_prompt_sets  # noqa: E402
-from eagle2_local.errors import Eagle2Error  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class RunError(Exception):

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from eagle2_local.api import Eagle2
+from eagle2_local.llamacpp import rpc
+from eagle2_local.measure.bench import interleaved, load_prompt_sets
+
 ROOT = Path(__file__).resolve().parents[1]
 EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored
-sys.path.insert(0, str(ROOT))
-
-from eagle2_local.llamacpp import rpc  # noqa: E402
-from eagle2_local.api import Eagle2  # noqa: E402
-from eagle2_local.measure.bench import interleaved, load_prompt_sets  # noqa: E402
 
 QUANTITIES = ("layer-input features", "target logits after prefill", "head root logits",
               "target single-token logits")

@@ -34,10 +34,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from eagle2_local.errors import Eagle2Error
 
-from eagle2_local.errors import Eagle2Error  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BASELINE = "llama-server"
 

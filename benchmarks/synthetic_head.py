@@ -11,15 +11,12 @@ which is what the host-time figure measures.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from convert.eagle3 import convert_eagle3  # noqa: E402
-from eagle2_local.formats.models import default_model_path  # noqa: E402
-from tests.support.head_checkpoints import random_eagle3  # noqa: E402
+from eagle2_local.convert.eagle3 import convert_eagle3
+from eagle2_local.formats.models import default_model_path
+from head_checkpoints import random_eagle3  # benchmarks/head_checkpoints.py, beside this script
 
 
 def main() -> None:

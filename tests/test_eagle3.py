@@ -8,6 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
+from benchmarks.head_checkpoints import random_eagle3
 from convert.eagle3 import convert_eagle3, permute_rope_rows
 from eagle2_local.api import Eagle2
 from eagle2_local.llamacpp import backend_topk
@@ -19,7 +20,6 @@ from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import top_k_log_probs
 from tests.support.eagle3_reference import Eagle3Reference
 from tests.support.eagle_heads import chat_turn_outputs
-from tests.support.head_checkpoints import random_eagle3
 from tests.support.synthetic_model import write_model
 from tests.support.prompts import load_prompts
 

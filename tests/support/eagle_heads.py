@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.head_checkpoints import save_safetensors
+from benchmarks.head_checkpoints import save_safetensors
 
 VARIANTS = {
     # Vicuna / LLaMA2-chat heads: fc bias, no q/k/v bias, RoPE base 10000

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.support.head_checkpoints import eagle3_tensors, save_safetensors
+from benchmarks.head_checkpoints import eagle3_tensors, save_safetensors
 
 SMOL = {"hidden": 576, "target_hidden": 576, "n_head": 9, "n_head_kv": 3, "ffn": 256, "vocab": 49152,
         "draft_vocab": 1024}

@@ -1,4 +1,8 @@
-"""Writing synthetic head checkpoints the way training code publishes them (safetensors + config.json)."""
+"""Writing synthetic head checkpoints the way training code publishes them (safetensors + config.json).
+
+It lives with the benchmarks because ``synthetic_head.py`` makes its random-weight head with it, and benchmarks
+import only the package and each other; the tests use it too (as ``benchmarks.head_checkpoints``): tests may
+import anything in the repository, nothing imports the tests."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from convert.safetensors_file import DTYPES
+from eagle2_local.convert.safetensors_file import DTYPES
 
 
 def eagle3_tensors(*, hidden: int, target_hidden: int, n_head: int, n_head_kv: int, ffn: int, vocab: int,
