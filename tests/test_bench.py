@@ -142,7 +142,8 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     acceptance, which mode was best and eagle2-local against it; the table prints them. Needs
     --llama-cpp-bin to run for real (llama.cpp's binaries), so only the bookkeeping is tested here."""
     from eagle2_local.decoding.stats import GenerationStats
-    from eagle2_local.measure.bench import PromptResult, _tools_summary
+    from eagle2_local.measure.bench import PromptResult
+    from eagle2_local.measure.llamacpp_bench import tools_summary
     from eagle2_local.commands.console import _tools_lines
 
     def tools(simple: float, mod: float) -> dict:
@@ -155,7 +156,7 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     plain, eagle = GenerationStats(n_tokens=10, total_s=1.0), GenerationStats(n_tokens=14, total_s=1.0)
     rs = [PromptResult("s", i, plain, eagle, True, llama_cpp=tools(s, m))
           for i, (s, m) in enumerate([(12.0, 9.0), (11.0, 9.5), (13.0, 8.0)])]
-    t = _tools_summary(rs)
+    t = tools_summary(rs)
     assert t["best_ngram"] == "ngram-simple" and t["ngram"]["ngram-simple"]["speedup"] == pytest.approx(1.2)
     assert t["ngram"]["ngram-simple"]["speedup_e2e"] == pytest.approx(1.2)
     assert t["ngram"]["ngram-mod"]["accept_rate"] == pytest.approx(0.2)

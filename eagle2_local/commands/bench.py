@@ -57,7 +57,8 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
-    from ..measure.bench import Bench, LlamaCppTools, load_prompt_sets
+    from ..measure.bench import Bench, load_prompt_sets
+    from ..measure.llamacpp_bench import LlamaCppTools
     from ..llamacpp.binaries import NGRAM_MODES
     from ..formats.models import file_sha256
     from ..decoding.sampling import SamplingParams

@@ -2,11 +2,10 @@
 
 Both modes run on one :class:`~eagle2_local.api.Eagle2` (same llama.cpp build, model, context settings and
 threads; plain decoding is its ``speculative=False`` path), reset before every run, so neither profits from the
-other's KV cache. Speed is tokens per second of decoding (the
-prompt's prefill is the same for both and excluded); the speedup of a set is the median of per-prompt ratios.
-A record with several user turns runs as a chat, each turn after the mode's own
-earlier answers; its speed, τ and comparison cover every turn. At temperature 0 the outputs are compared token
-for token; a divergence is reported as a near-tie when the
+other's KV cache. Speed is tokens per second of decoding (the prompt's prefill is the same for both and excluded);
+the speedup of a set is the median of per-prompt ratios. A record with several user turns runs as a chat, each
+turn after the mode's own earlier answers; its speed, τ and comparison cover every turn (their stats added up).
+At temperature 0 the outputs are compared token for token; a divergence is reported as a near-tie when the
 target's top-2 logits at that position differ by less than ``tie_tolerance`` (multi-threaded CPU runs are not
 batch-invariant, see NOTES.md#lossless), and as a mismatch otherwise.
 """
@@ -32,10 +31,11 @@ from ..decoding.stats import GenerationStats
 from ..decoding.grammar import Grammar, GrammarError
 from ..llamacpp.llama import LlamaModel, system_info
 from ..decoding.sampling import SamplingParams
+from .llamacpp_bench import tools_summary
 
 if TYPE_CHECKING:
     from ..api import Eagle2
-    from ..llamacpp.binaries import ToolRun
+    from .llamacpp_bench import LlamaCppTools
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,6 @@ def interleaved(sets: list[PromptSet], n: int) -> list[str]:
 
 
 def machine_info() -> dict:
-    cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
@@ -306,9 +305,8 @@ class Bench:
                 "near_tie_divergences": len(near) if greedy else None,
                 "mismatches": (len(rs) - sum(r.identical for r in rs) - len(near)) if greedy else None,
             }
-            tools = [r.llama_cpp for r in rs if r.llama_cpp]
-            if tools:
-                out[name]["llama_cpp"] = _tools_summary([r for r in rs if r.llama_cpp])
+            if any(r.llama_cpp for r in rs):
+                out[name]["llama_cpp"] = tools_summary([r for r in rs if r.llama_cpp])
             held = [r for r in rs if r.split == "heldout"]
             if held and len(held) < len(rs):  # held-out records reported apart: tuning never saw them
                 out[name]["heldout"] = _split_summary(held)
@@ -331,12 +329,6 @@ def _speedup_e2e(rs: list[PromptResult]) -> float:
     return round(statistics.median(r.eagle.tokens_per_s_e2e / max(r.plain.tokens_per_s_e2e, 1e-9) for r in rs), 4)
 
 
-def _median_ratio(pairs) -> float:
-    """Median of a / b over (a, b) pairs with b > 0 (0.0 without any)."""
-    ratios = [a / b for a, b in pairs if b > 0]
-    return round(statistics.median(ratios), 4) if ratios else 0.0
-
-
 def _split_summary(rs: list[PromptResult]) -> dict:
     """A subset of a set's records (the held-out ones): medians of speed-ups (decode-only and end to end), tau,
     and eagle2-local against the best n-gram mode of the whole set when llama.cpp's tools ran."""
@@ -345,41 +337,7 @@ def _split_summary(rs: list[PromptResult]) -> dict:
            "speedup_e2e": _speedup_e2e(rs), "tau": round(eagle.tau, 4),
            "identical_outputs": sum(r.identical for r in rs)}
     if all(r.llama_cpp and "ngram" in r.llama_cpp for r in rs):
-        out["llama_cpp"] = _tools_summary(rs)
-    return out
-
-
-def _tools_summary(rs: list[PromptResult]) -> dict:
-    """llama.cpp's tools over a set: medians of their tokens/s and of per-prompt speedups over llama-completion
-    (decode-only and end-to-end), acceptance rates, and eagle2-local against the best n-gram mode."""
-    tools = [r.llama_cpp for r in rs]
-    med = lambda key: round(statistics.median(t[key] for t in tools), 3)  # noqa: E731
-    out = {"tokens_per_s_completion": med("completion_tokens_per_s"),
-           "tokens_per_s_e2e_completion": med("completion_e2e_tokens_per_s"),
-           "speedup_eagle_vs_completion": _median_ratio((r.eagle.tokens_per_s, r.llama_cpp["completion_tokens_per_s"])
-                                                        for r in rs)}
-    if "draft_simple_tokens_per_s" in tools[0]:
-        out.update({"tokens_per_s_draft_simple": med("draft_simple_tokens_per_s"),
-                    "draft_simple_accept_rate": round(sum(t["accepted"] for t in tools)
-                                                      / max(1, sum(t["drafted"] for t in tools)), 4),
-                    "speedup_draft_simple": _median_ratio((t["draft_simple_tokens_per_s"], t["completion_tokens_per_s"])
-                                                          for t in tools)})
-    modes = list(tools[0].get("ngram", {}))
-    if modes:
-        ngram = {}
-        for mode in modes:
-            runs = [t["ngram"][mode] for t in tools]
-            ngram[mode] = {
-                "tokens_per_s": round(statistics.median(m["tokens_per_s"] for m in runs), 3),
-                "speedup": _median_ratio((m["tokens_per_s"], t["completion_tokens_per_s"]) for m, t in zip(runs, tools)),
-                "speedup_e2e": _median_ratio((m["e2e_tokens_per_s"], t["completion_e2e_tokens_per_s"])
-                                             for m, t in zip(runs, tools)),
-                "accept_rate": round(sum(m["accepted"] for m in runs) / max(1, sum(m["drafted"] for m in runs)), 4)}
-        best = max(modes, key=lambda m: ngram[m]["speedup"])
-        out["ngram"] = ngram
-        out["best_ngram"] = best
-        out["speedup_eagle_vs_best_ngram"] = _median_ratio((r.eagle.tokens_per_s, r.llama_cpp["ngram"][best]["tokens_per_s"])
-                                                           for r in rs)
+        out["llama_cpp"] = tools_summary(rs)
     return out
 
 
@@ -409,57 +367,3 @@ def _median(runs: list[ChatRun]) -> GenerationStats:
     """The stats of the run with the median decode time (repeats only change timings)."""
     ordered = sorted((r.stats for r in runs), key=lambda st: st.decode_s)
     return ordered[len(ordered) // 2]
-
-
-@dataclass
-class LlamaCppTools:
-    """llama.cpp's own binaries timed on the same rendered prompts (what users would run instead): plain
-    ``llama-completion``, draft-simple with ``draft`` (None: not run) and each of ``ngram`` (names in
-    binaries.NGRAM_MODES), one after another in an order that alternates per prompt, as bench's own modes
-    do."""
-
-    bin_dir: Path
-    model: Path
-    draft: Path | None
-    threads: int
-    n_ctx: int
-    n_draft: int = 4
-    ngram: tuple[str, ...] = ()
-    calls: int = 0
-
-    def run(self, rendered: str | list[str], max_tokens: int) -> dict:
-        """Time every tool on a prompt, or on each turn's prompt of a chat (tokens and seconds summed over the
-        turns): decode-only and end-to-end (prompt included) tokens/s, drafted and accepted counts."""
-        from ..llamacpp.binaries import NGRAM_MODES, run_completion, run_speculative
-        prompts = [rendered] if isinstance(rendered, str) else rendered
-        tools = {"completion": lambda p: run_completion(self.bin_dir, self.model, p, max_tokens, self.threads,
-                                                        self.n_ctx)}
-        if self.draft is not None:
-            tools["draft_simple"] = lambda p: run_speculative(self.bin_dir, self.model, self.draft, p, max_tokens,
-                                                              self.threads, self.n_ctx, self.n_draft)
-        for mode in self.ngram:
-            tools[mode] = (lambda spec: lambda p: run_speculative(self.bin_dir, self.model, None, p, max_tokens,
-                                                                  self.threads, self.n_ctx, spec=spec))(NGRAM_MODES[mode])
-        order = list(tools) if self.calls % 2 == 0 else list(reversed(tools))
-        self.calls += 1
-        runs = {name: [tools[name](p) for p in prompts] for name in order}
-        out = {"completion_tokens_per_s": round(_rate(runs["completion"]), 3),
-               "completion_e2e_tokens_per_s": round(_rate(runs["completion"], e2e=True), 3)}
-        if "draft_simple" in runs:
-            spec = runs["draft_simple"]
-            out.update({"draft_simple_tokens_per_s": round(_rate(spec), 3),
-                        "drafted": sum(r.drafted or 0 for r in spec), "accepted": sum(r.accepted or 0 for r in spec)})
-        if self.ngram:
-            out["ngram"] = {mode: {"tokens_per_s": round(_rate(runs[mode]), 3),
-                                   "e2e_tokens_per_s": round(_rate(runs[mode], e2e=True), 3),
-                                   "tokens": sum(r.tokens for r in runs[mode]),
-                                   "drafted": sum(r.drafted or 0 for r in runs[mode]),
-                                   "accepted": sum(r.accepted or 0 for r in runs[mode])} for mode in self.ngram}
-        return out
-
-
-def _rate(runs: list["ToolRun"], e2e: bool = False) -> float:
-    """Tokens per second over several llama.cpp tool runs (ToolRun): decoding alone, or with the prompts'
-    evaluation (``e2e``)."""
-    seconds = sum(r.seconds + (r.prompt_seconds if e2e else 0.0) for r in runs)
-    return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0
