@@ -18,6 +18,7 @@ from tests.support.prompts import load_prompts
 from eagle2_local import Eagle2
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target
+from eagle2_local.decoding.tree import DraftTree
 
 pytestmark = pytest.mark.smollm2
 
@@ -79,7 +80,7 @@ def test_only_batches_under_64_tokens_extend_the_exact_prefix(smollm2_path):
     target.prefill(list(range(100, 132)), aligned=True)
     for n_nodes, exact_after in ((10, 42), (68, 42)):
         base = target.n_past
-        target.verify((np.arange(200, 200 + n_nodes), np.arange(-1, n_nodes - 1)))
+        target.verify(DraftTree.from_parents(np.arange(200, 200 + n_nodes), np.arange(-1, n_nodes - 1)))
         target.commit(np.arange(n_nodes))
         assert (target.n_past, target.n_exact) == (base + n_nodes, exact_after)
     target.close()

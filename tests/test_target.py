@@ -11,7 +11,8 @@ from eagle2_local.errors import ContextFullError, TreeError
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import DraftTree
-from tests.support.helpers import SETTINGS, check_thousand_rounds_leak_no_cells, path_to, random_tree, sequential_logits
+from tests.support.helpers import (SETTINGS, Restores, check_thousand_rounds_leak_no_cells, path_to, random_tree,
+                                  sequential_logits)
 
 # F32 matmuls take different kernels for different batch sizes on CPU: results differ in the last bits.
 F32_TOL = 1e-2
@@ -89,9 +90,11 @@ def test_batch_invariance_measured(f32_model, q8_model):
 
 
 def commit_rounds(model, rounds, seed, settings=SETTINGS, tree_size=(1, 24)):
-    """Random verify/commit rounds; returns the target and the committed token list."""
+    """Random verify/commit rounds; returns the target, the committed token list and the count of commits that
+    moved accepted rows."""
     rng = np.random.default_rng(seed)
     t = Target(model, settings)
+    restores = Restores(t)
     committed = list(rng.integers(5, model.n_vocab, 8))
     t.prefill(committed)
     for _ in range(rounds):
@@ -102,14 +105,14 @@ def commit_rounds(model, rounds, seed, settings=SETTINGS, tree_size=(1, 24)):
         committed += [int(x) for x in tree.tokens[path]]
         assert t.n_past == len(committed)
         assert t.ctx.seq_pos_max(0) == len(committed) - 1
-    return t, committed
+    return t, committed, restores
 
 
 @pytest.mark.parametrize("which", ["q8", "smollm2"])
 def test_commit_is_bit_identical_to_sequential(which, q8_model, request):
     model = q8_model if which == "q8" else request.getfixturevalue("smol_model")
-    t, committed = commit_rounds(model, 40, seed=1)
-    assert t.n_restored > 0  # some commits had to move accepted rows
+    t, committed, restores = commit_rounds(model, 40, seed=1)
+    assert restores.n > 0  # some commits had to move accepted rows
     assert len(committed) > 100
     probe = [17, 23, 99]
     spec = [t.decode_one(tok).logits[0] for tok in probe]
@@ -126,7 +129,7 @@ def test_commit_is_bit_identical_to_sequential(which, q8_model, request):
 
 
 def test_commit_with_tolerance_f32(f32_model):
-    t, committed = commit_rounds(f32_model, 20, seed=2)
+    t, committed, _ = commit_rounds(f32_model, 20, seed=2)
     probe = t.decode_one(42).logits[0]
     ref = sequential_logits(f32_model, committed[:1], committed[1:] + [42])[-1]
     assert np.abs(probe - ref).max() <= F32_TOL
@@ -145,9 +148,9 @@ def test_validation_before_llama(q8_model):
     with pytest.raises(TreeError, match="leaves"):
         t.verify(DraftTree.from_parents(np.full(6, 9), [-1, 0, 0, 0, 0, 0]))
     with pytest.raises(TreeError, match="not an earlier node"):
-        t.verify((np.full(3, 9), [-1, 2, 0]))
+        t.verify(DraftTree.from_parents(np.full(3, 9), [-1, 2, 0]))
     with pytest.raises(TreeError, match="vocabulary"):
-        t.verify((np.array([9, 10**6]), [-1, 0]))
+        t.verify(DraftTree.from_parents(np.array([9, 10**6]), [-1, 0]))
     fill = t.n_ctx - 10 - t.n_past  # llama.cpp may round n_ctx up; use what it reports
     for start in range(0, fill, 16):
         t.prefill([7] * min(16, fill - start))

@@ -48,17 +48,10 @@ INVARIANT_FTYPES = frozenset({llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, llama_cpp.LLAMA
 
 
 @dataclass
-class Prefill:
-    """What evaluating text onto the committed sequence returns: the last token's logits, as one row (1, V),
-    and, when the context has features on, the features of every token evaluated."""
-
-    logits: np.ndarray
-    features: np.ndarray | None
-
-
-@dataclass
-class Verification:
-    """What one tree decode returns: logits (and features when enabled) for every node, in node order."""
+class Pass:
+    """What one decode onto the target returns: logits, and the features of every token evaluated when the
+    context has features on (None otherwise). A prefill or plain step gives the last token's logits as one row
+    (1, V); a tree verification gives one row per node, in node order."""
 
     logits: np.ndarray
     features: np.ndarray | None
@@ -77,7 +70,6 @@ class Target:
         self.n_past = 0  # committed tokens in sequence 0 (= used KV cells outside a pending tree)
         self.n_exact = 0  # leading committed cells equal to a fresh aligned evaluation of their text (<= n_past)
         self.batch_invariant = self._batch_invariant(settings)
-        self.n_restored = 0  # commits that had to move accepted rows (statistics)
         self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
         self._tree_leaf_of = np.zeros(0, dtype=np.int64)  # per node of the pending tree: index of a leaf below it
         self._verified = 0  # nodes of the tree verified last (rows of llama.cpp's feature buffers)
@@ -125,7 +117,7 @@ class Target:
 
     # ------------------------------------------------------------ plain path
     def prefill(self, tokens, want_features: bool | None = None, *, aligned: bool = False,
-                cancelled: Callable[[], bool] | None = None) -> Prefill:
+                cancelled: Callable[[], bool] | None = None) -> Pass:
         """Evaluate ``tokens`` after the committed text in chunks of n_batch, or with ``aligned`` in the
         reproducible schedule (chunks of ``PROMPT_CHUNK`` starting at its multiples; a little slower).
 
@@ -164,23 +156,21 @@ class Target:
             if start + n == len(toks):
                 last_logits = self.ctx.logits(n_out, copy=False)[-1].copy()  # only the row we return
         features = np.concatenate(feats) if feats else None
-        return Prefill(logits=last_logits[None, :], features=features)
+        return Pass(logits=last_logits[None, :], features=features)
 
-    def decode_one(self, token: int) -> Prefill:
+    def decode_one(self, token: int) -> Pass:
         """Plain decoding step: append one token to sequence 0 and return its logits (and feature)."""
         return self.prefill([token])
 
     # ------------------------------------------------------------ tree path
-    def verify(self, tree: DraftTree | tuple, copy: bool = True, features: bool = True) -> Verification:
+    def verify(self, tree: DraftTree, copy: bool = True, features: bool = True) -> Pass:
         """Write the whole tree into the KV cache in ONE decode and return logits (and features) per node.
 
-        ``tree`` is a :class:`DraftTree` or a ``(tokens, parents)`` pair; node 0 is the root, i.e. the last
-        sampled token that is not in the cache yet. With ``copy=False`` the logits are a view of llama.cpp's
-        buffer, valid until the next call on this target (the generation loop reads them right away). With
-        ``features=False`` no features are copied: :meth:`verified_features` reads the accepted nodes' alone.
+        Node 0 of ``tree`` is the root, i.e. the last sampled token that is not in the cache yet. With
+        ``copy=False`` the logits are a view of llama.cpp's buffer, valid until the next call on this target (the
+        generation loop reads them right away). With ``features=False`` no features are copied:
+        :meth:`verified_features` reads the accepted nodes' alone.
         """
-        if not isinstance(tree, DraftTree):
-            tree = DraftTree.from_parents(*tree)
         tokens, parents = tree.tokens, tree.parents  # a DraftTree's parents were validated when it was made
         n = len(tokens)
         self._check_no_pending()
@@ -207,7 +197,7 @@ class Target:
         logits = self.ctx.logits(n, copy=copy)
         feats = self._features(n) if self.has_features and features else None
         self._verified = n
-        return Verification(logits=logits, features=feats)
+        return Pass(logits=logits, features=feats)
 
     def verified_features(self, nodes: np.ndarray) -> np.ndarray | None:
         """Features of ``nodes`` of the tree verified last (None without features): a copy of those rows only,
@@ -238,7 +228,6 @@ class Target:
             self.ctx.load_seq(rows, self.scratch)  # the accepted rows land in cells base .. base+k
             self.ctx.seq_cp(self.scratch, 0)
             self.ctx.seq_rm(self.scratch)
-            self.n_restored += 1
         self._mark_written(base, k1, False, n_nodes)
         self.n_past = base + k1
 

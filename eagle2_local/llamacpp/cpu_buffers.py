@@ -49,12 +49,6 @@ def _name(buft: int) -> str:
     return ggml_fn("ggml_backend_buft_name")(buft).decode()
 
 
-def extra_buffer_types() -> list[str]:
-    """Names of the extra CPU buffer types a model load may use now, in the loader's order."""
-    arr = _extra_list()
-    return [_name(b) for b in _entries(arr)] if arr else []
-
-
 def drop_buffer_type(name: str) -> bool:
     """Remove ``name`` from the extra CPU buffer types later model loads may use; True if it was there.
 

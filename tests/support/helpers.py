@@ -225,11 +225,27 @@ def free_cells(target: Target) -> int:
     return n
 
 
-def check_thousand_rounds_leak_no_cells(model) -> Target:
+class Restores:
+    """Counts a target's commits that moved accepted rows: the only ones that load saved K/V rows back (through
+    ``ctx.load_seq``), so the tests can check that path ran without the target keeping a count for them."""
+
+    def __init__(self, target: Target) -> None:
+        self.n = 0
+        load_seq = target.ctx.load_seq
+
+        def counted(data: bytes, seq: int) -> None:
+            self.n += 1
+            load_seq(data, seq)
+
+        target.ctx.load_seq = counted
+
+
+def check_thousand_rounds_leak_no_cells(model) -> tuple[Target, Restores]:
     """1,000 random verify/commit rounds with rollbacks; the free cells always equal n_ctx - n_past."""
     settings = ContextSettings(n_ctx=512, n_batch=64, n_seq_max=40, n_threads=1)
     rng = np.random.default_rng(3)
     t = Target(model, settings)
+    restores = Restores(t)
     t.prefill([1, 5, 6])
     for i in range(1000):
         tree = random_tree(rng, model.n_vocab, int(rng.integers(1, 30)), 4)
@@ -242,7 +258,7 @@ def check_thousand_rounds_leak_no_cells(model) -> Target:
     assert t.ctx.seq_pos_max(0) == t.n_past - 1
     assert llama_cpp.llama_memory_seq_pos_min(t.ctx.mem, 0) == 0
     assert free_cells(t) == t.n_ctx - t.n_past
-    return t
+    return t, restores
 
 
 # ------------------------------------------------------------------ EAGLE-1/2 heads
