@@ -48,6 +48,7 @@ from eagle2_local import Eagle2
 from eagle2_local.measure import cost_cache
 from eagle2_local.measure.bench import SPLITS, load_prompt_sets
 from eagle2_local.decoding.stats import GenerationStats
+from eagle2_local.formats.cache_root import cache_root
 from eagle2_local.formats.models import default_model_path
 from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
 from eagle2_local.tree_policy.oracle import Schedule, SizeTable, best_schedule, size_table
@@ -70,7 +71,7 @@ def reuse_calibration(depth: int) -> None:
     measured_or_cached = cost_cache.cached_or_measured
 
     def cached(key, measure, refresh=False, directory=None, check=None):
-        folder = directory or cost_cache.cache_dir()
+        folder = directory or cache_root()
         if not (folder / key.file_name()).exists():
             source = cost_cache.CostKey(**{**key.__dict__, "extra": {**key.extra, "depth": depth}})
             if (folder / source.file_name()).exists():

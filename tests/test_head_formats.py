@@ -141,7 +141,7 @@ def test_speculators_top_level_ids_and_llama3_rope(tmp_path, smollm2_path, plain
 def test_upstream_llama_cpp_gguf_is_translated(tmp_path, smollm2_path, plain_text, monkeypatch):
     """An eagle3 GGUF naming its layers eagle3.extract_layers: `--head` translates it once into the cache and
     drafts losslessly; `convert upstream.gguf` writes the same translation where the user wants it."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("EAGLE2_LOCAL_CACHE", str(tmp_path / "cache"))
     ours, _, _ = converted(tmp_path, safeailab_eagle3(tmp_path / "src"), smollm2_path)
     upstream = tmp_path / "upstream.gguf"
     copy_gguf(ours, upstream, {"eagle3.target_layers": "eagle3.extract_layers"}, "eagle3")

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..formats import gguf_keys as keys
 from ..formats.atomic_write import atomic_path
+from ..formats.cache_root import cache_root
 from ..errors import ModelError
 from ..formats.gguf_fields import copy_gguf
 from ..formats.gguf_tensors import load_tensor, tensor_index
@@ -55,7 +56,7 @@ def translated_head(info: GGUFInfo) -> Path:
     memory; the copy keeps every other key and tensor byte (what ``eagle2-local convert head.gguf`` writes)."""
     key = foreign_layer_key(info)
     stat = info.path.stat()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle2-local" / "translated-heads"
+    cache = cache_root() / "translated-heads"
     out = cache / f"{info.path.stem}-{stat.st_size}-{stat.st_mtime_ns}.gguf"
     if not out.is_file():
         cache.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..tree_policy.costs import CostModel
-
 from ..formats.atomic_write import atomic_path
+from ..formats.cache_root import cache_root
+from ..tree_policy.costs import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +24,6 @@ CACHE_VERSION = 4  # 2: calibrations checked for disturbance (version-1 caches m
 
 
 # ---------------------------------------------------------------- disk cache
-def cache_dir() -> Path:
-    """``$EAGLE2_LOCAL_CACHE`` or ``~/.cache/eagle2-local``."""
-    env = os.environ.get("EAGLE2_LOCAL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "eagle2-local"
-
-
 def file_identity(path: str | os.PathLike | None) -> str | None:
     """A cheap stand-in for a file's content: resolved path, size and mtime (hashing 1 GB would cost seconds)."""
     if path is None:
@@ -63,7 +57,7 @@ class CostKey:
 
 def load_costs(key: CostKey, directory: Path | None = None) -> CostModel | None:
     """The cached calibration for ``key``, or None (missing, unreadable or from another key)."""
-    path = (directory or cache_dir()) / key.file_name()
+    path = (directory or cache_root()) / key.file_name()
     try:
         rec = json.loads(path.read_text())
         if rec.get("key") != key.as_dict():
@@ -77,7 +71,7 @@ def load_costs(key: CostKey, directory: Path | None = None) -> CostModel | None:
 
 def save_costs(key: CostKey, costs: CostModel, directory: Path | None = None) -> Path | None:
     """Write the calibration next to its key; a read-only cache only costs a recalibration next time."""
-    d = directory or cache_dir()
+    d = directory or cache_root()
     path = d / key.file_name()
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -99,8 +93,8 @@ def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: 
     check given), "cached-verified", "fresh", "re-measured" (the cache disagreed), "fresh, not cached
     (disturbed)" or "cached, kept (re-measure disturbed)": a disagreeing cache is kept over a disturbed
     re-measure, since only calibrations that passed the consistency checks are ever cached. ``file`` is the
-    cache file's name in ``directory`` (default :func:`cache_dir`)."""
-    directory = directory or cache_dir()
+    cache file's name in ``directory`` (default :func:`cache_root`)."""
+    directory = directory or cache_root()
     file = key.file_name()  # its name, not its path: statistics travel (API responses, records), a home does not
     cached = None if refresh else load_costs(key, directory)
     info: dict = {}
