@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -35,7 +33,8 @@ from .formats.models import default_head_path, resolve_model
 from .llamacpp.rpc import parse_servers
 from .decoding.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .decoding.target import Target
-from .chat.tool_calls import AnswerStream, ToolPlan, assistant_message, plan_tools
+from .chat.responses import ChatResponse, CompletionResponse, usage
+from .chat.tool_calls import ToolPlan, plan_tools
 from .decoding.tree import TreeParams
 
 log = logging.getLogger(__name__)
@@ -324,48 +323,13 @@ class Eagle2:
     def _respond(self, chunks: Iterator[Chunk], stream: bool, chat: bool, tools: ToolPlan | None = None):
         """The OpenAI-shaped answer of a completion (``chat``: a chat completion, whose calls are read as
         ``tools`` says): one dict, or a chunk stream."""
-        cid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}", int(time.time())
+        model = str(self.model_path)
+        response = ChatResponse(model, tools) if chat else CompletionResponse(model)
         if stream:
-            if chat:
-                return self._stream_chat(chunks, cid, created, tools)
-            return self._stream_completion(chunks, cid, created)
+            return _stream_chat(chunks, response) if chat else _stream_completion(chunks, response)
         text, reason = _collect(chunks)
-        if chat:
-            message, reason = assistant_message(text, reason, tools)
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
-        return {"id": cid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": str(self.model_path), "choices": [choice], "usage": self._usage(), "eagle": self.stats()}
-
-    def _usage(self) -> dict:
-        s = self.generator.last_stats
-        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.n_tokens,
-                "total_tokens": s.prompt_tokens + s.n_tokens}
-
-    def _stream_completion(self, chunks, cid: str, created: int) -> Iterator[dict]:
-        for ch in chunks:
-            if not ch.text and ch.finish_reason is None:
-                continue
-            yield {"id": cid, "object": "text_completion", "created": created, "model": str(self.model_path),
-                   "choices": [{"text": ch.text, "index": 0, "logprobs": None, "finish_reason": ch.finish_reason}]}
-
-    def _stream_chat(self, chunks, cid: str, created: int, tools: ToolPlan | None) -> Iterator[dict]:
-        def chunk(delta: dict, reason: str | None) -> dict:
-            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": str(self.model_path),
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
-
-        yield chunk({"role": "assistant"}, None)
-        answer = AnswerStream(tools)
-        reason = None
-        for ch in chunks:
-            for delta in answer.feed(ch.text):
-                yield chunk(delta, None)
-            reason = ch.finish_reason or reason
-        deltas, reason = answer.finish(reason or "stop")
-        for delta in deltas:
-            yield chunk(delta, None)
-        yield chunk({}, reason)
+        stats = self.stats()
+        return response.whole(text, reason, usage=usage(stats), eagle=stats)
 
     def close(self) -> None:
         """Free the llama.cpp contexts and models (a draft engine closes what it loaded)."""
@@ -392,6 +356,25 @@ def _draft_of(model_path, head_path, draft_model_path, draft: DraftSpec | str | 
         head = default_head_path()  # the default model comes with its trained head
         spec = draft_spec(head=head) if head is not None else None
     return spec
+
+
+def _stream_completion(chunks: Iterator[Chunk], response: CompletionResponse) -> Iterator[dict]:
+    """llama-cpp-python's completion stream: the text as it comes, the last chunk with the finish reason."""
+    for ch in chunks:
+        if ch.text or ch.finish_reason is not None:
+            yield response.chunk(response.deltas(ch.text, ch.finish_reason))
+
+
+def _stream_chat(chunks: Iterator[Chunk], response: ChatResponse) -> Iterator[dict]:
+    """llama-cpp-python's chat stream: the role alone, the deltas, then an empty delta with the finish reason."""
+    yield response.chunk([response.first(empty_content=False)])
+    reason = None
+    for ch in chunks:
+        for choice in response.deltas(ch.text):
+            yield response.chunk([choice])
+        reason = ch.finish_reason or reason
+    for choice in response.finish(reason or "stop"):
+        yield response.chunk([choice])
 
 
 def _collect(chunks) -> tuple[str, str | None]:

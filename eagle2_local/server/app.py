@@ -9,7 +9,6 @@ import json
 import logging
 import socket
 import time
-import uuid
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
@@ -26,8 +25,8 @@ from ..decoding.sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from ..chat.tool_calls import ToolPlan
 from .errors import APIError, add_error_handlers, shutting_down
 from .admission import Admission, body_limit
-from .types import (MAX_STOPS, ChatRequest, ChatShape, CompletionRequest, CompletionShape, SamplingFields,
-                    eagle_stats, usage)
+from ..chat.responses import ChatResponse, CompletionResponse, usage
+from .types import MAX_STOPS, ChatRequest, CompletionRequest, SamplingFields, eagle_stats
 from .worker import Job, ModelWorker
 
 log = logging.getLogger(__name__)
@@ -76,12 +75,12 @@ class Service:
                                          plan.tools if plan is not None else None)
         if body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
-        return await self._answer(body, prompt, ChatShape(plan), request, plan)
+        return await self._answer(body, prompt, ChatResponse(self.model_name, plan), request, plan)
 
     async def completions(self, body: CompletionRequest, request: Request):
         body.refuse_unsupported()
         prompt = await run_in_threadpool(self._guarded, self._completion_tokens, body.prompt)
-        return await self._answer(body, prompt, CompletionShape(), request)
+        return await self._answer(body, prompt, CompletionResponse(self.model_name), request)
 
     @staticmethod
     def _guarded(fn: Callable, *args):
@@ -110,14 +109,13 @@ class Service:
                            param="prompt")
         return list(prompt)
 
-    async def _answer(self, body: SamplingFields, prompt: list[int], shape, request: Request,
-                      tools: ToolPlan | None = None):
+    async def _answer(self, body: SamplingFields, prompt: list[int], response: ChatResponse | CompletionResponse,
+                      request: Request, tools: ToolPlan | None = None):
         job = await self._job(body, prompt, tools)
         self.worker.admit(job)
-        head = {"id": f"{shape.prefix}-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_name}
         if body.stream:
-            return _JobStream(job, self._stream(job, shape, head, body.include_usage()), sep="\n")
-        return await self._collect(job, shape, head, request)
+            return _JobStream(job, self._stream(job, response, body.include_usage()), sep="\n")
+        return await self._collect(job, response, request)
 
     async def _job(self, body: SamplingFields, prompt: list[int], tools: ToolPlan | None = None) -> Job:
         """Check the prompt fits and the sampling values are valid, before the request takes a queue slot."""
@@ -164,7 +162,7 @@ class Service:
                            "json_schema" if body.json_schema is not None else "grammar") from None
         return grammar
 
-    async def _collect(self, job: Job, shape, head: dict, request: Request) -> dict:
+    async def _collect(self, job: Job, response: ChatResponse | CompletionResponse, request: Request) -> dict:
         """A whole answer; a client that disconnects while waiting stops its generation all the same."""
         watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
         text: list[str] = []
@@ -173,9 +171,8 @@ class Service:
                 if kind == "chunk":
                     text.append(payload.text)
                 elif kind == "done":
-                    return {**head, "object": shape.final_object,
-                            "choices": [shape.whole("".join(text), payload["finish_reason"])],
-                            "usage": usage(payload["stats"]), "eagle": eagle_stats(payload, self.expose_stats)}
+                    return response.whole("".join(text), payload["finish_reason"], usage=usage(payload["stats"]),
+                                          eagle=eagle_stats(payload, self.expose_stats))
                 elif kind == "error":
                     raise payload
             raise shutting_down()
@@ -183,24 +180,26 @@ class Service:
             watcher.cancel()
             job.cancelled.set()
 
-    async def _stream(self, job: Job, shape, head: dict, include_usage: bool) -> AsyncIterator[dict]:
+    async def _stream(self, job: Job, response: ChatResponse | CompletionResponse,
+                      include_usage: bool) -> AsyncIterator[dict]:
         """Server-sent events; sse-starlette cancels this coroutine when the client goes away, and the
         ``finally`` tells the worker to stop at its next round."""
         def event(choices: list[dict], **extra) -> dict:
-            obj = {**head, "object": shape.chunk_object, "choices": choices, **extra}
+            obj = response.chunk(choices, **extra)
             if include_usage and "usage" not in obj:
                 obj["usage"] = None
             return {"data": json.dumps(obj)}
 
         try:
-            if shape.first() is not None:
-                yield event([shape.first()])
+            first = response.first()
+            if first is not None:
+                yield event([first])
             async for kind, payload in job.events_until_done():
                 if kind == "chunk" and payload.text:
-                    for choice in shape.deltas(payload.text):
+                    for choice in response.deltas(payload.text):
                         yield event([choice])
                 elif kind == "done":
-                    *owed, last = shape.finish(payload["finish_reason"])
+                    *owed, last = response.finish(payload["finish_reason"])
                     for choice in owed:
                         yield event([choice])
                     yield event([last], eagle=eagle_stats(payload, self.expose_stats))

@@ -1,6 +1,7 @@
-"""What the API reads and writes: the request bodies (pydantic models, with the fields this server refuses rather
-than ignores) and the response objects of both endpoints. A field a request leaves out takes the server's
-:class:`~eagle2_local.decoding.sampling.SamplingDefaults`."""
+"""What the API reads, and which statistics its answers show: the request bodies (pydantic models, with the fields
+this server refuses rather than ignores; a field a request leaves out takes the server's
+:class:`~eagle2_local.decoding.sampling.SamplingDefaults`) and :func:`eagle_stats`. The response objects are built
+in :mod:`eagle2_local.chat.responses`, as the Python API's are."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..chat.tool_calls import AnswerStream, ToolPlan, assistant_message
 from .errors import APIError
 
 MAX_STOPS = 16  # each stop string is checked at every token
@@ -104,65 +104,7 @@ class ChatRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
 
 
-# ---------------------------------------------------------------- responses
-class ChatShape:
-    """``chat.completion`` objects and their stream chunks, for one answer: calls in it are read as the request's
-    tool ``plan`` says (:mod:`eagle2_local.chat.tool_calls`)."""
-
-    prefix, final_object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
-
-    def __init__(self, plan: ToolPlan | None = None) -> None:
-        self.plan = plan
-        self.answer = AnswerStream(plan)
-
-    @staticmethod
-    def first() -> dict | None:
-        return {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-
-    @staticmethod
-    def _choice(delta: dict, reason: str | None = None) -> dict:
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-
-    def deltas(self, text: str) -> list[dict]:
-        return [self._choice(d) for d in self.answer.feed(text)]
-
-    def finish(self, reason: str) -> list[dict]:
-        """The choices still owed (content held back, the calls) and the last one, with the finish reason."""
-        owed, reason = self.answer.finish(reason)
-        return [self._choice(d) for d in owed] + [self._choice({}, reason)]
-
-    def whole(self, text: str, reason: str) -> dict:
-        message, reason = assistant_message(text, reason, self.plan)
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-
-
-class CompletionShape:
-    """``text_completion`` objects; a stream's chunks have the same object name."""
-
-    prefix, final_object, chunk_object = "cmpl", "text_completion", "text_completion"
-
-    @staticmethod
-    def first() -> dict | None:
-        return None
-
-    @staticmethod
-    def deltas(text: str) -> list[dict]:
-        return [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]
-
-    @staticmethod
-    def finish(reason: str) -> list[dict]:
-        return [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason}]
-
-    @staticmethod
-    def whole(text: str, reason: str) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-
-
-def usage(stats: dict) -> dict:
-    return {"prompt_tokens": stats["prompt_tokens"], "completion_tokens": stats["n_tokens"],
-            "total_tokens": stats["prompt_tokens"] + stats["n_tokens"]}
-
-
+# ---------------------------------------------------------------- what an answer shows
 # The figures of a generation that its request alone decides: the answer is the same whatever else the server
 # was asked (lossless decoding, exact prefix reuse), so these say nothing about other clients.
 OWN_STATS = ("engine", "prompt_tokens", "n_tokens")
