@@ -12,7 +12,24 @@ from pathlib import Path
 import pytest
 
 from eagle2_local.formats.layer_draft import write_truncated
+from tests.support.cpu_share import auto_workers, cpu_share, pin_worker
 from tests.support.synthetic_model import write_model
+
+
+def pytest_configure(config) -> None:
+    """Each pytest-xdist worker runs on its own share of the cores, before any model loads."""
+    pin_worker()
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return auto_workers()
+
+
+@pytest.fixture(autouse=True)
+def cores(request):
+    """A test marked ``all_cores`` (2+ threads) runs alone with every core; the others share them (cpu_share)."""
+    with cpu_share(request.node.get_closest_marker("all_cores") is not None):
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")

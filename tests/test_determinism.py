@@ -46,6 +46,7 @@ def ask(llm: Eagle2, text: str, history: list[dict] | None = None, **kw) -> dict
             "prompt_tokens": out["usage"]["prompt_tokens"], "engine": out["eagle"]["engine"]}
 
 
+@pytest.mark.all_cores
 def test_the_hazard_is_real_and_aligned_reuse_is_exact(smollm2_path, long_prompts):
     """Re-evaluating a 64+ token prompt's last token alone changes its logits (what full reuse does); reusing
     aligned chunks and evaluating the rest in the aligned schedule is bit-identical to a fresh evaluation, at 1
@@ -117,6 +118,7 @@ def test_same_request_same_answer_one_thread(smollm2_path, smollm2_head, long_pr
         assert ask(llm, "Say that again in one sentence.", history)["text"] == turn2["text"]
 
 
+@pytest.mark.all_cores
 def test_same_request_same_answer_two_threads_plain(smollm2_path, long_prompts):
     """2 threads, plain decoding: exact too (only aligned prompt cells are reused; the rest is recomputed)."""
     a, b, short = long_prompts
@@ -128,6 +130,7 @@ def test_same_request_same_answer_two_threads_plain(smollm2_path, long_prompts):
         assert ask(llm, "Say that again in one sentence.", history)["text"] == turn2["text"]
 
 
+@pytest.mark.all_cores
 def test_two_threads_speculative_differs_from_plain_only_at_near_ties(smollm2_path, smollm2_head, long_prompts):
     """2 threads: a tree verifies tokens in a batch where plain decoding takes single-token kernels, so the two
     can part at a near-tie (not a history effect: the same holds after a reset). Every parting is one."""

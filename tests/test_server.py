@@ -714,6 +714,7 @@ def test_same_request_same_answer_alone_repeated_and_concurrent(server, referenc
     assert full["prompt_tokens_reused"] == full["prompt_tokens"] - 1
 
 
+@pytest.mark.all_cores
 def test_same_request_same_answer_two_threads_plain(tmp_path):
     """A plain server on 2 threads (single-token decodes there split long KV ranges, so reuse is limited to
     aligned prompt cells): a request's answer alone on a fresh server is its answer after others and under

@@ -238,7 +238,18 @@ class ContextSettings:
     kv_unified: bool = True
 
     def threads(self) -> int:
-        return self.n_threads or max(1, os.cpu_count() or 1)
+        """``n_threads``, else every CPU this process may run on."""
+        return self.n_threads or usable_cpus()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the OS has one (``taskset``, a container's cpuset, a
+    pinned test worker), else the machine's count. llama.cpp's threads spin at every barrier, so one thread more
+    than the CPUs that run them costs a scheduler slice per barrier."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity mask
+        return max(1, os.cpu_count() or 1)
 
 
 def batch_entries(tokens: np.ndarray | None, embd: np.ndarray | None, embd_rows: list[int] | None) -> int:
