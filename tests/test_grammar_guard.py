@@ -19,8 +19,8 @@ import time
 import pytest
 
 from eagle2_local.decoding import grammar_guard
-from eagle2_local.decoding.grammar_check import (MAX_ELEMENTS, MAX_GRAMMAR_BYTES, MAX_NESTING, MAX_PARSE_PATHS,
-                                                 GrammarError, check_gbnf)
+from eagle2_local.decoding.grammar_check import MAX_GRAMMAR_BYTES, MAX_PARSE_PATHS, check_gbnf
+from eagle2_local.decoding.grammar_parse import MAX_ELEMENTS, MAX_NESTING, GrammarError
 from eagle2_local.decoding.grammar_guard import compile_isolated, guard_gbnf
 from tests.support.helpers import assert_one_line_error, run_cli
 

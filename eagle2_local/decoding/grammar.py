@@ -25,7 +25,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from .grammar_check import GrammarError
+from .grammar_parse import GrammarError
 from .grammar_guard import guard_gbnf, parse_error
 from ..llamacpp.llama import LlamaModel, last_llama_errors
 from .sampling import SamplingParams

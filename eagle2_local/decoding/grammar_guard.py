@@ -31,7 +31,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from .grammar_check import GrammarError, check_gbnf
+from .grammar_check import check_gbnf
+from .grammar_parse import GrammarError
 
 log = logging.getLogger(__name__)
 
