@@ -40,8 +40,8 @@ class LlamaCppTools:
             tools["draft_simple"] = lambda p: run_speculative(self.bin_dir, self.model, self.draft, p, max_tokens,
                                                               self.threads, self.n_ctx, self.n_draft)
         for mode in self.ngram:
-            tools[mode] = (lambda spec: lambda p: run_speculative(self.bin_dir, self.model, None, p, max_tokens,
-                                                                  self.threads, self.n_ctx, spec=spec))(NGRAM_MODES[mode])
+            tools[mode] = (lambda spec: lambda p: run_speculative(
+                self.bin_dir, self.model, None, p, max_tokens, self.threads, self.n_ctx, spec=spec))(NGRAM_MODES[mode])
         order = list(tools) if self.calls % 2 == 0 else list(reversed(tools))
         self.calls += 1
         runs = {name: [tools[name](p) for p in prompts] for name in order}
@@ -89,15 +89,16 @@ def tools_summary(rs: list["PromptResult"]) -> dict:
             runs = [t["ngram"][mode] for t in tools]
             ngram[mode] = {
                 "tokens_per_s": round(statistics.median(m["tokens_per_s"] for m in runs), 3),
-                "speedup": _median_ratio((m["tokens_per_s"], t["completion_tokens_per_s"]) for m, t in zip(runs, tools)),
+                "speedup": _median_ratio((m["tokens_per_s"], t["completion_tokens_per_s"])
+                                         for m, t in zip(runs, tools)),
                 "speedup_e2e": _median_ratio((m["e2e_tokens_per_s"], t["completion_e2e_tokens_per_s"])
                                              for m, t in zip(runs, tools)),
                 "accept_rate": round(sum(m["accepted"] for m in runs) / max(1, sum(m["drafted"] for m in runs)), 4)}
         best = max(modes, key=lambda m: ngram[m]["speedup"])
         out["ngram"] = ngram
         out["best_ngram"] = best
-        out["speedup_eagle_vs_best_ngram"] = _median_ratio((r.eagle.tokens_per_s, r.llama_cpp["ngram"][best]["tokens_per_s"])
-                                                           for r in rs)
+        out["speedup_eagle_vs_best_ngram"] = _median_ratio(
+            (r.eagle.tokens_per_s, r.llama_cpp["ngram"][best]["tokens_per_s"]) for r in rs)
     return out
 
 
