@@ -22,7 +22,7 @@ from pathlib import Path
 time.perf_counter = time.thread_time  # before eagle2_local binds it: the same clock as host_time --cpu-clock
 
 from eagle2_local.decoding import acceptance, backlog, generator, target, tree
-from eagle2_local.llamacpp import backend_topk, llama  # noqa: E402
+from eagle2_local.llamacpp import backend_topk, llama, runtime  # noqa: E402
 from eagle2_local.drafts import base, draft_model, eagle3_llama, lookup, merged  # noqa: E402
 
 WRAPPED = {  # owner -> functions whose own host time is listed
@@ -54,12 +54,12 @@ def _wrap(owner, name: str) -> None:
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        t0, l0 = time.thread_time(), llama.llama_seconds()
+        t0, l0 = time.thread_time(), runtime.llama_seconds()
         _stack.append(0.0)
         try:
             return fn(*args, **kwargs)
         finally:
-            host = (time.thread_time() - t0) - (llama.llama_seconds() - l0)
+            host = (time.thread_time() - t0) - (runtime.llama_seconds() - l0)
             inner = _stack.pop()
             own[label] += host - inner
             calls[label] += 1

@@ -27,7 +27,8 @@ from .decoding.generator import Chunk, DraftTimer, Generator
 from .decoding.stats import GenerationStats
 from .tree_policy import TreeBudget
 from .measure.cost_cache import CostKey, cached_or_measured, file_identity
-from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel, system_info
+from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
+from .llamacpp.runtime import system_info
 from .measure.microbench import check_costs, measure_costs
 from .formats.models import default_head_path, resolve_model
 from .llamacpp.rpc import parse_servers

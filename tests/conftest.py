@@ -48,7 +48,7 @@ def private_cost_cache(tmp_path_factory):
 def llama_backend():
     """llama.cpp set up as the runtime sets it up, before any test loads a model: the reference runs through
     llama-cpp-python's own ``Llama`` then load into the same weight buffers as ours (no AMX, see cpu_buffers)."""
-    from eagle2_local.llamacpp.llama import ensure_backend
+    from eagle2_local.llamacpp.runtime import ensure_backend
     ensure_backend()
 
 

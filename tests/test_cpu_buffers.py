@@ -77,13 +77,13 @@ def test_every_real_type_dropped_and_the_model_still_decodes(smollm2_path):
     the rest kept in order, then the model loads into plain CPU buffers and answers as with them (greedy)."""
     code = f"""
 import json
-from eagle2_local.llamacpp import cpu_buffers, llama
+from eagle2_local.llamacpp import cpu_buffers, runtime
 from eagle2_local.api import Eagle2
 {inspect.getsource(extra_buffer_types)}
 def answer():
     with Eagle2({str(smollm2_path)!r}, plain=True, n_threads=1) as llm:
         return llm.create_completion("The capital of France is", max_tokens=6, temperature=0)["choices"][0]["text"]
-llama.ensure_backend()
+runtime.ensure_backend()
 with_them, steps = answer(), []
 for name in extra_buffer_types():
     before = extra_buffer_types()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local.llamacpp import llama
+from eagle2_local.llamacpp import runtime
 from eagle2_local.decoding.acceptance import accept_greedy
-from eagle2_local.llamacpp.llama import Batch
+from eagle2_local.llamacpp.batch import Batch
 from eagle2_local.decoding.tree import (Proposals, ancestor_mask, leaf_membership, node_depths, top_children,
                                         verify_layout)
 from tests.support.helpers import random_tree
@@ -82,12 +82,12 @@ def test_rows_flagged_ranked_give_the_ranking_of_unflagged_rows():
 
 
 def test_a_failed_call_reports_only_the_lines_llama_cpp_printed_after_its_mark():
-    llama._log_callback(llama._LEVEL_ERROR, b"an earlier warning", None)
-    mark = llama._n_errors
-    llama._log_callback(llama._LEVEL_ERROR, b"the failure", None)
-    llama._log_callback(1, b"a debug line", None)
-    assert llama.errors_since(mark) == "the failure"
-    assert llama.errors_since(llama._n_errors) == ""
+    runtime._log_callback(runtime._LEVEL_ERROR, b"an earlier warning", None)
+    mark = runtime.error_mark()
+    runtime._log_callback(runtime._LEVEL_ERROR, b"the failure", None)
+    runtime._log_callback(1, b"a debug line", None)
+    assert runtime.errors_since(mark) == "the failure"
+    assert runtime.errors_since(runtime.error_mark()) == ""
 
 
 def test_batch_puts_each_token_in_its_own_sequence_without_a_mask():

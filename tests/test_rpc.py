@@ -135,7 +135,7 @@ ONE_THREAD = ContextSettings(n_ctx=1024, n_batch=128, n_seq_max=80, n_threads=1)
 
 
 def _load_logged(path, endpoints, caplog) -> tuple[LlamaModel, str]:
-    with caplog.at_level("DEBUG", logger="eagle2_local.llamacpp.llama"):
+    with caplog.at_level("DEBUG", logger="eagle2_local.llamacpp.runtime"):
         model = LlamaModel(path, rpc_servers=endpoints)
     return model, "\n".join(r.getMessage() for r in caplog.records)
 

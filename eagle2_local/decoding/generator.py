@@ -21,7 +21,7 @@ from ..drafts.forced import ForcedDraft, VocabForest
 from ..drafts.lookup import LookupDraft
 from ..drafts.merged import MergedDraft
 from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
-from ..llamacpp.llama import llama_seconds
+from ..llamacpp.runtime import llama_seconds
 from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
 from .stopping import TokenEmitter

@@ -31,7 +31,8 @@ from ..errors import IncompatibleDraftError, ModelError, TreeError
 from ..formats import gguf_keys as keys
 from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
 from .base import TreeSequences, as_list
-from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ, charge_llama
+from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.runtime import charge_llama
 from ..formats.models import GGUFInfo
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK

@@ -31,7 +31,7 @@ import numpy as np
 import llama_cpp
 
 from ..errors import ModelError
-from .llama import charge_llama, host_inside_llama
+from .runtime import charge_llama, host_inside_llama
 
 log = logging.getLogger(__name__)
 

@@ -2,119 +2,30 @@
 
 It owns three things and nothing else: loading a model (with our own validation first, because llama.cpp
 aborts or fails obscurely on bad files), creating a context with the settings tree verification needs, and
-submitting batches whose per-token positions / sequence-id sets come from numpy arrays. Target, draft engines
-and plain decoding all go through it, so they use the same llama.cpp code path.
+decoding batches whose per-token positions / sequence-id sets come from numpy arrays (:mod:`.batch` fills them;
+:mod:`.runtime` sets llama.cpp up, keeps its log and times the calls). Target, draft engines and plain decoding
+all go through it, so they use the same llama.cpp code path.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
-import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import llama_cpp
+import numpy as np
 
-from . import cpu_buffers, llama_ext, rpc
 from ..errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError
 from ..formats.models import GGUFInfo, check_tree_capable, read_gguf_info
-
-log = logging.getLogger(__name__)
+from . import llama_ext, rpc
+from .batch import Batch, batch_entries
+from .runtime import charge_llama, ensure_backend, error_mark, errors_since, last_llama_errors
 
 MAX_SEQ = int(llama_cpp.llama_max_parallel_sequences())  # sequences one context can address (256 in the pinned build)
-
-# ---------------------------------------------------------------- logging from llama.cpp
-_recent_errors: collections.deque[str] = collections.deque(maxlen=20)
-_n_errors = 0  # warning/error lines llama.cpp has printed so far (a mark for errors_since)
-_log_lock = threading.Lock()
-_verbose = False
-_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
-_LEVEL_WARN = 3
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level, text, _user_data):  # pragma: no cover - called from C
-    msg = text.decode("utf-8", errors="replace") if text else ""
-    global _n_errors
-    if level >= _LEVEL_WARN and msg.strip():
-        with _log_lock:
-            _recent_errors.append(msg.strip())
-            _n_errors += 1
-    if _verbose:
-        import sys
-        sys.stderr.write(msg)
-    else:
-        log.debug("llama.cpp: %s", msg.rstrip())
-
-
-_backend_ready = False
-
-
-def ensure_backend(verbose: bool = False) -> None:
-    """Initialise llama.cpp once per process, route its log through Python logging and leave out the weight
-    buffers that crash (:mod:`.cpu_buffers`)."""
-    global _backend_ready, _verbose
-    _verbose = verbose
-    if _backend_ready:
-        return
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-    llama_cpp.llama_backend_init()
-    cpu_buffers.keep_amx_out()
-    _backend_ready = True
-
-
-def last_llama_errors() -> str:
-    """The most recent warning/error lines llama.cpp printed (to explain a failed load or decode)."""
-    with _log_lock:
-        lines = list(_recent_errors)
-        _recent_errors.clear()
-    return "; ".join(lines[-3:])
-
-
-def errors_since(mark: int) -> str:
-    """The warning/error lines llama.cpp printed after ``mark`` (an earlier ``_n_errors``): what a failed
-    decode says, without clearing the log before every decode (a lock and a list each time, ~10 a round)."""
-    with _log_lock:
-        lines = list(_recent_errors)[len(_recent_errors) - min(_n_errors - mark, len(_recent_errors)):]
-        _recent_errors.clear()
-    return "; ".join(lines[-3:])
-
-
-def system_info() -> str:
-    """llama.cpp's build/backend description (for benchmark records)."""
-    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
-
-
-# ---------------------------------------------------------------- time inside llama.cpp
-_busy = threading.local()  # .s: seconds this thread spent in timed llama.cpp calls
-
-
-def llama_seconds() -> float:
-    """Seconds the calling thread has spent inside llama.cpp through :class:`LlamaContext` (decode, encode,
-    KV-memory calls and the output fetches that wait for a backend), since the thread started.
-
-    A generation reads it at the marks of its round clock: the round's wall time minus this is the host's own
-    work (numpy, Python), which a GPU does not speed up. Kept per thread rather than per context because a round
-    spans the target's and the draft's contexts, and a generation runs on one thread: one float to read, no
-    list of contexts to keep, and another thread's generation does not leak into it."""
-    return getattr(_busy, "s", 0.0)
-
-
-def charge_llama(t0: float) -> None:
-    """Add the time since ``t0`` (``time.perf_counter``) to this thread's llama.cpp seconds."""
-    _busy.s = getattr(_busy, "s", 0.0) + (time.perf_counter() - t0)
-
-
-def host_inside_llama(seconds: float) -> None:
-    """Count ``seconds`` spent in our own Python *inside* a llama.cpp call (callbacks such as the in-graph
-    top-k's graph building) as host time: they run on the host before the graph does, on a GPU too."""
-    _busy.s = getattr(_busy, "s", 0.0) - seconds
 
 
 # ---------------------------------------------------------------- model
@@ -252,90 +163,6 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def batch_entries(tokens: np.ndarray | None, embd: np.ndarray | None, embd_rows: list[int] | None) -> int:
-    """How many entries a batch of these inputs has: one per token, else one per embedding row taken."""
-    return len(tokens) if tokens is not None else len(embd if embd_rows is None else embd_rows)
-
-
-class Batch:
-    """A reusable llama_batch whose arrays are numpy-owned, so filling it needs no per-token Python loop.
-
-    An entry may carry an embedding row next to its token (an EAGLE-3 head's decoder input: the token and its
-    parent's pre-norm state) or instead of it (the head's encoder input): llama.cpp turns a llama_batch with both
-    arrays into the same extended batch that one ``llama_batch_ext`` call per entry and field would build, so a
-    tree level is one numpy write per array instead of four C calls per node."""
-
-    def __init__(self, capacity: int, n_seq_max: int) -> None:
-        self.capacity = capacity
-        self.n_seq_max = n_seq_max
-        self.token = np.zeros(capacity, dtype=np.int32)
-        self.pos = np.zeros(capacity, dtype=np.int32)
-        self.n_seq_id = np.zeros(capacity, dtype=np.int32)
-        self.seq_ids = np.zeros((capacity, n_seq_max), dtype=np.int32)
-        self.logits = np.zeros(capacity, dtype=np.int8)
-        self.embd = np.zeros(0, dtype=np.float32)  # grown on the first batch with embedding rows
-        row_addr = self.seq_ids.ctypes.data + np.arange(capacity, dtype=np.uint64) * self.seq_ids.strides[0]
-        self._row_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
-            *[ctypes.cast(int(a), ctypes.POINTER(ctypes.c_int32)) for a in row_addr])
-        self.struct = llama_cpp.llama_batch()
-        self._token_p = self.token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        self._no_token = ctypes.POINTER(llama_cpp.llama_token)()
-        self._embd_p = self._no_embd = ctypes.POINTER(ctypes.c_float)()
-        self.struct.token = self._token_p
-        self.struct.embd = self._no_embd
-        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self.struct.seq_id = ctypes.cast(self._row_ptrs, ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
-        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-
-    def fill(self, tokens: np.ndarray | None, pos: np.ndarray | int, seq_mask: np.ndarray | None,
-             seq_ids: np.ndarray | list[int] | None, single_seq: int, outputs: np.ndarray | int,
-             embd: np.ndarray | None = None, embd_rows: list[int] | None = None) -> int:
-        """Write n entries. Every token belongs to ``single_seq``, or (``seq_mask`` None, ``seq_ids`` given)
-        token i to ``seq_ids[i]`` alone (a draft's tree level), or ``seq_mask[i, j]`` says whether token i
-        belongs to sequence ``seq_ids[j]``. ``outputs`` marks tokens whose logits we want (``pos`` and
-        ``outputs`` may be one value for all). ``embd``: one row per entry, beside its token, or alone where
-        ``tokens`` is None; or, with ``embd_rows``, the rows ``embd_rows`` of it, in that order."""
-        n = batch_entries(tokens, embd, embd_rows)
-        self._fill_inputs(tokens, embd, embd_rows, n)
-        self.pos[:n] = pos
-        self.logits[:n] = outputs
-        if seq_mask is None:
-            self.n_seq_id[:n] = 1
-            self.seq_ids[:n, 0] = single_seq if seq_ids is None else seq_ids
-        else:
-            counts = seq_mask.sum(axis=1)
-            if counts.max(initial=0) > self.n_seq_max:
-                raise TreeError(f"a node belongs to {int(counts.max())} sequences; n_seq_max is {self.n_seq_max}")
-            # members first, in leaf order: nonzero walks the mask row by row, columns ascending, so each
-            # member's rank in its row is its index minus the index of its row's first member
-            rows, cols = np.nonzero(seq_mask)
-            firsts = np.cumsum(counts) - counts
-            self.seq_ids[rows, np.arange(len(rows)) - firsts[rows]] = seq_ids[cols]
-            self.n_seq_id[:n] = counts
-        self.struct.n_tokens = n
-        return n
-
-    def _fill_inputs(self, tokens: np.ndarray | None, embd: np.ndarray | None, embd_rows: list[int] | None,
-                     n: int) -> None:
-        """The token ids and embedding rows, and which of the two arrays llama.cpp reads (a null pointer: none)."""
-        if tokens is not None:
-            self.token[:n] = tokens
-        self.struct.token = self._token_p if tokens is not None else self._no_token
-        if embd is None:
-            self.struct.embd = self._no_embd
-            return
-        size = n * embd.shape[1]
-        if self.embd.size < size:
-            self.embd = np.zeros(self.capacity * embd.shape[1], dtype=np.float32)
-            self._embd_p = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-        if embd_rows is None:
-            self.embd[:size].reshape(n, -1)[:] = embd
-        else:
-            np.take(embd, embd_rows, axis=0, out=self.embd[:size].reshape(n, -1))
-        self.struct.embd = self._embd_p
-
-
 class LlamaContext:
     """One llama.cpp context on a model, with KV-memory helpers and a checked ``decode``."""
 
@@ -429,7 +256,7 @@ class LlamaContext:
             raise DecodeError(f"embedding rows of width {embd.shape[1]}; {self.model.path.name} reads "
                               f"{self.n_embd_inp}")
         self.batch.fill(tokens, pos, seq_mask, seq_ids, seq, outputs, embd, embd_rows)
-        mark = _n_errors
+        mark = error_mark()
         t0 = time.perf_counter()
         rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self._ctx, self.batch.struct)
         charge_llama(t0)

@@ -29,7 +29,8 @@ from ..chat.templates import prompt_tokens, render_for_model
 from ..errors import Eagle2Error
 from ..decoding.stats import GenerationStats
 from ..decoding.grammar import Grammar, GrammarError
-from ..llamacpp.llama import LlamaModel, system_info
+from ..llamacpp.llama import LlamaModel
+from ..llamacpp.runtime import system_info
 from ..decoding.sampling import SamplingParams
 from .llamacpp_bench import tools_summary
 

@@ -37,7 +37,7 @@ class RoundTimes:
     after the catch-up), when the tree was chosen, verified, and the round committed. A plain step has no
     levels and is "drafted" at its start.
 
-    Beside the clock, the seconds spent inside llama.cpp so far (:func:`~eagle2_local.llamacpp.llama.llama_seconds`) are
+    Beside the clock, the seconds spent inside llama.cpp so far (:func:`~eagle2_local.llamacpp.runtime.llama_seconds`) are
     read at the start, when the tree was chosen and at the end, so the round's wall time splits into llama.cpp
     and the host's own work on each side: the host part is what a faster backend (a GPU) cannot take away."""
 
