@@ -7,10 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from eagle2_local.errors import (ContextFullError, Eagle2Error, IncompatibleDraftError, ModelError,
-                                 UnsupportedModelError)
-from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.errors import ContextFullError, Eagle2Error, IncompatibleDraftError, ModelError, UnsupportedModelError
 from eagle2_local.formats.models import read_gguf_info, resolve_model
+from eagle2_local.llamacpp.llama import LlamaModel
 from tests.support.helpers import assert_one_line_error, run_cli
 from tests.support.synthetic_model import write_model
 
@@ -163,8 +162,8 @@ def test_cli_bench_bad_prompts_and_repeat(synth_f32, tmp_path, lines, args, need
 
 
 def test_bench_refuses_zero_repeats_in_the_api():
-    from eagle2_local.measure.bench import Bench
     from eagle2_local.decoding.sampling import SamplingParams
+    from eagle2_local.measure.bench import Bench
     with pytest.raises(Eagle2Error, match="repeat must be 1 or more"):
         Bench(llm=None, sampling=SamplingParams(), max_tokens=8, repeat=0)
 
@@ -237,8 +236,8 @@ def test_eagle2_frees_what_it_loaded_when_the_draft_fails(synth_f32, tmp_path, m
 
 def test_asking_for_more_prompts_than_the_sets_hold_is_an_error(tmp_path):
     """Once an endless loop in the tests' prompt loader; the package's interleaving refuses instead."""
-    from tests.support.prompts import load_prompts
     from eagle2_local.measure.bench import PromptSet, interleaved
+    from tests.support.prompts import load_prompts
     sets = [PromptSet("a", ["a0", "a1", "a2"]), PromptSet("b", ["b0"])]
     assert interleaved(sets, 4) == ["a0", "b0", "a1", "a2"]
     with pytest.raises(Eagle2Error, match="asked for 5 prompts but the sets \\(a, b\\) hold 4"):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.support.prompts import PROMPTS_DIR
 
 
@@ -37,8 +38,8 @@ def test_bench_json_fields(tmp_path, synth_q8):
 
 
 def test_projected_speedup_is_tau_when_the_host_is_free_and_falls_with_host_time():
-    from eagle2_local.measure.bench import projected_speedup
     from eagle2_local.commands.console import projection_lines
+    from eagle2_local.measure.bench import projected_speedup
 
     assert projected_speedup(3.0, 0.0, 10.0) == 3.0
     assert projected_speedup(3.0, 10.0, 10.0) == 1.5  # 3 tokens in 20 ms against 1 in 10 ms
@@ -118,8 +119,8 @@ def test_bench_split_selects_the_records_of_that_split(tmp_path, synth_q8):
 
 
 def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
-    from eagle2_local.measure.bench import load_prompt_sets
     from eagle2_local.errors import Eagle2Error
+    from eagle2_local.measure.bench import load_prompt_sets
 
     (tmp_path / "marked.jsonl").write_text(_chat_set(tmp_path).read_text())
     (tmp_path / "plain.jsonl").write_text('{"prompt": "a"}\n{"turns": ["b", "c"]}\n')
@@ -141,10 +142,10 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     """Per set: each n-gram mode's median speed-up over llama-completion (decode-only and end to end), its
     acceptance, which mode was best and eagle2-local against it; the table prints them. Needs
     --llama-cpp-bin to run for real (llama.cpp's binaries), so only the bookkeeping is tested here."""
+    from eagle2_local.commands.console import _tools_lines
     from eagle2_local.decoding.stats import GenerationStats
     from eagle2_local.measure.bench import PromptResult
     from eagle2_local.measure.llamacpp_bench import tools_summary
-    from eagle2_local.commands.console import _tools_lines
 
     def tools(simple: float, mod: float) -> dict:
         return {"completion_tokens_per_s": 10.0, "completion_e2e_tokens_per_s": 8.0,
@@ -168,9 +169,9 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
 
 
 def test_load_prompt_sets_reads_each_records_schema_or_grammar(tmp_path):
-    from eagle2_local.measure.bench import load_prompt_sets
-    from eagle2_local.errors import Eagle2Error
     from eagle2_local.decoding.grammar import Grammar
+    from eagle2_local.errors import Eagle2Error
+    from eagle2_local.measure.bench import load_prompt_sets
 
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     (tmp_path / "mixed.jsonl").write_text(json.dumps({"prompt": "a", "schema": schema}) + "\n"

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.budget_helpers import set_tree_rate
-from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
+from eagle2_local.decoding.tree import LOOKUP
 from eagle2_local.measure.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
 from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_costs, save_costs
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
                                       RoundTimes, SourceAcceptance, TreeBudget, best_size, deeper_can_pay)
 from eagle2_local.tree_policy.budget import LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
-from eagle2_local.decoding.tree import LOOKUP
+from tests.support.budget_helpers import set_tree_rate
+from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
@@ -525,8 +525,8 @@ def test_eagle2_calibrates_once_then_checks_the_cache(synth_q8, tmp_path, monkey
     from functools import partial
 
     from eagle2_local import api
-    from eagle2_local.measure import microbench
     from eagle2_local.api import Eagle2
+    from eagle2_local.measure import microbench
 
     def timing(steps) -> None:  # every timed call of calibration and start check takes the next step
         monkeypatch.setattr(api, "measure_costs", partial(microbench.measure_costs, clock=fake_clock(steps)))

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.prompts import load_prompts
 from eagle2_local import Eagle2
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target
 from eagle2_local.decoding.tree import DraftTree
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from tests.support.prompts import load_prompts
 
 pytestmark = pytest.mark.smollm2
 

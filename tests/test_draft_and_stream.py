@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from eagle2_local.decoding.stopping import TokenEmitter
 from eagle2_local.drafts import check_same_vocab
 from eagle2_local.errors import IncompatibleDraftError
 from eagle2_local.llamacpp.llama import LlamaModel
-from eagle2_local.decoding.stopping import TokenEmitter
 from tests.support.synthetic_model import write_model
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.prompts import load_prompts
-from eagle2_local.drafts import DraftModelEngine
 from eagle2_local.decoding.generator import Generator
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target
 from eagle2_local.decoding.tree import TreeParams
+from eagle2_local.drafts import DraftModelEngine
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
-from tests.support.helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget, make,
-                     random_prompts, run)
+from tests.support.helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget,
+                                   make, random_prompts, run)
+from tests.support.prompts import load_prompts
 
 F32_TOL = 1e-2
 

@@ -20,8 +20,8 @@ import pytest
 
 from eagle2_local.decoding import grammar_guard
 from eagle2_local.decoding.grammar_check import MAX_GRAMMAR_BYTES, MAX_PARSE_PATHS, check_gbnf
-from eagle2_local.decoding.grammar_parse import MAX_ELEMENTS, MAX_NESTING, GrammarError
 from eagle2_local.decoding.grammar_guard import compile_isolated, guard_gbnf
+from eagle2_local.decoding.grammar_parse import MAX_ELEMENTS, MAX_NESTING, GrammarError
 from tests.support.helpers import assert_one_line_error, run_cli
 
 HANGS = 'root ::= x root "b" | "c"\nx ::= "a"?'  # left recursion behind a rule empty only through its '?'
@@ -63,8 +63,8 @@ def test_project_grammars_pass():
     converter's for a range of schemas, json_object, and the tool-call grammars of both formats."""
     import llama_cpp.llama_grammar as shipped
 
-    from eagle2_local.decoding.grammar import Grammar
     from eagle2_local.chat.tool_calls import HERMES, LLAMA3, call_grammar, check_tools
+    from eagle2_local.decoding.grammar import Grammar
 
     texts = {name: value for name, value in vars(shipped).items() if name.endswith("_GBNF")}
     assert {"JSON_GBNF", "ARITHMETIC_GBNF", "C_GBNF", "CHESS_GBNF"} <= set(texts)

@@ -15,13 +15,13 @@ from convert.eagle1 import convert_head
 from convert.torch_pickle import load_torch_state_dict
 from eagle2_local.api import Eagle2
 from eagle2_local.errors import ModelError
+from eagle2_local.formats.eagle1_format import read_head
 from eagle2_local.formats.gguf_fields import copy_gguf
 from eagle2_local.formats.gguf_tensors import tensor_index
 from eagle2_local.formats.models import read_gguf_info
-from eagle2_local.formats.eagle1_format import read_head
 from tests.support.eagle_heads import head_config, head_tensors, write_head_dir
-from tests.support.publisher_heads import (LLAMA3_SCALING, SMOL_LAYERS, llama_layer_config, modelopt_eagle3, safeailab_eagle3,
-                             specforge_eagle3, speculators_eagle3, tensors)
+from tests.support.publisher_heads import (LLAMA3_SCALING, SMOL_LAYERS, llama_layer_config, modelopt_eagle3,
+                                           safeailab_eagle3, specforge_eagle3, speculators_eagle3, tensors)
 from tests.support.synthetic_model import vocab
 
 PROMPT = "The three primary colors are"

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.prompts import PROMPTS_DIR
 from eagle2_local.measure.bench import load_prompt_sets
+from tests.support.prompts import PROMPTS_DIR
 
 SETS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts"
 FENCE = re.compile(r"```python\n(.*?)```", re.S)

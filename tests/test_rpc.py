@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.prompts import load_prompts
-from eagle2_local.llamacpp import rpc
-from eagle2_local.errors import Eagle2Error
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import TreeParams
-from tests.support.helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree, run_cli,
-                     sequential_logits, synthetic_head)
+from eagle2_local.errors import Eagle2Error
+from eagle2_local.llamacpp import rpc
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from tests.support.helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree,
+                                   run_cli, sequential_logits, synthetic_head)
+from tests.support.prompts import load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -242,8 +242,8 @@ def test_greedy_equals_plain_on_the_same_servers(endpoints, draft, smollm2_path,
 def test_layer_inputs_and_borrowed_embedding_on_the_servers(endpoints, smollm2_path, monkeypatch):
     """EAGLE-3 features (three layers' residual inputs) read back from the servers equal the host CPU's, and the
     default head, whose token embedding / LM head are the target's (on the servers), drafts the same tree."""
-    from eagle2_local.llamacpp import backend_topk
     from eagle2_local.api import Eagle2
+    from eagle2_local.llamacpp import backend_topk
 
     monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)  # dense head rows, compared entry by entry
 

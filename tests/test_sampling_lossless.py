@@ -8,10 +8,10 @@ import pytest
 
 import eagle2_local.decoding.generator as generator_mod
 from eagle2_local.decoding.acceptance import _walk
-from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.decoding.grammar import Grammar
 from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.tree import TreeParams
-from eagle2_local.decoding.grammar import Grammar
+from eagle2_local.llamacpp.llama import LlamaModel
 from tests.support.budget_helpers import set_tree_rate
 from tests.support.helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, mask_ignoring, over_accepting
 
@@ -106,9 +106,9 @@ def test_tree_rejection_sampling_exact_distribution():
 
 def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
     """With the tree budget on, tokens come from trees of varying size and from plain steps; still exact."""
-    from eagle2_local.drafts import DraftModelEngine
     from eagle2_local.decoding.generator import Generator
     from eagle2_local.decoding.target import Target
+    from eagle2_local.drafts import DraftModelEngine
 
     sampling = SamplingParams(temperature=1.0)
     spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(model, ONE_THREAD, 3, 4), TreeParams(12, 4, 3),

@@ -24,9 +24,9 @@ import httpx
 import openai
 import pytest
 
-from eagle2_local.errors import ContextFullError, DecodeError, TreeError
 from eagle2_local.decoding.grammar import Grammar
 from eagle2_local.decoding.stats import GenerationStats
+from eagle2_local.errors import ContextFullError, DecodeError, TreeError
 from eagle2_local.llamacpp.llama import LlamaModel
 from tests.support.helpers import assert_follows_grammar
 
@@ -550,6 +550,7 @@ def test_generation_fault_is_a_500_with_a_generic_message_and_the_detail_in_the_
     """A DecodeError or TreeError mid-generation is the server's fault, not the request's: 500, OpenAI's error
     shape, a message that does not leak the exception's text; the traceback goes to the server's log."""
     from fastapi.testclient import TestClient
+
     from eagle2_local.server import create_app
 
     with TestClient(create_app(StandIn(fault), model_name="m")) as http:
@@ -569,6 +570,7 @@ def test_openapi_docs_answer_without_the_api_key():
     """/docs and /openapi.json describe the routes, as in llama-cpp-python's server: open without the key (like
     /health), while every API route still wants it."""
     from fastapi.testclient import TestClient
+
     from eagle2_local.server import create_app
 
     with TestClient(create_app(StandIn(), model_name="m", api_key="k")) as http:
@@ -606,7 +608,7 @@ def test_a_prompt_that_no_longer_fits_stays_the_clients_error():
 
 def test_close_gives_every_queued_job_a_terminal_event_and_balances_the_counters():
     """Jobs still waiting when the server shuts down are answered (cancelled), never left without an end."""
-    from eagle2_local.server import APIError, ModelWorker, TERMINAL
+    from eagle2_local.server import TERMINAL, APIError, ModelWorker
 
     llm = StandIn()
     loop = asyncio.new_event_loop()
@@ -639,7 +641,7 @@ def test_admit_racing_close_is_a_503_or_an_answered_job_never_a_lost_count():
     """``admit`` counted a waiting request, then submitting to a pool that ``close`` had just shut down raised
     (a 500) and the count was never taken back. Admissions racing a close now either are refused with 503 or
     get a terminal event, and nothing stays counted as waiting."""
-    from eagle2_local.server import APIError, ModelWorker, TERMINAL
+    from eagle2_local.server import TERMINAL, APIError, ModelWorker
 
     for attempt in range(20):
         llm = StandIn()
@@ -919,6 +921,7 @@ RANGES = [("temperature", -1), ("top_p", 2), ("top_p", 0), ("top_k", -1), ("min_
 def test_a_value_out_of_range_names_its_parameter(field, value):
     """As OpenAI does: a 400 whose ``param`` is the field to change, on both endpoints."""
     from fastapi.testclient import TestClient
+
     from eagle2_local.server import create_app
 
     with TestClient(create_app(StandIn(), model_name="m")) as http:

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from eagle2_local.errors import ContextFullError, TreeError
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import DraftTree
+from eagle2_local.errors import ContextFullError, TreeError
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from tests.support.helpers import (SETTINGS, Restores, check_thousand_rounds_leak_no_cells, path_to, random_tree,
-                                  sequential_logits)
+                                   sequential_logits)
 
 # F32 matmuls take different kernels for different batch sizes on CPU: results differ in the last bits.
 F32_TOL = 1e-2

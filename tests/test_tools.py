@@ -14,10 +14,10 @@ from hypothesis import given, settings, strategies as st
 
 from eagle2_local import Eagle2
 from eagle2_local.chat.templates import render_chat
-from eagle2_local.errors import Eagle2Error
-from eagle2_local.formats.models import read_gguf_info
 from eagle2_local.chat.tool_calls import (HERMES, LLAMA3, AnswerStream, ToolCall, ToolError, assistant_message,
                                           call_format, plan_tools)
+from eagle2_local.errors import Eagle2Error
+from eagle2_local.formats.models import read_gguf_info
 from tests.support.helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.smollm2

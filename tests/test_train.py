@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.synthetic_model import WORDS, write_model
 from eagle2_local.chat.templates import prompt_tokens, render_for_model
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.train.data import first_user_turns, iter_documents, iter_json_array
@@ -21,7 +20,7 @@ from eagle2_local.train.loop import TrainConfig, Trainer, chain_acceptance, load
 from eagle2_local.train.pipeline import build_head
 from eagle2_local.train.selfgen import self_generate_to_cache
 from eagle2_local.train.target_weights import draft_vocabulary, read_target_weights
-
+from tests.support.synthetic_model import WORDS, write_model
 
 
 def load_cache(caches) -> FeatureSet:
@@ -214,6 +213,7 @@ def test_parallel_self_generation_matches_one_at_a_time(tiny, tmp_path):
 def test_eval_head_cli_reads_the_exported_folder(tiny, tmp_path, monkeypatch):
     """The exported folder loads back into the same head, and eval-head reports a τ per prompt file."""
     from click.testing import CliRunner
+
     from cli import main
     from eagle2_local.train import evaluate
     from eagle2_local.train.evaluate import answer_rows, load_head
@@ -260,6 +260,7 @@ def test_training_time_test_matches_the_inference_layout(tiny, tmp_path):
     the llama.cpp engine is tested against) fed as the runtime feeds a tree node at depth j: real-feature entries
     for rows <= P, then the node's own chain at positions P+1..P+j, each seeing exactly those entries."""
     from safetensors.torch import load_file
+
     from tests.support.eagle3_reference import Eagle3Reference
 
     torch.manual_seed(1)
@@ -296,8 +297,9 @@ def test_train_cli_end_to_end_with_warm_start(tiny, tmp_path):
     """`train` self-generates, extracts, trains, exports the HF folder and the eagle3 GGUF; a second run warm
     starts from the first one's checkpoint and keeps its draft vocabulary."""
     from click.testing import CliRunner
-    from cli import main
     from safetensors.torch import load_file
+
+    from cli import main
 
     data = tmp_path / "chat.jsonl"
     rnd = random.Random(1)

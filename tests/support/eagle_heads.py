@@ -70,8 +70,9 @@ def write_head_dir(folder: Path, config: dict, tensors: dict[str, np.ndarray], f
     if fmt == "safetensors":
         save_safetensors(folder / "model.safetensors", tensors)
     elif fmt == "torch":
-        import torch
         from collections import OrderedDict
+
+        import torch
         torch.save(OrderedDict((k, torch.from_numpy(np.ascontiguousarray(v))) for k, v in tensors.items()),
                    folder / "pytorch_model.bin")
     elif fmt == "handmade":

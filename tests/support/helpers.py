@@ -13,13 +13,13 @@ import numpy as np
 
 from convert.eagle1 import convert_head
 from eagle2_local.decoding.acceptance import Acceptance
-from eagle2_local.drafts import DraftModelEngine
-from eagle2_local.errors import ContextFullError
 from eagle2_local.decoding.generator import Generator
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from eagle2_local.decoding.sampling import SamplingParams, sample_from
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import DraftTree, TreeParams
+from eagle2_local.drafts import DraftModelEngine
+from eagle2_local.errors import ContextFullError
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from tests.support.eagle_heads import head_config, head_tensors, write_head_dir
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-import numpy as np
 import gguf
+import numpy as np
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
