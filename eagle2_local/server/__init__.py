@@ -14,10 +14,11 @@ independent of earlier requests at near-ties. A request whose client goes away i
 stream closed, which trims the cache to the prompt plus what was emitted, exactly as after a stopped chat answer;
 one that goes away while its prompt is evaluated stops between two prompt batches, the cache back to what it held.
 
-Laid out as llama-cpp-python's server is: ``types.py`` (request and response shapes), ``errors.py``
-(OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue), ``admission.py``
-(the API key, a place taken before the body is read, the body's size and deadline), ``timeouts.py`` (closing
-connections that send no request), ``app.py`` (the routes, ``create_app``, ``serve``).
+Laid out as llama-cpp-python's server is: ``types.py`` (request shapes, and which statistics an answer shows),
+``errors.py`` (OpenAI's error shape and its handlers), ``worker.py`` (the generation thread, its queue and the
+``/stats`` totals), ``admission.py`` (the API key, a place taken before the body is read, the body's size and
+deadline), ``timeouts.py`` (closing connections that send no request), ``app.py`` (the routes, ``create_app``,
+``serve``). The response objects are :mod:`eagle2_local.chat.responses`', shared with the Python API.
 
 Clients do not learn about each other: a response carries only the statistics its request alone decides (token
 counts and ids) unless the operator asks for all (``--expose-stats``), and ``/stats`` shows totals.
