@@ -18,7 +18,7 @@ Laid out as llama-cpp-python's server is: ``types.py`` (request shapes, and whic
 ``errors.py`` (OpenAI's error shape and its handlers), ``worker.py`` (the generation thread, its queue and the
 ``/stats`` totals), ``admission.py`` (the API key, a place taken before the body is read, the body's size and
 deadline), ``timeouts.py`` (closing connections that send no request), ``app.py`` (the routes, ``create_app``,
-``serve``). The response objects are :mod:`eagle2_local.chat.responses`', shared with the Python API.
+``serve``). The response objects are :mod:`eagle2_local.chat.responses`, shared with the Python API.
 
 Clients do not learn about each other: a response carries only the statistics its request alone decides (token
 counts and ids) unless the operator asks for all (``--expose-stats``), and ``/stats`` shows totals.
