@@ -8,6 +8,7 @@ host time per round and per node) is computed here and nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from itertools import zip_longest
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class GenerationStats:
     def __add__(self, other: GenerationStats) -> GenerationStats:
         """Two generations as one (``self`` first): counts and times add, acceptance adds depth by depth, tree
         sizes and per-source counts add key by key, and the engine and the auto budget's state are ``other``'s
-        (the state after both). ``GenerationStats()`` adds nothing: ``sum(parts, GenerationStats())``."""
+        (the state after both). ``GenerationStats()`` starts a sum: ``sum(parts, GenerationStats())``."""
         if not isinstance(other, GenerationStats):
             return NotImplemented
         out = GenerationStats(engine=other.engine, budget=other.budget)
@@ -83,9 +84,7 @@ class GenerationStats:
                 continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, list):  # accepted_per_depth
-                n = max(len(mine), len(theirs))
-                mine, theirs = mine + [0] * (n - len(mine)), theirs + [0] * (n - len(theirs))
-                setattr(out, f.name, [a + b for a, b in zip(mine, theirs)])
+                setattr(out, f.name, [a + b for a, b in zip_longest(mine, theirs, fillvalue=0)])
             elif isinstance(mine, dict):
                 setattr(out, f.name, add_counts(dict(mine), theirs))
             else:
