@@ -21,13 +21,13 @@ from pathlib import Path
 
 time.perf_counter = time.thread_time  # before eagle2_local binds it: the same clock as host_time --cpu-clock
 
-from eagle2_local.decoding import acceptance, backlog, generator, target, tree
+from eagle2_local.decoding import acceptance, backlog, generator, proposals, target
 from eagle2_local.llamacpp import backend_topk, llama, runtime  # noqa: E402
 from eagle2_local.drafts import base, draft_model, eagle3_llama, lookup, merged  # noqa: E402
 
 WRAPPED = {  # owner -> functions whose own host time is listed
     generator.Generator: ["_tree_round"],
-    merged.MergedDraft: ["catch_up", "expand", "catch_up_lists", "expand_lists", "commit"],
+    merged.MergedDraft: ["catch_up", "expand", "commit"],
     eagle3_llama.Eagle3Engine: ["catch_up", "expand", "_encode", "_process_entries", "_rows", "_prenorm", "commit"],
     draft_model.DraftModelEngine: ["catch_up", "expand", "_rows", "commit"],
     lookup.LookupDraft: ["catch_up_rows", "expand_rows", "_continue", "proposals", "next_rate"],
@@ -38,9 +38,9 @@ WRAPPED = {  # owner -> functions whose own host time is listed
     backend_topk.BackendTopK: ["read", "activate"],
     target.Target: ["verify", "commit"],
     backlog.FeatureBacklog: ["take", "restart", "extend"],
-    merged: ["merge_proposals", "merge_lookup_rows"],
-    tree: ["top_children"],
-    generator: ["accept", "select_tree", "grow_candidates", "grow_row_candidates", "grow_list_candidates"],
+    proposals.Proposals: ["best", "row_mass"],
+    merged: ["weigh_into", "merge_row"],
+    generator: ["accept", "select_tree", "grow_candidates"],
 }
 
 own: collections.defaultdict[str, float] = collections.defaultdict(float)

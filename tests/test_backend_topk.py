@@ -20,17 +20,17 @@ def test_draft_model_rows_equal_numpy_top_k(synth_q8):
     model = LlamaModel(synth_q8)
     dense, graph = (DraftModelEngine(model, SETTINGS, 3, 4, in_graph_top_k=flag) for flag in (False, True))
     tokens = np.r_[1, np.random.default_rng(5).integers(5, model.n_vocab, 20)]  # 21 tokens: three batches
-    outputs = [(dense.catch_up(tokens)[None], graph.catch_up(tokens))]
+    outputs = [(dense.catch_up(tokens).logits[None], graph.catch_up(tokens))]
     levels = [([0, 1, 2], [11, 57, 300], [-1, -1, -1]), ([3, 4, 5], [80, 81, 82], [0, 0, 2]),
               ([6, 7, 8], [90, 91, 92], [3, 5, 5])]
     for level, (ids, toks, parents) in enumerate(levels, start=1):
         args = (np.array(ids), np.array(toks), np.array(parents), level)
-        outputs.append((np.array(dense.expand(*args)), graph.expand(*args)))
+        outputs.append((np.array(dense.expand(*args).logits), graph.expand(*args)))
     for rows, got in outputs:
         want_tok, want_lp = top_k_log_probs(rows, 3)
         np.testing.assert_array_equal(got.tokens, want_tok)
         np.testing.assert_allclose(got.log_probs, want_lp, rtol=0, atol=1e-5)
-        assert got.ranked and (got.log_probs[:, :-1] >= got.log_probs[:, 1:]).all()  # as it claims
+        assert all(row == sorted(row, reverse=True) for row in got.log_probs)  # best first, as every row is
     dense.close()
     graph.close()
     model.close()
@@ -46,7 +46,7 @@ def test_draft_model_in_graph_is_lossless(synth_q8, synth_q8_weak):
     model, weak = LlamaModel(synth_q8), LlamaModel(synth_q8_weak)
     params = TreeParams(16, 5, 4)
     plain = make(model, None)
-    assert DraftModelEngine(weak, ONE_THREAD, 4, 5).top_k is None  # a CPU-only draft: numpy rows by default
+    assert DraftModelEngine(weak, ONE_THREAD, 4, 5).backend_top_k is None  # a CPU-only draft: numpy rows by default
     spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(weak, ONE_THREAD, params.top_k, params.depth,
                                                                  in_graph_top_k=True), params)
     for i, prompt in enumerate(random_prompts(model, 2, seed=11)):

@@ -1,6 +1,6 @@
-"""The draft protocol's two output forms, the draft factory, and what the loop counts per target pass.
+"""The draft protocol's output, the draft factory, and what the loop counts per target pass.
 
-A drafter that already has candidates returns :class:`Proposals` (tokens with log-probabilities) instead of
+A drafter that already has candidates lists them (tokens with log-probabilities) where a neural draft hands over
 dense logit rows; the tree, the verification and so the output must not depend on which form carries the
 same candidates. τ counts what each target pass produced (EAGLE's count), so it is never below 1.
 """
@@ -31,13 +31,12 @@ def dense_rows(monkeypatch):
     monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)
 
 
-class ProposingEngine:
-    """A drafter that hands the tree candidates with log-probabilities, never dense rows: the top
+class ProposingEngine(DraftEngine):
+    """A drafter that lists the tree's candidates with log-probabilities, never dense rows: the top
     ``skip + width`` tokens of an inner draft model, without the ``skip`` best (skip=1 against the target
     itself makes a draft whose every token the greedy target rejects)."""
 
     needs_features = False
-    free_part = None
 
     def __init__(self, inner: DraftModelEngine, width: int, skip: int = 0) -> None:
         self.inner, self.width, self.skip = inner, width, skip
@@ -48,9 +47,9 @@ class ProposingEngine:
     def n_read(self) -> int:
         return self.inner.n_read
 
-    def _propose(self, logits: np.ndarray) -> Proposals:
-        p = Proposals.from_logits(logits, self.skip + self.width)
-        return Proposals(p.tokens[:, self.skip:], p.log_probs[:, self.skip:])
+    def _propose(self, dense: Proposals) -> Proposals:
+        p = dense.best(self.skip + self.width)
+        return Proposals([row[self.skip:] for row in p.tokens], [row[self.skip:] for row in p.log_probs])
 
     def catch_up(self, tokens, features=None, features_from=0) -> Proposals:
         return self._propose(self.inner.catch_up(tokens, features, features_from))

@@ -104,11 +104,11 @@ def engine_tree(engine, tokens, feats, tree_tokens, split: int):
     engine.catch_up(tokens[:split + 1], feats[:split], 0)
     engine.expand(np.array([100]), np.array([7]), np.array([-1]), 1)
     engine.commit(np.array([100]))
-    out = [engine.catch_up(tokens, feats[split:len(tokens) - 1], split)]
+    out = [engine.catch_up(tokens, feats[split:len(tokens) - 1], split).logits]
     cid = 0
     for lvl, level in enumerate(TREE, start=1):
         ids = np.arange(cid, cid + len(level))
-        out.append(engine.expand(ids, np.asarray(tree_tokens)[ids], np.asarray(level), lvl))
+        out.append(engine.expand(ids, np.asarray(tree_tokens)[ids], np.asarray(level), lvl).logits)
         cid += len(level)
     return out
 
@@ -137,7 +137,7 @@ def test_rollback_and_incremental_catch_up_equal_one_pass(tmp_path):
     rng = np.random.default_rng(3)
     tokens = rng.integers(0, VOCAB, 30)
     feats = rng.standard_normal((30, HIDDEN)).astype(np.float32)
-    one = Eagle1NumpyEngine(head, emb, lm).catch_up(tokens, feats[:29], 0)
+    one = Eagle1NumpyEngine(head, emb, lm).catch_up(tokens, feats[:29], 0).logits
     eng = Eagle1NumpyEngine(head, emb, lm)
     eng.catch_up(tokens[:20], feats[:19], 0)
     eng.rollback(12)  # a later prompt that shares 12 tokens: features before 12 are kept
@@ -145,11 +145,11 @@ def test_rollback_and_incremental_catch_up_equal_one_pass(tmp_path):
     other[12:] = (other[12:] + 1) % VOCAB
     eng.catch_up(other[:25], feats[12:24], 12)
     eng.rollback(12)
-    inc = eng.catch_up(tokens, feats[12:29], 12)
+    inc = eng.catch_up(tokens, feats[12:29], 12).logits
     np.testing.assert_allclose(inc, one, rtol=0, atol=1e-5)
-    assert eng.n_done == 29
+    assert eng.n_pairs == 29
     eng.reset()
-    np.testing.assert_allclose(eng.catch_up(tokens, feats[:29], 0), one, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(eng.catch_up(tokens, feats[:29], 0).logits, one, rtol=0, atol=1e-5)
 
 
 def test_candidate_vocabulary_and_bad_calls(tmp_path):
@@ -157,9 +157,9 @@ def test_candidate_vocabulary_and_bad_calls(tmp_path):
     emb, lm = target_side()
     tokens = np.arange(10)
     feats = np.ones((9, HIDDEN), dtype=np.float32)
-    full = Eagle1NumpyEngine(head, emb, lm).catch_up(tokens, feats, 0)
+    full = Eagle1NumpyEngine(head, emb, lm).catch_up(tokens, feats, 0).logits
     cand = np.array([3, 50, 299])
-    part = Eagle1NumpyEngine(head, emb, lm, candidate_ids=cand).catch_up(tokens, feats, 0)
+    part = Eagle1NumpyEngine(head, emb, lm, candidate_ids=cand).catch_up(tokens, feats, 0).logits
     np.testing.assert_allclose(part[cand], full[cand], rtol=1e-6)
     assert np.isneginf(np.delete(part, cand)).all()
     eng = Eagle1NumpyEngine(head, emb, lm)

@@ -109,7 +109,7 @@ def test_kv_reuse_across_plain_and_speculative_calls_keeps_head_features(tmp_pat
         seen["text"] = gen.tokens
         # what the head holds, then what the generator keeps for it (the last round's rows)
         rows, start = gen.backlog.take()
-        head_engine = gen.engine.model if isinstance(gen.engine, MergedDraft) else gen.engine  # lookup merged
+        head_engine = gen.engine.neural if isinstance(gen.engine, MergedDraft) else gen.engine  # lookup merged
         seen["held"] = np.concatenate([head_engine._feats.view()[:start], rows])
 
     outputs = chat_turn_outputs(synth_q8, head, inspect, total_tokens=12, depth=4, tree_top_k=3)

@@ -83,7 +83,7 @@ def test_engine_matches_reference_on_tree(head, target4):
     text = prompt + [root]
     n = len(prompt)
 
-    got_root = engine.catch_up(np.asarray(text), ver.features, 0)
+    got_root = engine.catch_up(np.asarray(text), ver.features, 0).logits
     g = ref.encode(ver.features)
     for p in range(n):
         want_root, root_out, _ = ref.entry(text[p + 1], g[p], p, list(range(p)))
@@ -98,7 +98,7 @@ def test_engine_matches_reference_on_tree(head, target4):
               ([6, 7], [90, 91], [3, 5])]
     ref_state = {-1: (root_out, [])}
     for level, (ids, toks, parents) in enumerate(levels, start=1):
-        got = np.array(engine.expand(np.array(ids), np.array(toks), np.array(parents), level))
+        got = np.array(engine.expand(np.array(ids), np.array(toks), np.array(parents), level).logits)
         for row, (cid, tok, par) in enumerate(zip(ids, toks, parents)):
             g_par, anc = ref_state[par]
             want, out, idx = ref.entry(tok, g_par, n - 1 + level, committed + anc)
@@ -124,7 +124,7 @@ def test_embedding_rows_of_the_wrong_width_are_refused(head, target4):
     with pytest.raises(DecodeError, match="reads 64"):
         engine.ctx.decode(text[:2], np.arange(2, dtype=np.int32), np.ones(2, np.int8),
                           embd=np.zeros((2, 63), np.float32))
-    assert engine.catch_up(text, ver.features, 0).shape == (model.n_vocab,)
+    assert engine.catch_up(text, ver.features, 0).logits.shape == (model.n_vocab,)
     engine.close()
     target.close()
     model.close()
@@ -143,7 +143,7 @@ def test_a_level_reads_its_parents_from_the_level_before(head, target4):
     for parents in ([-1, 2], [0, 3], [2, 9]):
         with pytest.raises(TreeError, match="parents must be the nodes of the level before"):
             engine.expand(np.array([4, 5]), np.array([15, 16]), np.array(parents), 3)
-    assert np.array(engine.expand(np.array([4, 5]), np.array([15, 16]), np.array([2, 3]), 3)).shape[0] == 2
+    assert np.array(engine.expand(np.array([4, 5]), np.array([15, 16]), np.array([2, 3]), 3).logits).shape[0] == 2
     engine.close()
     target.close()
     model.close()
@@ -165,18 +165,18 @@ def test_in_graph_top_k_equals_numpy_on_dense_rows(head, target4):
     ver = target.prefill(prompt)
     text = np.asarray(prompt + [int(np.argmax(ver.logits[0]))])
     dense, graph = (e.catch_up(text, ver.features, 0) for e in engines)
-    outputs = [(dense[None], graph)]
+    outputs = [(dense.logits[None], graph)]
     levels = [([0, 1, 2], [11, 57, 300], [-1, -1, -1]), ([3, 4, 5], [80, 81, 82], [0, 0, 2]),
               ([6, 7, 8], [90, 91, 92], [3, 5, 5])]
     for level, (ids, toks, parents) in enumerate(levels, start=1):
         dense, graph = (e.expand(np.array(ids), np.array(toks), np.array(parents), level) for e in engines)
-        outputs.append((np.array(dense), graph))
+        outputs.append((np.array(dense.logits), graph))
     for dense, graph in outputs:
         want_tok, want_lp = top_k_log_probs(dense, 3)
         np.testing.assert_array_equal(graph.tokens, want_tok)
         np.testing.assert_allclose(graph.log_probs, want_lp, rtol=0, atol=1e-5)
-        assert np.all(graph.log_probs <= 0)
-        assert graph.ranked and (graph.log_probs[:, :-1] >= graph.log_probs[:, 1:]).all()  # as it claims
+        assert all(lp <= 0 for row in graph.log_probs for lp in row)
+        assert all(row == sorted(row, reverse=True) for row in graph.log_probs)  # best first, as every row is
     for e in engines:
         e.close()
     target.close()
@@ -197,7 +197,7 @@ def test_llama3_rope_scaling_matches_reference(tmp_path, target4):
     prompt = model.tokenize("the water is very long and the code is short and the cat sat on it")
     ver = target.prefill(prompt)
     text = prompt + [int(np.argmax(ver.logits[0]))]
-    got = engine.catch_up(np.asarray(text), ver.features, 0)
+    got = engine.catch_up(np.asarray(text), ver.features, 0).logits
     for with_scaling, close in ((True, True), (False, False)):
         ref = Eagle3Reference(tensors, dict(config, rope_scaling=scaling if with_scaling else None),
                               token_embd(target4))
@@ -265,7 +265,7 @@ def test_qwen2_target_needs_final_norm_head(tmp_path, synth_dir, head, monkeypat
         prompt = llm.tokenize("the water is long")
         ver = llm.target.prefill(prompt)
         assert ver.features.shape == (len(prompt), 64)  # post-norm hidden states
-        got = llm.generator.engine.catch_up(np.asarray(prompt + [7]), ver.features, 0)
+        got = llm.generator.engine.catch_up(np.asarray(prompt + [7]), ver.features, 0).logits
         ref = Eagle3Reference(tensors, config, token_embd(qwen))
         g = ref.encode(np.tile(ver.features, (1, 3)))
         for p in range(len(prompt)):

@@ -13,10 +13,8 @@ import pytest
 
 from eagle2_local import Eagle2
 from eagle2_local.drafts import constrained
-from eagle2_local.drafts.constrained import POOL_FACTOR
 from eagle2_local.drafts.forced import ForcedDraft, VocabForest
 from eagle2_local.decoding.grammar import Grammar
-from eagle2_local.decoding.tree import Proposals
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from tests.support.helpers import assert_follows_grammar, first_divergence
 
@@ -76,13 +74,12 @@ def test_forbidden_children_are_never_verified(smollm2_path, smollm2_head, monke
     grammar, question = CASES["schema"]
     dropped = []
 
-    def counting(out, states, top_k):
-        rows, refused = real_filter(out, states, top_k)
-        before = Proposals.from_logits(out, POOL_FACTOR * top_k) if not isinstance(out, Proposals) else out
-        dropped.append(int(np.isfinite(before.log_probs).sum() - np.isfinite(rows.log_probs).sum()))
+    def counting(before, states):
+        rows, refused = real_filter(before, states)
+        dropped.append(sum(map(len, before.tokens)) - sum(map(len, rows.tokens)))
         return rows, refused
-    real_filter = constrained.allowed_proposals
-    monkeypatch.setattr(constrained, "allowed_proposals", counting)
+    real_filter = constrained.allowed
+    monkeypatch.setattr(constrained, "allowed", counting)
     with _open(smollm2_path, smollm2_head, "head") as llm:
         prompt = llm.chat_tokens([{"role": "user", "content": question}])
         gen = llm.generator
@@ -135,17 +132,17 @@ def test_forced_search_finds_exactly_the_allowed_tokens(smollm2_path):
     draft = ForcedDraft(forest)
     fresh = Grammar('root ::= "likes_tea"').state(model)
     row = draft.propose([fresh], [-1])
-    assert model.token_bytes(int(row.tokens[0, 0])) == b"likes" and 0 > row.log_probs[0, 0] > -1
-    fresh.accept(int(row.tokens[0, 0]))
+    assert model.token_bytes(int(row.tokens[0][0])) == b"likes" and 0 > row.log_probs[0][0] > -1
+    fresh.accept(int(row.tokens[0][0]))
     row = draft.propose([fresh], [-1])
-    assert model.token_bytes(int(row.tokens[0, 0])) == b"_" and row.log_probs[0, 0] == 0.0
+    assert model.token_bytes(int(row.tokens[0][0])) == b"_" and row.log_probs[0][0] == 0.0
     branching = Grammar('root ::= ("x" | "y") "z"').state(model)  # two allowed tokens, not a chain
     assert not draft.proposes_at(branching)  # a set not met before: no guess
     draft.chose(model.tokenize("y", add_special=False)[0])  # the target picked "y" where it just looked
     draft.reset()  # a new generation keeps the model's habits
     picked = draft.propose([branching], [-1])
-    assert model.token_bytes(int(picked.tokens[0, 0])) == b"y"
-    assert picked.log_probs[0, 0] > np.log(0.9)  # one earlier pick is a habit: a key's forced run can pay at once
+    assert model.token_bytes(int(picked.tokens[0][0])) == b"y"
+    assert picked.log_probs[0][0] > np.log(0.9)  # one earlier pick is a habit: a key's forced run can pay at once
     for s in (state, fresh, branching, letters, digit):
         s.close()
     model.close()

@@ -7,9 +7,10 @@ import numpy as np
 from eagle2_local.llamacpp import runtime
 from eagle2_local.decoding.acceptance import accept_greedy
 from eagle2_local.llamacpp.batch import Batch
-from eagle2_local.decoding.tree import (Proposals, ancestor_mask, leaf_membership, node_depths, top_children,
-                                        verify_layout)
+from eagle2_local.decoding.proposals import Proposals, merge_row
+from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, ancestor_mask, node_depths, top_k_log_probs, verify_layout
 from tests.support.helpers import random_tree
+from tests.support.tree_reference import leaf_membership
 
 
 def test_verify_layout_equals_depths_and_leaf_membership():
@@ -50,35 +51,30 @@ def test_batch_lists_each_tokens_sequences_in_leaf_order():
             assert batch.seq_ids[i, :batch.n_seq_id[i]].tolist() == seq_ids[mask[i]].tolist()
 
 
-def test_ranked_proposals_pass_top_children_unchanged_and_others_are_ranked():
-    """A row already best first (ties in place) is what the stable ranking would return; any other is ranked."""
-    tokens = np.array([[4, 2, 9], [7, 1, 3]])
-    ranked = Proposals(tokens, np.log([[0.5, 0.2, 0.2], [0.6, 0.3, 0.1]]))
-    tok, lp, _ = top_children(ranked, 3)
-    assert np.array_equal(tok, tokens) and np.array_equal(lp, ranked.log_probs)
-    unranked = Proposals(tokens, np.log([[0.2, 0.5, 0.2], [0.6, 0.3, 0.1]]))
-    tok, lp, _ = top_children(unranked, 3)
-    assert tok.tolist() == [[2, 4, 9], [7, 1, 3]]
-    assert tok.shape == (2, 3) and (np.diff(lp, axis=1) <= 0).all()
-    tok, _, _ = top_children(unranked, 2)
-    assert tok.tolist() == [[2, 4], [7, 1]]
-
-
-def test_rows_flagged_ranked_give_the_ranking_of_unflagged_rows():
-    """Rows a producer flags best first (the in-graph top-k, numpy's top-k, the lookup) give top_children the
-    same children as the check and the stable ranking do, wider than k too (ties kept in place)."""
+def test_dense_rows_are_ranked_when_read_as_wide_as_asked():
+    """Logit rows become their top-k when read, as wide as the reader asks; listed rows wider than k are cut."""
     rng = np.random.default_rng(7)
-    for width, k in ((3, 3), (5, 3), (12, 10), (4, 6)):
-        lp = -np.sort(rng.integers(0, 4, (6, width)) * 0.5, axis=1)  # non-increasing, with ties
-        lp[:, -1] = -np.inf
-        tokens = rng.integers(0, 99, (6, width))
-        flagged = top_children(Proposals(tokens, lp, ranked=True), k)
-        plain = top_children(Proposals(tokens, lp), k)
-        for a, b in zip(flagged, plain):
-            assert np.array_equal(a, b)
     logits = rng.standard_normal((4, 50)).astype(np.float32)
-    assert Proposals.from_logits(logits, 5).ranked
+    for k in (3, 10):
+        got = Proposals.from_logits(logits).best(k)
+        tok, lp = top_k_log_probs(logits, k)
+        assert got.tokens == tok.tolist() and got.log_probs == lp.tolist() and got.sources == [[MODEL] * k] * 4
+        assert np.array_equal(got.log_prob_array, lp)
+    root = Proposals.from_logits(logits[0]).best(5)
+    assert root.tokens == [top_k_log_probs(logits[:1], 5)[0][0].tolist()]
+    wide = Proposals([[4, 2, 9], [7]], [[-0.1, -0.2, -0.3], [-0.5]])
+    assert wide.best(3) is wide and wide.best(2).tokens == [[4, 2], [7]]
+    rows = Proposals.from_arrays(np.array([[1, 2, 3]]), np.log([[0.5, 0.3, 0.1]]))
+    assert rows.row_mass() == np.exp(np.log([[0.5, 0.3, 0.1]])).sum(axis=1).tolist()  # numpy's summation order
 
+
+def test_merge_row_keeps_the_higher_probability_and_ranks_stably():
+    """A shared token keeps its place, the higher log-probability and the shared source; new ones are appended;
+    the row then goes best first with ties in column order."""
+    tokens, log_probs, sources = [5, 6, 7], [-0.5, -1.0, -2.0], [MODEL] * 3
+    merge_row(tokens, log_probs, sources, [(7, -0.2, LOOKUP), (9, -1.0, LOOKUP)])
+    assert tokens == [7, 5, 6, 9] and log_probs == [-0.2, -0.5, -1.0, -1.0]
+    assert sources == [BOTH, MODEL, MODEL, LOOKUP]
 
 
 def test_a_failed_call_reports_only_the_lines_llama_cpp_printed_after_its_mark():

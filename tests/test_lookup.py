@@ -11,13 +11,13 @@ import pytest
 
 from eagle2_local.api import Eagle2
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
-from eagle2_local.drafts.lookup import COPY, PROMPT, REPEAT, MatchConfidence
-from eagle2_local.drafts.merged import merge_lookup_rows, merge_proposals
+from eagle2_local.drafts.ngram import COPY, PROMPT, REPEAT, MatchConfidence
 from eagle2_local.decoding.generator import Generator
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, top_children
+from eagle2_local.decoding.proposals import merge_row
+from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, TreeParams, grow_candidates
 from eagle2_local.tree_policy import FixedTree, RoundPlan
 import eagle2_local.decoding.generator as generator_mod
 from tests.support.helpers import N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting, random_prompts, run
@@ -165,8 +165,8 @@ def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():
     assert len(engine.index) == len(text)
     assert rate == pytest.approx(engine.index.confidence.rate(4, COPY)) and rate > 0.9
     out = engine.catch_up(np.array(text))
-    assert len(engine.index) == len(text) and out.tokens[0, 0] == prompt[20]
-    assert np.exp(out.log_probs[0, 0]) == pytest.approx(rate)
+    assert len(engine.index) == len(text) and out.tokens[0][0] == prompt[20]
+    assert np.exp(out.log_probs[0][0]) == pytest.approx(rate)
     # under a grammar that forbids the token the text suggests, that token is no evidence
     assert engine.next_rate(text, allowed=lambda token: token != prompt[20]) == 0.0
     assert engine.next_rate(text, allowed=lambda token: True) == rate
@@ -182,12 +182,11 @@ def test_lookup_draft_grows_the_copied_span_as_a_chain():
 
 
 def test_merge_keeps_one_child_per_token_with_the_higher_probability():
-    model = Proposals([[5, 6, 7]], np.log([[0.5, 0.3, 0.1]]))
-    lookup = Proposals([[6, 9, 0]], [[np.log(0.8), np.log(0.1), -np.inf]], [[LOOKUP, LOOKUP, LOOKUP]])
-    merged = merge_proposals(model, lookup)
-    finite = np.isfinite(merged.log_probs[0])
-    probs = dict(zip(merged.tokens[0][finite].tolist(), np.exp(merged.log_probs[0][finite]).tolist()))
-    sources = dict(zip(merged.tokens[0][finite].tolist(), merged.sources[0][finite].tolist()))
+    tokens, log_probs, sources = [5, 6, 7], np.log([0.5, 0.3, 0.1]).tolist(), [MODEL] * 3
+    merge_row(tokens, log_probs, sources, [(6, math.log(0.8), LOOKUP), (9, math.log(0.1), LOOKUP)])
+    probs = dict(zip(tokens, np.exp(log_probs).tolist()))
+    sources = dict(zip(tokens, sources))
+    assert tokens == [6, 5, 7, 9]  # best first, the tie in merge order
     assert probs == pytest.approx({5: 0.5, 6: 0.8, 7: 0.1, 9: 0.1})
     assert sources == {5: MODEL, 6: BOTH, 7: MODEL, 9: LOOKUP}
 
@@ -198,7 +197,7 @@ def test_rollback_forgets_text_for_the_next_prompt():
     engine.rollback(3)
     assert engine.n_read == 3
     out = engine.catch_up(np.array([1, 2, 3, 9, 1, 2]))
-    assert out.tokens[0][np.isfinite(out.log_probs[0])].tolist() == [3]
+    assert out.tokens[0] == [3]
 
 
 # ------------------------------------------------------------------ losslessness on llama.cpp
@@ -364,89 +363,6 @@ def test_cli_lookup_draft_reports_its_sources(synth_q8):
     assert len(stats["accepted_per_depth"]) > 6  # chains deeper than a model draft's default 6 levels
 
 
-def _merge_by_dict(model: Proposals, lookup: Proposals) -> Proposals:
-    """The row-by-row dictionary merge that merge_proposals replaced: the reference it must reproduce."""
-    rows = []
-    for r in range(model.tokens.shape[0]):
-        best: dict[int, tuple[float, int]] = {}
-        for part in (model, lookup):
-            finite = np.isfinite(part.log_probs[r])
-            for tok, lp, src in zip(part.tokens[r][finite].tolist(), part.log_probs[r][finite].tolist(),
-                                    part.sources[r][finite].tolist()):
-                best[tok] = (max(best[tok][0], lp), BOTH) if tok in best else (lp, src)
-        rows.append(best)
-    width = max(1, max(len(b) for b in rows))
-    tokens = np.zeros((len(rows), width), dtype=np.int64)
-    log_probs = np.full((len(rows), width), -np.inf)
-    sources = np.zeros((len(rows), width), dtype=np.int8)
-    for r, best in enumerate(rows):
-        for c, (tok, (lp, src)) in enumerate(best.items()):
-            tokens[r, c], log_probs[r, c], sources[r, c] = tok, lp, src
-    return Proposals(tokens, log_probs, sources)
-
-
-def test_merge_equals_the_dictionary_merge():
-    """Shared tokens, padding anywhere, a token twice within one draft's row, rows with nothing: identical."""
-    rng = np.random.default_rng(7)
-    for n_rows, km, kl in [(1, 3, 3), (10, 10, 10), (6, 4, 8), (5, 1, 2)]:
-        for _ in range(40):
-            def draft(k, source):
-                lp = np.log(rng.uniform(0.01, 1.0, (n_rows, k)))
-                lp[rng.random((n_rows, k)) < 0.3] = -np.inf
-                return Proposals(rng.integers(0, 12, (n_rows, k)), lp, np.full((n_rows, k), source, np.int8))
-            model, lookup = draft(km, MODEL), draft(kl, LOOKUP)
-            quiet = Proposals(lookup.tokens, np.full(lookup.tokens.shape, -np.inf), lookup.sources)
-            dense = Proposals(model.tokens, np.log(rng.uniform(0.01, 1.0, (n_rows, km))), model.sources)
-            for m, lk in ((model, lookup), (model, quiet), (dense, quiet), (dense, lookup)):
-                got, ref = merge_proposals(m, lk), _merge_by_dict(m, lk)
-                for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
-                    assert a.shape == b.shape and np.array_equal(a, b)
-
-
-def test_merge_into_a_top_k_equals_the_dictionary_merge():
-    """The fast path (model rows of distinct finite tokens, as a top-k gives them): shared tokens, a lookup row
-    repeating a token, lookup rows with nothing, a lookup proposing nothing at all."""
-    rng = np.random.default_rng(11)
-    for n_rows, km, kl in [(1, 3, 3), (10, 10, 10), (6, 4, 8), (5, 1, 2)]:
-        for _ in range(40):
-            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
-            model = Proposals(tokens, np.sort(np.log(rng.uniform(0.01, 1.0, (n_rows, km))))[:, ::-1])
-            lp = np.log(rng.uniform(0.01, 1.0, (n_rows, kl)))
-            lp[rng.random((n_rows, kl)) < 0.5] = -np.inf
-            lookup = Proposals(rng.integers(0, 16, (n_rows, kl)), lp, np.full((n_rows, kl), LOOKUP, np.int8))
-            quiet = Proposals(lookup.tokens, np.full(lookup.tokens.shape, -np.inf), lookup.sources)
-            for lk in (lookup, quiet):
-                got, ref = merge_proposals(model, lk), _merge_by_dict(model, lk)
-                for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
-                    assert a.shape == b.shape and np.array_equal(a, b)
-
-
-def test_merge_into_a_ranked_top_k_gives_ranked_rows_with_the_trees_children():
-    """A top-k flagged best first (the in-graph and numpy top-k) gives rows best first, ties in their merge order:
-    the tree takes the same children from them as from the dictionary merge's rows by its stable ranking."""
-    rng = np.random.default_rng(17)
-    lookup = LookupDraft(max_branches=4)
-    for n_rows, km, kl in [(1, 3, 3), (10, 10, 4), (6, 4, 8)]:
-        for trial in range(40):
-            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
-            lp = -np.sort(rng.integers(0, 5, (n_rows, km)) * 0.5, axis=1)  # best first, with ties
-            model = Proposals.trusted(tokens, lp, ranked=True, distinct=True)
-            lk_lp = np.where(rng.random((n_rows, kl)) < 0.5, -np.inf, -rng.integers(0, 5, (n_rows, kl)) * 0.5)
-            lk = Proposals(rng.integers(0, 16, (n_rows, kl)), lk_lp, np.full((n_rows, kl), LOOKUP, np.int8))
-            rows = ([], [])
-            for _ in range(n_rows):
-                n = int(rng.integers(0, 3))
-                rows[0].append(rng.permutation(16)[:n].tolist())
-                rows[1].append(np.exp(-rng.integers(0, 4, n) * 0.5).tolist())
-            for got, ref in ((merge_proposals(model, lk), _merge_by_dict(model, lk)),
-                             (merge_lookup_rows(model, lookup, rows), _merge_by_dict(model, lookup.proposals(*rows)))):
-                assert got.ranked and (got.log_probs[:, :-1] >= got.log_probs[:, 1:]).all()
-                for k in (km, km + 2):
-                    for a, b in zip(top_children(got, k), top_children(ref, k)):
-                        finite = np.isfinite(top_children(ref, k)[1])
-                        assert a.shape == b.shape and np.array_equal(a[finite], b[finite])
-
-
 def test_lookup_tree_levels_equal_unbounded_lookups():
     """Each node's lookup starts at its parent's match length + 1 (and rankings are cached per round): the
     proposals equal a full search of every node's own context, over trees grown on repetitive text."""
@@ -461,49 +377,24 @@ def test_lookup_tree_levels_equal_unbounded_lookups():
         params = TreeParams(total_tokens=40, depth=5, top_k=4)
 
         def expand(cand_ids, tokens, parent_ids, level):
-            for cand, tok, parent in zip(cand_ids.tolist(), tokens.tolist(), parent_ids.tolist()):
+            for cand, tok, parent in zip(cand_ids, tokens, parent_ids):
                 contexts_of[cand] = (contexts_of[parent] if parent >= 0 else text) + [tok]
             out = engine.expand(cand_ids, tokens, parent_ids, level)
             rows.append(out)
-            contexts.extend(contexts_of[c] for c in cand_ids.tolist())
+            contexts.extend(contexts_of[c] for c in cand_ids)
             return out
 
         contexts_of: dict[int, list[int]] = {}
         grow_candidates(rows[0], expand, params)
         reference = NgramIndex(engine.index.max_n)
         reference.extend(text)
-        got_tokens = [row for r in rows for row in r.tokens]  # a level's rows are as wide as its longest
+        got_tokens = [row for r in rows for row in r.tokens]
         got_lp = [row for r in rows for row in r.log_probs]
         assert len(contexts) == len(got_tokens)
         n_rows += len(contexts)
         for context, toks_row, lp_row in zip(contexts, got_tokens, got_lp):
             toks, probs = reference.continuations(context, 4)
-            assert toks_row[:len(toks)].tolist() == toks
-            assert np.array_equal(lp_row[:len(toks)], [math.log(p) for p in probs])  # the lookup takes math.log
-            assert np.isneginf(lp_row[len(toks):]).all()
-            assert (lp_row[:-1] >= lp_row[1:]).all()  # best first, as ranked=True tells the tree
-    assert all(r.ranked for r in rows)
+            assert toks_row == toks
+            assert lp_row == [math.log(p) for p in probs]  # the lookup takes math.log
+            assert lp_row == sorted(lp_row, reverse=True)  # best first, as every draft's rows are
     assert n_rows > 300, "the trees hardly grew: the test would not see a wrong bound"
-
-
-def test_merging_the_lookups_lists_equals_merging_its_proposals():
-    """MergedDraft merges the lookup's rows as lists; the result equals merging its Proposals, for top-k model
-    rows (the fast path) and for others (padding, repeated tokens)."""
-    rng = np.random.default_rng(13)
-    lookup = LookupDraft(max_branches=4)
-    for n_rows, km in [(1, 3), (10, 10), (6, 4)]:
-        for trial in range(40):
-            tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
-            lp = np.sort(np.log(rng.uniform(0.01, 1.0, (n_rows, km))))[:, ::-1].copy()
-            if trial % 2:  # not a top-k: padding and repeats
-                tokens[:, -1] = tokens[:, 0]
-                lp[rng.random(lp.shape) < 0.3] = -np.inf
-            model = Proposals(tokens, lp)
-            rows = ([], [])
-            for _ in range(n_rows):
-                n = int(rng.integers(0, 5))
-                rows[0].append(rng.permutation(16)[:n].tolist())
-                rows[1].append(np.sort(rng.uniform(0.01, 0.5, n))[::-1].tolist())
-            got, ref = merge_lookup_rows(model, lookup, rows), merge_proposals(model, lookup.proposals(*rows))
-            for a, b in ((got.tokens, ref.tokens), (got.log_probs, ref.log_probs), (got.sources, ref.sources)):
-                assert a.shape == b.shape and np.array_equal(a, b)

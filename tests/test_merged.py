@@ -10,9 +10,10 @@ import pytest
 
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft
 from eagle2_local.drafts.lookup import ROOT
-from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, merge_lookup_rows, weigh_into_top_k
+from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, weigh_into
 from eagle2_local.llamacpp.llama import LlamaModel
-from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, Proposals, TreeParams, grow_candidates, grow_list_candidates
+from eagle2_local.decoding.proposals import Proposals
+from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL
 from tests.support.helpers import ONE_THREAD
 
 
@@ -44,13 +45,11 @@ def synth(synth_q8):
     return LlamaModel(synth_q8)
 
 
-def _row(out, r: int = 0) -> dict[int, tuple[float, int]]:
-    """Row ``r`` of a draft's output as token -> (probability, source); dense rows as the merge takes them."""
-    if not isinstance(out, Proposals):
-        out = Proposals.from_logits(out, 3)
-    finite = np.isfinite(out.log_probs[r])
-    return {t: (math.exp(lp), s) for t, lp, s in zip(out.tokens[r][finite].tolist(), out.log_probs[r][finite].tolist(),
-                                                      out.sources[r][finite].tolist())}
+def _row(out: Proposals, r: int = 0, k: int = 3) -> dict[int, tuple[float, int]]:
+    """Row ``r`` of a draft's output as token -> (probability, source), its ``k`` best (dense rows as the merge
+    takes them)."""
+    out = out.best(k)
+    return {t: (math.exp(lp), s) for t, lp, s in zip(out.tokens[r], out.log_probs[r], out.sources[r])}
 
 
 def test_merged_row_gives_lookup_only_children_p_squared_and_shared_tokens_the_higher(synth):
@@ -59,7 +58,7 @@ def test_merged_row_gives_lookup_only_children_p_squared_and_shared_tokens_the_h
     within what the model's row leaves to it (1 - the mass of its other tokens)."""
     text = np.asarray(synth.tokenize("a b c d a b c e a b c f a b c g a b c"))
     merged = MergedDraft(DraftModelEngine(synth, ONE_THREAD, 3, 4), 3, LookupDraft(max_branches=3))
-    got = _row(merged.catch_up(text, None))
+    got = _row(merged.catch_up(text, None), k=6)
     model = _row(DraftModelEngine(synth, ONE_THREAD, 3, 4).catch_up(text, None))
     lookup_tokens, lookup_probs = LookupDraft(max_branches=3).catch_up_rows(text)
     lookup = dict(zip(lookup_tokens[0], lookup_probs[0]))
@@ -83,10 +82,10 @@ def test_a_confident_model_leaves_lookup_entries_only_its_remaining_mass(synth):
     unsure of (0.2 / 0.1) leaves them their own worth, 0.64 and 0.6."""
     merged = MergedDraft(DraftModelEngine(synth, ONE_THREAD, 2, 4), 2, LookupDraft(max_branches=2))
     for model_probs, want in (([0.9, 0.05], [0.05, 0.1]), ([0.2, 0.1], [0.64, 0.6])):
-        model = Proposals([[5, 6]], np.log([model_probs]), ranked=True, distinct=True)
-        _, probs = merged._weigh_lookup(model, ([[7, 6]], [[0.8, 0.6]]), [ROOT])
-        assert probs[0] == pytest.approx(want)
-        got = _row(merge_lookup_rows(model, merged.lookup, ([[7, 6]], probs)))
+        model = Proposals([[5, 6]], np.log([model_probs]).tolist())
+        only = weigh_into(model, ([[7, 6]], [[0.8, 0.6]]), merged.odds.factors(), merged.odds.band)
+        assert only == {0: ([7], [0.8])}  # unweighed: scored once the next token is known
+        got = _row(model)
         assert got[6] == (pytest.approx(max(model_probs[1], want[1])), BOTH)
         assert got[7] == (pytest.approx(want[0]), LOOKUP)
 
@@ -108,75 +107,65 @@ def test_merged_draft_learns_from_the_token_that_came_next(synth):
     assert merged.odds.hits == hits and merged.odds.expected == pytest.approx(expected)
 
 
-def test_weighing_folded_into_the_merge_equals_weighing_then_merging(synth):
-    """The merged draft's one pass (weigh_into_top_k) against its two steps (``_weigh_lookup``, then
-    ``merge_lookup_rows``) on top-k model rows, ranked or not: shared tokens, confident and unsure rows, lookup
-    rows repeating a token or holding a probability of 0, empty rows, learned odds; the same arrays bit for bit,
-    the same flags, the same lookup-only children kept. A model row that is not a top-k is left to the two steps."""
+def _weigh_then_merge(model: Proposals, rows, odds: list[float], band) -> tuple[Proposals, dict]:
+    """The merge written out in two steps, a dictionary per row: weigh each lookup entry beside the model's row,
+    then take the union (a shared token keeps the higher log-probability and is BOTH) and rank it (stable)."""
+    tokens, log_probs, sources, only = [], [], [], {}
+    mass = np.exp(np.array(model.log_probs)).sum(axis=1).tolist()
+    for r, (toks, lps, srcs) in enumerate(zip(model.tokens, model.log_probs, model.sources)):
+        entries = {t: [lp, s] for t, lp, s in zip(toks, lps, srcs)}
+        room = max(1.0 - mass[r], 0.0)
+        for tok, p in zip(*(row[r] for row in rows)):
+            mine = dict(zip(toks, lps)).get(tok)
+            if mine is None:
+                only.setdefault(r, ([], []))
+                only[r][0].append(tok)
+                only[r][1].append(p)
+                w = max(min(p * min(1.0, p * odds[band(p)]), room), MIN_PROB)
+            else:
+                w = min(p, room + math.exp(mine))
+            if w <= 0.0:
+                continue
+            if tok in entries:
+                entries[tok] = [max(entries[tok][0], math.log(w)), BOTH]
+            else:
+                entries[tok] = [math.log(w), LOOKUP]
+        order = sorted(entries, key=lambda t: -entries[t][0])  # stable: the model's columns, then the new tokens
+        tokens.append(order)
+        log_probs.append([entries[t][0] for t in order])
+        sources.append([entries[t][1] for t in order])
+    return Proposals(tokens, log_probs, sources), only
+
+
+def test_the_merge_is_weighing_then_merging(synth):
+    """The merged draft's one pass (``weigh_into``) against the two steps written out: shared tokens, confident and
+    unsure rows, lookup rows holding a probability of 0, empty rows, learned odds, ties; the same rows bit for bit
+    and the same lookup-only children kept."""
     rng = np.random.default_rng(23)
-    lookup = LookupDraft(max_branches=4)
-    merged = MergedDraft(DraftModelEngine(synth, ONE_THREAD, 2, 4), 2, lookup)
+    merged = MergedDraft(DraftModelEngine(synth, ONE_THREAD, 2, 4), 2, LookupDraft(max_branches=4))
     for _ in range(20):
         merged.odds.observe([7], [float(rng.uniform(0.05, 1.0))], next_token=int(rng.integers(6, 9)))
+    odds, band = merged.odds.factors(), merged.odds.band
     n_checked = 0
     for n_rows, km in [(1, 3), (10, 10), (6, 4), (4, 1)]:
         for trial in range(60):
             tokens = np.stack([rng.permutation(16)[:km] for _ in range(n_rows)])
             lp = np.log(rng.dirichlet(np.full(km + 1, 0.3 if trial % 3 else 3.0), n_rows)[:, :km] + 1e-9)
-            ranked = trial % 2 == 0
-            if ranked:
-                lp = -np.sort(-lp, axis=1)
-            model = Proposals.trusted(tokens, lp, ranked=ranked, distinct=bool(trial % 4 < 2))
+            lp = -np.sort(-lp, axis=1)
+            if trial % 5 == 0:
+                lp[:, 1:] = lp[:, :1]  # ties
             rows = ([], [])
             for _ in range(n_rows):
                 n = int(rng.integers(0, 5))
-                row = rng.integers(0, 16, n).tolist()  # repeats and model tokens now and then
+                row = rng.permutation(16)[:n].tolist()  # model tokens now and then
                 probs = rng.uniform(0.0, 1.0, n)
                 probs[rng.random(n) < 0.15] = 0.0
                 rows[0].append(row)
                 rows[1].append(probs.tolist())
-            cand_ids = rng.permutation(100)[:n_rows].tolist()
-            merged._only.clear()
-            want = merge_lookup_rows(model, lookup, merged._weigh_lookup(model, rows, cand_ids))
-            want_only = dict(merged._only)
-            folded = weigh_into_top_k(model, rows, merged.odds.factors(), merged.odds.band)
-            assert folded is not None
-            got, only = folded
-            for a, b in ((got.tokens, want.tokens), (got.log_probs, want.log_probs), (got.sources, want.sources)):
-                assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
-            assert (got.ranked, got.distinct) == (want.ranked, want.distinct)
-            assert {cand_ids[r]: children for r, children in only.items()} == want_only
-            n_checked += got is not model
-    assert n_checked > 150, "few rows took lookup entries: the fold was hardly tested"
-    padded = Proposals([[3, 4, 0]], np.log([[0.5, 0.2, 1e-300]]) + np.array([[0, 0, -np.inf]]))
-    assert weigh_into_top_k(padded, ([[5]], [[0.5]]), merged.odds.factors(), merged.odds.band) is None
-
-
-@pytest.mark.parametrize("in_graph", [False, True])
-def test_merged_trees_grow_from_lists_as_from_proposals(synth, in_graph):
-    """Two merged drafts in lockstep over rounds of a repetitive text, one growing its trees from Python lists
-    (``catch_up_lists`` / ``expand_lists``, as the generator does), the other from :class:`Proposals`: the same
-    candidates, scores bit for bit, and the same lookup-only children kept; dense and in-graph model rows."""
-    text = synth.tokenize("a b c d a b c e a b c f a b c g a b c d a b c")
-    params = TreeParams(24, 4, 3)
-    drafts = [MergedDraft(DraftModelEngine(synth, ONE_THREAD, 3, 4, in_graph_top_k=in_graph), 3,
-                          LookupDraft(max_branches=3)) for _ in range(2)]
-    final = frozenset(synth.eog_tokens)
-    n_lookup = 0
-    for end in range(8, len(text)):
-        tokens = np.asarray(text[:end])
-        by_lists = grow_list_candidates(drafts[0].catch_up_lists(tokens, None), drafts[0].expand_lists, params,
-                                        final_tokens=final)
-        by_arrays = grow_candidates(drafts[1].catch_up(tokens, None), drafts[1].expand, params,
-                                    final_tokens=np.array(sorted(final), dtype=np.int64))
-        assert by_lists.levels == by_arrays.levels
-        for name in ("tokens", "scores", "parents", "sources"):
-            a, b = getattr(by_lists, name), getattr(by_arrays, name)
-            assert a.dtype == b.dtype and np.array_equal(a, b), name
-        assert drafts[0]._only == drafts[1]._only
-        n_lookup += int((by_lists.sources != MODEL).sum())
-        for draft in drafts:
-            draft.commit(np.array([], dtype=np.int64))
-    assert n_lookup > 20, "the lookup hardly joined the trees"
-    for draft in drafts:
-        draft.close()
+            model = Proposals.from_arrays(tokens, lp)
+            want, want_only = _weigh_then_merge(Proposals.from_arrays(tokens, lp), rows, odds, band)
+            only = weigh_into(model, rows, odds, band)
+            assert (model.tokens, model.log_probs, model.sources) == (want.tokens, want.log_probs, want.sources)
+            assert only == want_only
+            n_checked += sum(map(len, model.tokens)) > tokens.size
+    assert n_checked > 100, "few rows took lookup entries: the merge was hardly tested"

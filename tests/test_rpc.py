@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import TreeParams
+from eagle2_local.decoding.tree import TreeParams, tree_leaves
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp import rpc
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
@@ -165,7 +165,7 @@ def test_tree_logits_equal_sequential_decoding(endpoints, synth_q8, smollm2_path
             logits = t.verify(tree).logits
             t.abort_tree()
             t.close()
-            for leaf in tree.leaves():
+            for leaf in tree_leaves(tree.parents):
                 nodes = path_to(tree, int(leaf))
                 seq = sequential_logits(model, prefix, tree.tokens[nodes], ONE_THREAD)
                 assert np.array_equal(seq, logits[nodes]), f"{path.name}: tree of {n}, leaf {leaf}"

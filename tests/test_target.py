@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import DraftTree
+from eagle2_local.decoding.tree import DraftTree, tree_leaves
 from eagle2_local.errors import ContextFullError, TreeError
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from tests.support.helpers import (SETTINGS, Restores, check_thousand_rounds_leak_no_cells, path_to, random_tree,
@@ -41,7 +41,7 @@ def check_tree_equals_paths(model, prefix, tree, tol):
     t.abort_tree()
     t.close()
     # every root-to-leaf path covers its nodes; check each node once
-    for leaf in tree.leaves():
+    for leaf in tree_leaves(tree.parents):
         path = path_to(tree, int(leaf))
         seq = sequential_logits(model, prefix, tree.tokens[path])
         diff = np.abs(seq - ver.logits[path]).max()

@@ -8,17 +8,18 @@ from hypothesis import given, settings, strategies as st
 
 from eagle2_local.errors import TreeError
 from eagle2_local.drafts.lookup import LookupDraft
-from eagle2_local.decoding.tree import (LOOKUP, DraftTree, Proposals, TreeParams, ancestor_mask, grow_candidates,
-                                        grow_list_candidates, grow_row_candidates, leaf_membership, log_softmax,
-                                        node_depths, select_tree, tree_leaves)
+from eagle2_local.decoding.proposals import Proposals
+from eagle2_local.decoding.tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, node_depths,
+                                        select_tree, top_k_log_probs, tree_leaves)
 from tests.support.helpers import path_to
+from tests.support.tree_reference import leaf_membership, log_softmax, rows
 
 V = 50
 
 
 def grow_tree(root_token: int, root_logits: np.ndarray, expand, params: TreeParams) -> DraftTree:
     """Grow one EAGLE-2 tree and re-rank it to at most ``params.total_tokens`` nodes."""
-    c = grow_candidates(root_logits, expand, params)
+    c = grow_candidates(Proposals.from_logits(root_logits), expand, params)
     return select_tree(root_token, c.tokens, c.scores, c.parents, params.total_tokens, c.sources)
 
 
@@ -29,8 +30,8 @@ def fake_draft(seed: int):
     calls = []
 
     def expand(cand_ids, tokens, parent_ids, level):
-        calls.append((cand_ids.copy(), tokens.copy(), parent_ids.copy(), level))
-        return table[tokens] + 0.1 * level
+        calls.append((list(cand_ids), list(tokens), list(parent_ids), level))
+        return Proposals.from_logits(table[tokens] + 0.1 * level)
 
     return table, expand, calls
 
@@ -82,42 +83,44 @@ def test_grow_tree_matches_reference(params):
 
 @pytest.mark.parametrize("params", [TreeParams(60, 6, 10), TreeParams(10, 3, 4), TreeParams(5, 5, 1)])
 def test_proposals_grow_the_same_tree_as_dense_logits(params):
-    """A drafter that returns its candidates with log-probabilities (no dense rows) gets exactly the tree the
-    same candidates give as logits: same tokens, parents, scores and candidate ids."""
+    """A drafter that lists its candidates with log-probabilities (no dense rows), more than the tree reads, gets
+    exactly the tree the same candidates give as logits: same tokens, parents, scores and candidate ids."""
     table, expand, _ = fake_draft(3)
     root_logits = np.random.default_rng(5).standard_normal(V) * 2
     dense = grow_tree(7, root_logits, expand, params)
 
-    def propose(cand_ids, tokens, parent_ids, level):
-        return Proposals.from_logits(expand(cand_ids, tokens, parent_ids, level), params.top_k + 2)
+    def listed(logits: np.ndarray, k: int) -> Proposals:
+        return rows(*top_k_log_probs(np.atleast_2d(logits), k))
 
-    c = grow_candidates(Proposals.from_logits(root_logits, params.top_k), propose, params)
+    def propose(cand_ids, tokens, parent_ids, level):
+        return listed(table[tokens] + 0.1 * level, params.top_k + 2)
+
+    c = grow_candidates(listed(root_logits, params.top_k), propose, params)
     tree = select_tree(7, c.tokens, c.scores, c.parents, params.total_tokens)
     for name in ("tokens", "parents", "scores", "cand_ids"):
         assert np.array_equal(getattr(tree, name), getattr(dense, name)), name
 
 
-def test_proposals_padding_is_never_drafted():
-    """A lookup drafter with few continuations pads its rows with -inf: padding never becomes a candidate or a
-    frontier node, and a level without proposals ends the growth (no expand with nothing to run)."""
+def test_short_rows_and_a_level_without_proposals():
+    """A lookup drafter with few continuations proposes short rows (padding never becomes a candidate or a frontier
+    node), and a level without proposals ends the growth (no expand with nothing to run)."""
     calls = []
 
     def lookup(cand_ids, tokens, parent_ids, level):
-        calls.append(tokens.tolist())
+        calls.append(list(tokens))
+        tokens = np.asarray(tokens)
         # token t continues with t + 1 only while below 5 (a single chain per branch), then nothing
         nxt = np.where(tokens < 5, tokens + 1, 0)
         lp = np.where(tokens < 5, np.log(0.9), -np.inf)
-        return Proposals(np.stack([nxt, np.full_like(nxt, 9)], 1), np.stack([lp, np.full(len(lp), -np.inf)], 1))
+        return rows(np.stack([nxt, np.full_like(nxt, 9)], 1), np.stack([lp, np.full(len(lp), -np.inf)], 1))
 
-    root = Proposals([[2, 3, 0]], [[np.log(0.6), np.log(0.3), -np.inf]])  # two branches and a padding column
+    root = rows([[2, 3, 0]], [[np.log(0.6), np.log(0.3), -np.inf]])  # two branches and a padding column
     c = grow_candidates(root, lookup, TreeParams(60, 6, 4))
     assert 9 not in c.tokens.tolist() and np.all(np.isfinite(c.scores))
     assert c.tokens.tolist() == [2, 3, 3, 4, 4, 5, 5]  # two chains: 2-3-4-5 and 3-4-5
     assert calls == [[2, 3], [3, 4], [4, 5], [5]]  # the last frontier proposes nothing: growth stops
     tree = select_tree(1, c.tokens, c.scores, c.parents, 60)
     assert len(tree) == 8 and tree.tokens[path_to(tree, 7)].tolist() == [1, 2, 3, 4, 5]
-    with pytest.raises(TreeError):
-        Proposals([[1, 2]], [[0.5, -1.0]])  # a log-probability above 0
 
 
 def test_end_of_generation_tokens_get_no_children():
@@ -126,11 +129,11 @@ def test_end_of_generation_tokens_get_no_children():
     calls = []
 
     def chain(cand_ids, tokens, parent_ids, level):
-        calls.append(tokens.tolist())
-        return Proposals((tokens + 1)[:, None], np.full((len(tokens), 1), np.log(0.9)))
+        calls.append(list(tokens))
+        return Proposals([[t + 1] for t in tokens], [[np.log(0.9)] for _ in tokens])
 
     root = Proposals([[7, 2]], [[np.log(0.6), np.log(0.3)]])
-    c = grow_candidates(root, chain, TreeParams(60, 4, 4), final_tokens=np.array([7, 4]))
+    c = grow_candidates(root, chain, TreeParams(60, 4, 4), final_tokens=frozenset({7, 4}))
     assert calls == [[2], [3]]  # 7 ends the answer at once; the branch 2-3-4 stops at 4
     assert c.tokens.tolist() == [7, 2, 3, 4]
     plain = grow_candidates(root, chain, TreeParams(60, 4, 4))
@@ -141,7 +144,7 @@ def test_level_done_hears_every_level_and_should_expand_only_asks():
     """The tree builder tells ``level_done`` of every level grown (the last included) and only asks
     ``should_expand`` before a deeper one; a "no" stops the growth."""
     _, expand, _ = fake_draft(1)
-    root_logits = np.random.default_rng(2).standard_normal(V)
+    root_logits = Proposals.from_logits(np.random.default_rng(2).standard_normal(V))
     done, asked = [], []
     grow_candidates(root_logits, expand, TreeParams(60, 4, 3), lambda s, f, n, *_: asked.append(n) or True, done.append)
     assert done == [1, 2, 3, 4] and asked == [1, 2, 3]
@@ -151,123 +154,81 @@ def test_level_done_hears_every_level_and_should_expand_only_asks():
     assert c.levels == 2 and done == [1, 2] and asked == [1, 2]
 
 
-def _same_candidates(a, b) -> None:
-    assert a.levels == b.levels
-    for name in ("tokens", "scores", "parents", "sources"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert x.dtype == y.dtype and np.array_equal(x, y), name  # scores bit for bit
+def _reference_growth(root: list[tuple[int, float, int]], row, params: TreeParams, stop_at: int,
+                      final: set[int]) -> tuple[list[tuple[int, int, float, int]], int, list]:
+    """EAGLE-2's levels written out literally on rows of (token, log-probability, source), best first: each level
+    the k best frontier nodes (ties to the earlier candidate) that do not end the answer get each their row's k
+    best; ``stop_at`` levels at most. Returns the candidates (token, parent, score, source), the levels grown and
+    what a should_expand was asked."""
+    k = params.top_k
+    cands = [(t, -1, lp, s) for t, lp, s in root[:k]]
+    frontier = [i for i, c in enumerate(cands) if c[0] not in final]
+    levels, asked = 1, []
+    for level in range(2, params.depth + 1):
+        if not frontier:
+            break
+        asked.append(([c[2] for c in cands], [cands[i][2] for i in frontier], [c[3] for c in cands],
+                      [cands[i][3] for i in frontier]))
+        if levels >= stop_at:
+            break
+        first = len(cands)
+        for f in frontier:
+            cands += [(t, f, cands[f][2] + lp, s) for t, lp, s in row(cands[f][0], level - 1)[:k]]
+        ranked = sorted(range(first, len(cands)), key=lambda i: (-cands[i][2], i))
+        frontier = [i for i in ranked if cands[i][0] not in final][:k]
+        levels = level
+    return cands, levels, asked
 
 
-def _stopping(asked: dict[str, list], stop_at: int):
-    """should_expand functions, one per name, that record what they were asked and stop after ``stop_at`` levels."""
-    def stop(name):
-        def ask(scores, frontier, levels, sources, frontier_sources):
-            asked[name].append((scores.tolist(), frontier.tolist(), sources.tolist(), frontier_sources.tolist()))
-            return levels < stop_at
-        return ask
-    return stop
-
-
-@settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), depth=st.integers(1, 8), top_k=st.integers(1, 4),
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 8), top_k=st.integers(1, 5),
        stop_at=st.integers(1, 9), n_final=st.integers(0, 3))
-def test_row_growth_is_the_array_growth(seed, depth, top_k, stop_at, n_final):
-    """Rows of Python lists (a lookup's) grow exactly the candidates their :class:`Proposals` grow: the same
-    tokens, parents, sources, levels and scores bit for bit, with ties (few distinct probabilities), rows longer
-    than top_k, empty rows, zero probabilities, end-of-generation tokens and a should_expand that stops."""
+def test_growth_matches_the_literal_levels(seed, depth, top_k, stop_at, n_final):
+    """The grower against a literal transcription of its levels on listed rows: the same candidates (scores bit for
+    bit), levels and should_expand questions, with ties (few distinct log-probabilities), rows wider than top_k,
+    empty rows, end-of-generation tokens and a should_expand that stops."""
     rng = np.random.default_rng(seed)
     table = {}  # (token, level) -> its row, drawn once
 
-    def row(token: int, level: int) -> tuple[list[int], list[float]]:
-        if (token, level) not in table:
-            width = int(rng.integers(0, 6))
-            toks = rng.choice(12, size=width, replace=False).tolist()
-            probs = sorted(rng.choice([0.0, 0.1, 0.25, 0.5, 0.9], size=width).tolist(), reverse=True)
-            table[token, level] = (toks, probs)
-        return table[token, level]
-
-    def expand_rows(cand_ids, tokens, parent_ids, level):
-        rows = [row(int(t), level) for t in tokens]
-        return [r[0] for r in rows], [r[1] for r in rows]
-
-    lookup = LookupDraft()
-
-    def expand(cand_ids, tokens, parent_ids, level):
-        return lookup.proposals(*expand_rows(cand_ids, tokens, parent_ids, level))
-
-    root = ([[0, 1, 2, 3, 4][: 1 + seed % 5]], [[0.9, 0.5, 0.5, 0.1, 0.0][: 1 + seed % 5]])
-    final = rng.choice(12, size=n_final, replace=False)
-    params = TreeParams(60, depth, top_k)
-    asked = {"array": [], "rows": []}
-    stop = _stopping(asked, stop_at)
-    done = {"array": [], "rows": []}
-    by_array = grow_candidates(lookup.proposals(*root), expand, params, stop("array"), done["array"].append, final)
-    by_rows = grow_row_candidates(root, expand_rows, params, LOOKUP, stop("rows"), done["rows"].append,
-                                  frozenset(final.tolist()))
-    _same_candidates(by_array, by_rows)
-    assert asked["array"] == asked["rows"] and done["array"] == done["rows"]
-
-
-@settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), depth=st.integers(1, 7), top_k=st.integers(1, 5),
-       stop_at=st.integers(1, 8), n_final=st.integers(0, 3))
-def test_list_growth_is_the_array_growth(seed, depth, top_k, stop_at, n_final):
-    """Best-first rows of Python lists with log-probabilities and sources (a merged draft's) grow exactly the
-    candidates their ranked :class:`Proposals` grow (padded to each level's widest row): the same tokens,
-    parents, sources, levels and scores bit for bit, with ties, rows wider than top_k, empty rows, -inf entries,
-    end-of-generation tokens and a should_expand that stops."""
-    rng = np.random.default_rng(seed)
-    table = {}  # (token, level) -> its row, drawn once
-
-    def row(token: int, level: int) -> tuple[list[int], list[float], list[int]]:
+    def row(token: int, level: int) -> list[tuple[int, float, int]]:
         if (token, level) not in table:
             width = int(rng.integers(0, 8))
             toks = rng.choice(12, size=width, replace=False).tolist()
-            lps = sorted(rng.choice([0.0, -0.5, -0.5, -1.25, -3.0, -np.inf], size=width).tolist(), reverse=True)
-            table[token, level] = (toks, lps, rng.integers(0, 3, width).tolist())
+            lps = sorted(rng.choice([0.0, -0.5, -0.5, -1.25, -3.0], size=width).tolist(), reverse=True)
+            table[token, level] = list(zip(toks, lps, rng.integers(0, 3, width).tolist()))
         return table[token, level]
 
-    def expand_lists(cand_ids, tokens, parent_ids, level):
-        rows = [row(int(t), level) for t in tokens]
-        return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    def as_proposals(listed: list[list[tuple[int, float, int]]]) -> Proposals:
+        return Proposals([[e[0] for e in r] for r in listed], [[e[1] for e in r] for r in listed],
+                         [[e[2] for e in r] for r in listed])
 
-    def padded(rows) -> Proposals:
-        width = max(1, max(map(len, rows[0])))
-        pad = [width - len(r) for r in rows[0]]
-        return Proposals([r + [0] * n for r, n in zip(rows[0], pad)], [r + [-np.inf] * n for r, n in zip(rows[1], pad)],
-                         [r + [0] * n for r, n in zip(rows[2], pad)], ranked=True)
+    def expand(cand_ids, tokens, parent_ids, level):
+        return as_proposals([row(t, level) for t in tokens])
 
-    root = row(-1, 0)
-    root = ([root[0]], [root[1]], [root[2]])
-    final = rng.choice(12, size=n_final, replace=False)
+    final = set(rng.choice(12, size=n_final, replace=False).tolist())
     params = TreeParams(60, depth, top_k)
-    asked = {"array": [], "lists": []}
-    stop = _stopping(asked, stop_at)
-    done = {"array": [], "lists": []}
-    by_array = grow_candidates(padded(root), lambda *a: padded(expand_lists(*a)), params, stop("array"),
-                               done["array"].append, final)
-    by_lists = grow_list_candidates(root, expand_lists, params, stop("lists"), done["lists"].append,
-                                    frozenset(final.tolist()))
-    _same_candidates(by_array, by_lists)
-    assert asked["array"] == asked["lists"] and done["array"] == done["lists"]
+    asked, done = [], []
+
+    def ask(scores, frontier, levels, sources, frontier_sources):
+        asked.append((scores.tolist(), frontier.tolist(), sources.tolist(), frontier_sources.tolist()))
+        return levels < stop_at
+
+    got = grow_candidates(as_proposals([row(-1, 0)]), expand, params, ask, done.append, frozenset(final))
+    cands, levels, ref_asked = _reference_growth(row(-1, 0), row, params, stop_at, final)
+    assert got.levels == levels and asked == ref_asked
+    assert got.tokens.tolist() == [c[0] for c in cands] and got.parents.tolist() == [c[1] for c in cands]
+    assert got.scores.tolist() == [c[2] for c in cands] and got.sources.tolist() == [c[3] for c in cands]
+    assert done == list(range(1, levels + 1))  # every level grown, the last included
 
 
-def test_lookup_rows_grow_the_lookups_own_tree():
-    """A real lookup over a repetitive text: its list rows and its proposals give the same candidates."""
+def test_lookup_grows_its_own_tree():
+    """A real lookup over a repetitive text: a sure chain, and the branches the text took after it."""
     text = [5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 5, 6, 7, 8, 3, 5, 6]
-    params = TreeParams(16, 6, 4)
-    grown = []
-    for rows in (True, False):
-        lookup = LookupDraft()
-        lookup.begin_answer(10)
-        if rows:
-            grown.append(grow_row_candidates(lookup.catch_up_rows(np.array(text)), lookup.expand_rows, params,
-                                             LOOKUP))
-        else:
-            grown.append(grow_candidates(lookup.catch_up(np.array(text)), lookup.expand, params))
-    _same_candidates(*grown)
+    lookup = LookupDraft()
+    lookup.begin_answer(10)
+    grown = grow_candidates(lookup.catch_up(np.array(text)), lookup.expand, TreeParams(16, 6, 4))
     # "5 6" went on as 7 each time, then as 8, 1 and 8: one sure child, and three branches below it
-    assert grown[0].tokens[:3].tolist() == [7, 8, 1] and grown[0].parents[:3].tolist() == [-1, 0, 0]
+    assert grown.tokens[:3].tolist() == [7, 8, 1] and grown.parents[:3].tolist() == [-1, 0, 0]
 
 
 def test_tree_params_validation():

@@ -16,10 +16,8 @@ import numpy as np
 from .acceptance import accept
 from .backlog import FeatureBacklog
 from ..drafts.base import DraftEngine
-from ..drafts.constrained import ConstrainedDraft
+from ..drafts.constrained import grammar_draft
 from ..drafts.forced import ForcedDraft, VocabForest
-from ..drafts.lookup import LookupDraft
-from ..drafts.merged import MergedDraft
 from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from ..llamacpp.runtime import llama_seconds
 from .grammar import Grammar, GrammarState, choose
@@ -27,8 +25,7 @@ from .sampling import SamplingParams
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
 from .stats import GenerationStats
-from .tree import (LOOKUP, TreeParams, grow_candidates, grow_list_candidates, grow_row_candidates,
-                   select_tree)
+from .tree import TreeParams, grow_candidates, select_tree
 from ..tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
 
 log = logging.getLogger(__name__)
@@ -71,7 +68,6 @@ class Generator:
         self.tree_params = tree_params or TreeParams()
         self.policy: TreePolicy = policy if policy is not None else FixedTree(self.tree_params.total_tokens)
         self.stop_tokens = stop_tokens if stop_tokens is not None else target.model.eog_tokens
-        self._final = np.array(sorted(self.stop_tokens), dtype=np.int64)  # tree nodes that get no children
         self.tokens: list[int] = []  # exactly the tokens held in the target's committed KV sequence
         self.transcript: list[int] = []  # the last call's prompt and the tokens it emitted
         self.last_stats = GenerationStats()
@@ -125,20 +121,18 @@ class Generator:
         if use_draft and not has_draft:
             raise Eagle2Error("speculative decoding needs a draft (a head, a draft model or lookup) or a grammar")
         state = grammar.state(self.target.model) if grammar is not None else None
-        if state is not None and use_draft:
-            self._forced_draft().reset()
+        draft = self._draft_for(state) if use_draft else None
         rng = np.random.default_rng(seed)
         emitter = TokenEmitter(self.target.model, max_tokens, tuple(stop), self.stop_tokens)
         call = object()  # identifies this call: a newer one owns the KV cache from its start
         self._active = call
-        name = "plain" if not use_draft else self.engine.name if self.engine is not None else "forced"
-        stats = GenerationStats(engine=name, prompt_tokens=len(prompt))
+        stats = GenerationStats(engine=draft.name if draft is not None else "plain", prompt_tokens=len(prompt))
         self.last_stats = stats
         t0 = self.clock()
         logits = self._prefill(prompt, stats, exact=not cache_prompt, cancelled=cancelled)
         self._prompt = list(prompt)
         stats.prefill_s = self.clock() - t0
-        chunks = (self._speculative(logits, emitter, sampling, rng, stats, state) if use_draft
+        chunks = (self._speculative(logits, emitter, sampling, rng, stats, draft, state) if use_draft
                   else self._plain(logits, emitter, sampling, rng, stats, state))
         try:
             for chunk in chunks:
@@ -153,10 +147,20 @@ class Generator:
             if use_draft:
                 stats.budget = self.policy.summary()
             if state is not None:
+                if draft is not None:
+                    draft.close()  # the generation's grammar draft (the engine it wraps stays open)
                 state.close()
 
+    def _draft_for(self, state: GrammarState | None) -> DraftEngine:
+        """The draft of one generation: the engine, or under a grammar the engine (or none) drafting under it,
+        joined by the forced tokens."""
+        if state is None:
+            return self.engine
+        return grammar_draft(self.engine, state, self.tree_params.top_k, self._forced_draft())
+
     def _forced_draft(self) -> ForcedDraft:
-        """The forced-token drafter for this target's vocabulary (its prefix forest is built once, ~0.1 s)."""
+        """The forced-token drafter for this target's vocabulary: its prefix forest is built once (~0.1 s), and
+        what the target chose among small allowed sets is kept across generations."""
         if self._forced is None:
             self._forced = ForcedDraft(VocabForest(self.target.model), max_branches=self.tree_params.top_k)
         return self._forced
@@ -242,20 +246,19 @@ class Generator:
 
     # ------------------------------------------------------------------ speculative
     def _speculative(self, logits: np.ndarray, emitter: TokenEmitter, sampling: SamplingParams,
-                     rng: np.random.Generator, stats: GenerationStats,
+                     rng: np.random.Generator, stats: GenerationStats, draft: DraftEngine,
                      grammar: GrammarState | None = None) -> Iterator[Chunk]:
         """Rounds until done: ask the policy for the round's plan, run it (a plain step or draft → verify →
         accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens.
-        ``grammar``: the committed text's state (the root's included), advanced by every round."""
-        if grammar is not None and self.engine is None:
+        ``draft``: the generation's (:meth:`_draft_for`); ``grammar``: the committed text's state (the root's
+        included), advanced by every round."""
+        if self.engine is None:  # forced tokens alone: checked here, as a draft engine is when attached
             self._check_tree_fits()
-        if self.engine is not None:
-            self.engine.begin_answer(len(self._prompt))
+        draft.begin_answer(len(self._prompt))
         self.policy.begin_answer()
         root = choose(sampling, grammar, logits, np.asarray(self.tokens), rng)
         if grammar is not None:
             grammar.accept(root)
-        lookup = _lookup_of(self.engine)
         yield _emit(emitter, [root])
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
@@ -268,29 +271,27 @@ class Generator:
             left = emitter.max_tokens - len(emitter.tokens)
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
-            read = self.engine.n_read if self.engine is not None else len(self.tokens)  # forced tokens read nothing
-            fresh = len(self.tokens) + 1 - read  # text the draft has not read yet, root included
+            read = draft.n_read  # None: forced tokens alone, which read nothing
+            fresh = 1 if read is None else len(self.tokens) + 1 - read  # text the draft has not read, root included
             # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
             can_draft = room > 1 and left > 1
-            lookup_rate = (lookup.next_rate(self.tokens + [root], None if grammar is None else grammar.allows)
-                           if lookup is not None and can_draft else 0.0)
+            lookup_rate = draft.next_rate(self.tokens + [root]) if can_draft else 0.0
             plan = self.policy.plan(fresh, lookup_rate) if can_draft else PLAIN_STEP
-            # Under a grammar a plain step whose root the grammar forces on becomes a round of the free drafts
-            # (forced tokens, lookups): they cost no draft, and forced ones are accepted with certainty. The
-            # policy sizes it by what verifying costs and learns only its acceptance from it.
-            forced_round = (grammar is not None and not plan.drafts and can_draft
-                            and self._forced_draft().proposes_at(grammar))
-            if forced_round:
+            # A plain step where the draft's free proposals pay anyway (the tokens a grammar forces) becomes a round
+            # of the free drafts (forced tokens, lookups): they cost no draft, and forced ones are accepted with
+            # certainty. The policy sizes it by what verifying costs and learns only its acceptance from it.
+            free_round = not plan.drafts and can_draft and draft.has_free_round()
+            if free_round:
                 plan = self.policy.free_plan()
             if plan.drafts:
-                result, accepted, bonus = self._tree_round(plan, root, room, left, sampling, rng, grammar)
+                result, accepted, bonus = self._tree_round(plan, draft, root, room, left, sampling, rng, grammar)
             else:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
-                if grammar is not None and can_draft:
-                    self._forced_draft().chose(bonus)  # the target's pick where proposes_at just searched
+                if can_draft:
+                    draft.target_chose(bonus)  # the target's pick where has_free_round just looked
             self.policy.observe(result)
             stats.add_round(result)
-            if self.timer is not None and plan.drafts and not forced_round:
+            if self.timer is not None and plan.drafts and not free_round:
                 self.timer.catch_up(result.times.catch_up_s)
                 for level, seconds in enumerate(result.times.level_s, start=1):
                     self.timer.level(level, seconds)
@@ -298,8 +299,8 @@ class Generator:
             yield _emit(emitter, accepted + [bonus])
             root = bonus
 
-    def _tree_round(self, plan: RoundPlan, root: int, room: int, left: int, sampling: SamplingParams,
-                    rng: np.random.Generator,
+    def _tree_round(self, plan: RoundPlan, draft: DraftEngine, root: int, room: int, left: int,
+                    sampling: SamplingParams, rng: np.random.Generator,
                     grammar: GrammarState | None = None) -> tuple[RoundResult, list[int], int]:
         """Draft a tree within the plan's limits, verify it in one pass, accept, commit. Returns what the round
         did, the accepted draft tokens and the target's own next token; the committed nodes' features wait in
@@ -307,14 +308,10 @@ class Generator:
         still takes (a path of depth d emits d + 1).
 
         A plan may run only the draft's free part (lookup branches, when the model draft cannot pay): the model
-        then sits the round out like a plain step, and catches up on it later. Under a grammar the round's draft
-        is constrained (forbidden children dropped) and joined by the forced tokens; without a model draft the
-        forced tokens are the whole tree."""
-        free_only = self.engine is None or plan.free_only and (self.engine.free_part is not None
-                                                               or grammar is not None)
-        engine = self.engine if not free_only else _free_part(self.engine)
-        if grammar is not None:
-            engine = ConstrainedDraft(engine, grammar, self.tree_params.top_k, self._forced_draft())
+        then sits the round out like a plain step, and catches up on it later. A draft that is all free part
+        (forced tokens alone) runs every round that way."""
+        free_only = draft.free_part is draft or plan.free_only and draft.free_part is not None
+        engine = draft.free_part if free_only else draft
         times = RoundTimes(start=self.clock(), llama_start=llama_seconds())
         # draft: catch up on the new text (the root last), grow levels while the plan says they pay, re-rank
         features = (None, 0) if free_only else self.backlog.take()
@@ -329,15 +326,8 @@ class Generator:
         def level_done(levels: int) -> None:
             times.levels.append(self.clock())
 
-        if isinstance(engine, LookupDraft):  # rows of Python lists: the tree grows without numpy per level
-            cands = grow_row_candidates(engine.catch_up_rows(text), engine.expand_rows, params, LOOKUP,
-                                        should_expand=deeper, level_done=level_done, final_tokens=self.stop_tokens)
-        elif isinstance(engine, MergedDraft):  # likewise: its merge works on lists
-            cands = grow_list_candidates(engine.catch_up_lists(text, *features), engine.expand_lists, params,
-                                         should_expand=deeper, level_done=level_done, final_tokens=self.stop_tokens)
-        else:
-            cands = grow_candidates(engine.catch_up(text, *features), engine.expand, params, should_expand=deeper,
-                                    level_done=level_done, final_tokens=self._final)
+        cands = grow_candidates(engine.catch_up(text, *features), engine.expand, params, should_expand=deeper,
+                                level_done=level_done, final_tokens=self.stop_tokens)
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()
@@ -379,22 +369,6 @@ class Generator:
             grammar.accept(bonus)
         times.done, times.llama_done = self.clock(), llama_seconds()
         return RoundResult(PLAIN_STEP, times), [], bonus
-
-
-def _free_part(engine: DraftEngine | None) -> DraftEngine | None:
-    """The part of a draft that costs nothing, which a free-only round runs: a merged draft's lookup, a lookup
-    draft whole, or nothing (forced tokens alone)."""
-    if engine is None:
-        return None
-    if engine.free_part is not None:
-        return engine.free_part
-    return engine if isinstance(engine, LookupDraft) else None
-
-
-def _lookup_of(engine: DraftEngine | None) -> LookupDraft | None:
-    """The lookup of a draft (the draft itself, or its free part), whose evidence the policy weighs each round."""
-    free = _free_part(engine)
-    return free if isinstance(free, LookupDraft) else None
 
 
 def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:

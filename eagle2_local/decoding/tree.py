@@ -19,11 +19,14 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Collection
 
 import numpy as np
 
 from ..errors import TreeError
+
+if TYPE_CHECKING:  # proposals.py builds on this module
+    from .proposals import Proposals
 
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
 
@@ -48,70 +51,6 @@ class TreeParams:
             raise TreeError(f"tree depth must be in 1..32, got {self.depth}")
         if not 2 <= self.total_tokens <= MAX_TREE_NODES:
             raise TreeError(f"total_tokens must be in 2..{MAX_TREE_NODES}, got {self.total_tokens}")
-
-
-@dataclass
-class Proposals:
-    """A draft's next-token candidates with their log-probabilities, one row per drafted node: what a drafter
-    that already has candidates (an n-gram lookup, a suffix index) returns instead of dense logit rows.
-
-    ``tokens`` and ``log_probs`` are (n, m) arrays; a row with fewer than m candidates pads with
-    ``log_probs = -inf`` (padding is never drafted). Log-probabilities are the draft's own (each row's
-    probabilities sum to at most 1); the tree ranks paths by their sums, as it does with dense rows.
-    ``sources`` says which drafter proposed each entry (:data:`MODEL` unless given), for the statistics.
-    ``ranked``: the producer guarantees every row best first (log-probabilities non-increasing), so the tree
-    need not check it on every level. ``distinct``: it guarantees no token twice in a row (a top-k), so a merge
-    need not check that either.
-    """
-
-    tokens: np.ndarray
-    log_probs: np.ndarray
-    sources: np.ndarray | None = None
-    ranked: bool = False
-    distinct: bool = False
-
-    def __post_init__(self) -> None:
-        self.tokens = np.atleast_2d(np.asarray(self.tokens, dtype=np.int64))
-        self.log_probs = np.atleast_2d(np.asarray(self.log_probs, dtype=np.float64))
-        if self.tokens.shape != self.log_probs.shape:
-            raise TreeError(f"proposal tokens {self.tokens.shape} and log-probs {self.log_probs.shape} differ")
-        if self.sources is None:
-            self.sources = np.full(self.tokens.shape, MODEL, dtype=np.int8)
-        self.sources = np.atleast_2d(np.asarray(self.sources, dtype=np.int8))
-        if self.sources.shape != self.tokens.shape:
-            raise TreeError(f"proposal sources {self.sources.shape} and tokens {self.tokens.shape} differ")
-        if np.any(self.log_probs > 1e-9):
-            raise TreeError("proposal log-probabilities must be <= 0")
-
-    @classmethod
-    def trusted(cls, tokens: np.ndarray, log_probs: np.ndarray, sources: np.ndarray | None = None,
-                ranked: bool = False, distinct: bool = False) -> "Proposals":
-        """Proposals from a producer whose arrays are already right: int64 and float64 (n, m) arrays of equal
-        shape, log-probabilities <= 0, int8 sources (the in-graph top-k, the lookup, the merge). Skips the checks
-        and conversions, which run on every tree level and cost more than the merge itself on a cold cache."""
-        out = object.__new__(cls)
-        out.tokens, out.log_probs, out.ranked, out.distinct = tokens, log_probs, ranked, distinct
-        out.sources = np.full(tokens.shape, MODEL, dtype=np.int8) if sources is None else sources
-        return out
-
-    @classmethod
-    def from_logits(cls, logits: np.ndarray, k: int) -> "Proposals":
-        """The k most probable tokens of dense logit rows (what the tree takes from dense rows itself)."""
-        return cls(*top_k_log_probs(np.atleast_2d(logits), k), ranked=True, distinct=True)
-
-
-# What a draft returns for the rows it ran: dense logits (n, V), or candidates with log-probabilities.
-DraftOutput = np.ndarray | Proposals
-
-# expand(frontier candidate ids, their tokens, their parent candidate ids (-1 = root), level) -> (k rows)
-ExpandFn = Callable[[np.ndarray, np.ndarray, np.ndarray, int], DraftOutput]
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64 (reference; the tree itself only needs :func:`top_k_log_probs`)."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def log_normalizer(logits: np.ndarray, row_max: np.ndarray | None = None) -> np.ndarray:
@@ -200,22 +139,6 @@ def top_k_log_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     return idx, vals.astype(np.float64) - log_normalizer(logits, row_max=vals[:, 0])[:, None]
 
 
-def top_children(out: "DraftOutput", k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each drafted row's k best next tokens, their log-probabilities and sources, from dense logits (all
-    :data:`MODEL`) or proposals."""
-    if isinstance(out, Proposals):
-        lp = out.log_probs
-        if out.ranked and lp.shape[1] > k:  # best first: the stable ranking would keep the first k columns
-            return out.tokens[:, :k], lp[:, :k], out.sources[:, :k]
-        if lp.shape[1] <= k and (out.ranked or (lp[:, :-1] >= lp[:, 1:]).all()):
-            return out.tokens, lp, out.sources  # already best first: the stable ranking would keep every row
-        cols, lp = top_k_rows(lp, k)
-        rows = np.arange(len(cols))[:, None]
-        return out.tokens[rows, cols], lp, out.sources[rows, cols]
-    tok, lp = top_k_log_probs(np.atleast_2d(out), k)
-    return tok, lp, np.full(tok.shape, MODEL, dtype=np.int8)
-
-
 @dataclass
 class DraftTree:
     """A verified-in-one-pass tree. Node 0 is the root (the last sampled token, not yet in the KV cache).
@@ -259,9 +182,6 @@ class DraftTree:
         """Children of ``node``, best draft score first."""
         kids = np.flatnonzero(self.parents == node)
         return kids[np.argsort(-self.scores[kids], kind="stable")]
-
-    def leaves(self) -> np.ndarray:
-        return tree_leaves(self.parents)
 
 
 def validate_parents(parents: np.ndarray) -> None:
@@ -321,21 +241,12 @@ def ancestor_mask(parents: np.ndarray) -> np.ndarray:
 
 def verify_layout(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a verify pass needs of a tree, from one climb: each node's depth (its ancestors, the root
-    included, are its depth), the leaves, and :func:`leaf_membership`'s mask."""
+    included, are its depth), the leaves, and a (n_nodes, n_leaves) mask, True where the leaf lies in the node's
+    subtree: giving each node the KV sequence ids of its subtree's leaves makes llama.cpp's mask let every node see
+    exactly its ancestors and itself."""
     anc = ancestor_mask(parents)
     leaves = tree_leaves(parents)
     return anc.sum(axis=1) - 1, leaves, anc[leaves].T
-
-
-def leaf_membership(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Leaves and a (n_nodes, n_leaves) mask: True where the leaf lies in the node's subtree.
-
-    Giving each node the KV sequence ids of its subtree's leaves makes llama.cpp's mask let every node see
-    exactly its ancestors and itself.
-    """
-    leaves = tree_leaves(parents)
-    anc = ancestor_mask(parents)
-    return leaves, anc[leaves].T
 
 
 @dataclass
@@ -354,184 +265,52 @@ class Candidates:
 ShouldExpandFn = Callable[[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray], bool]
 # level_done(levels grown so far): called once after every drafted level (a clock for the caller)
 LevelDoneFn = Callable[[int], None]
+# expand(frontier candidate ids, their tokens, their parent candidate ids (-1 = the root), level) -> a row each
+ExpandFn = Callable[[list[int], list[int], list[int], int], "Proposals"]
 
 
-def _open(tokens: np.ndarray, final_tokens: np.ndarray) -> np.ndarray:
-    """Which of ``tokens`` may have children (are not among the few ``final_tokens``)."""
-    return ~(tokens[:, None] == final_tokens[None, :]).any(axis=1)
-
-
-def grow_candidates(root_logits: DraftOutput, expand: ExpandFn, params: TreeParams,
+def grow_candidates(root: Proposals, expand: ExpandFn, params: TreeParams,
                     should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
-                    final_tokens: np.ndarray | None = None) -> Candidates:
-    """Grow EAGLE-2's candidate levels, at most ``params.depth``; ``should_expand`` may stop earlier (the tree
-    budget stops levels that cannot pay for their draft and verify time); ``level_done`` hears of every level
-    grown, the last one included (the budget times the draft with it). Children with a log-probability of
-    -inf (a proposal's padding, a token outside a draft's vocabulary) are never candidates. ``final_tokens``
-    (end-of-generation tokens) are never expanded: the answer ends there, so a child of one could only be
-    verified for nothing (a lookup copying the prompt would follow the chat template past the end)."""
+                    final_tokens: Collection[int] = frozenset()) -> Candidates:
+    """Grow EAGLE-2's candidate levels from the root's proposals, at most ``params.depth``. ``should_expand`` may
+    stop earlier (the tree budget stops levels that cannot pay for their draft and verify time); ``level_done``
+    hears of every level grown, the last one included (the budget times the draft with it). ``final_tokens``
+    (end-of-generation tokens) are never expanded: the answer ends there, so a child of one could only be verified
+    for nothing (a lookup copying the prompt would follow the chat template past the end).
+
+    Plain Python over lists: a level is about ten rows of about ten entries, where each numpy call costs more than
+    the rows' own work on the cold caches right after a draft's decode. Each level's next frontier is its ``top_k``
+    best candidates (a stable sort: ties keep candidate order) that may have children."""
     k = params.top_k
-    first_tok, first_lp, first_src = top_children(root_logits, k)
-    drafted = np.isfinite(first_lp[0])
-    cand_tok = [first_tok[0][drafted]]
-    cand_score = [first_lp[0][drafted]]
-    cand_src = [first_src[0][drafted]]
-    cand_parent = [np.full(len(cand_tok[0]), -1, dtype=np.int64)]
-    frontier = np.arange(len(cand_tok[0]), dtype=np.int64)
-    if final_tokens is not None:
-        frontier = frontier[_open(cand_tok[0], final_tokens)]
-    frontier_scores = cand_score[0][frontier]
-    # the frontier's tokens, parents and sources ride along, so no level concatenates all candidates so far
-    frontier_tok, frontier_parent, frontier_src = cand_tok[0][frontier], cand_parent[0][frontier], cand_src[0][frontier]
-    n_cand = len(cand_tok[0])
+    first = root.best(k)
+    tok, score, src = list(first.tokens[0]), list(first.log_probs[0]), list(first.sources[0])
+    parent = [-1] * len(tok)
+    frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
     levels = 1
     for level in range(2, params.depth + 1):
         if level_done is not None:
             level_done(levels)
-        if len(frontier) == 0:  # the draft proposed nothing more
+        if not frontier:  # the draft proposed nothing more
             break
-        if should_expand is not None and not should_expand(np.concatenate(cand_score), frontier_scores, levels,
-                                                           np.concatenate(cand_src), frontier_src):
+        if should_expand is not None and not should_expand(
+                np.array(score), np.array([score[i] for i in frontier]), levels, np.array(src, dtype=np.int8),
+                np.array([src[i] for i in frontier], dtype=np.int8)):
             break
-        tok, lp, src = top_children(expand(frontier, frontier_tok, frontier_parent, level - 1), k)
-        cum = (frontier_scores[:, None] + lp).reshape(-1)
-        drafted = np.isfinite(cum)
-        cand_tok.append(tok.reshape(-1)[drafted])
-        cand_src.append(src.reshape(-1)[drafted])
-        cand_score.append(cum[drafted])
-        cand_parent.append(np.repeat(frontier, tok.shape[1])[drafted])
-        # the level's k best (stable: ties to the earlier candidate), as top_k_rows ranks a short row
-        flat_best = np.argsort(-cand_score[-1], kind="stable")
-        if final_tokens is not None:
-            flat_best = flat_best[_open(cand_tok[-1][flat_best], final_tokens)]
-        flat_best = flat_best[:k]
-        frontier = n_cand + flat_best
-        frontier_scores = cand_score[-1][flat_best]
-        frontier_tok, frontier_parent, frontier_src = (cand_tok[-1][flat_best], cand_parent[-1][flat_best],
-                                                       cand_src[-1][flat_best])
-        n_cand += len(cand_score[-1])
+        rows = expand(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier], level - 1).best(k)
+        n_before = len(tok)
+        for cand, toks, lps, srcs in zip(frontier, rows.tokens, rows.log_probs, rows.sources):
+            base = score[cand]
+            tok += toks
+            score += [base + lp for lp in lps]
+            src += srcs
+            parent += [cand] * len(toks)
+        best = sorted(range(n_before, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
+        frontier = [i for i in best if tok[i] not in final_tokens][:k]
         levels = level
     if level_done is not None and levels == params.depth:
         level_done(levels)
-    return Candidates(np.concatenate(cand_tok), np.concatenate(cand_score), np.concatenate(cand_parent), levels,
-                      np.concatenate(cand_src))
-
-
-# Rows of a drafter that has its candidates as short Python lists (a lookup): per drafted row, the proposed tokens
-# and their probabilities, best first (a row may be empty).
-# expand_rows(frontier candidate ids, their tokens, their parent ids, level) -> that many rows.
-Rows = tuple[list[list[int]], list[list[float]]]
-ExpandRowsFn = Callable[[list[int], list[int], list[int], int], Rows]
-# Rows with log-probabilities and sources (a merged draft's): per drafted row its tokens, log-probabilities and
-# sources, best first (ties in the order the stable ranking keeps; -inf entries are padding).
-ListRows = tuple[list[list[int]], list[list[float]], list[list[int]]]
-ExpandListsFn = Callable[[list[int], list[int], list[int], int], ListRows]
-
-
-def grow_row_candidates(root_rows: Rows, expand_rows: ExpandRowsFn, params: TreeParams, source: int,
-                        should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
-                        final_tokens: frozenset[int] = frozenset()) -> Candidates:
-    """:func:`grow_candidates` for a drafter whose rows are Python lists (a lookup; every candidate from
-    ``source``): the same candidates in the same order, ranked the same way, grown in plain Python. A lookup's
-    levels are one to three rows of one to three entries, where each of the array path's ~20 numpy calls a level
-    costs more than the rows' own work. Scores are ``math.log`` of the probabilities, as the lookup's
-    :class:`Proposals` are; a probability of 0 is never a candidate (its log is the array path's padding)."""
-    k = params.top_k
-    grown = _Grown()
-    for t, p in zip(root_rows[0][0][:k], root_rows[1][0][:k]):
-        if p > 0.0:
-            grown.add(t, math.log(p), -1, source)
-
-    def add_level(frontier: list[int], level: int) -> None:
-        rows_tok, rows_prob = expand_rows(frontier, [grown.tok[i] for i in frontier],
-                                          [grown.parent[i] for i in frontier], level)
-        tok, score, parent, src = grown.tok, grown.score, grown.parent, grown.src
-        for cand, toks, probs in zip(frontier, rows_tok, rows_prob):
-            base = score[cand]
-            for t, p in zip(toks[:k], probs[:k]):
-                if p > 0.0:
-                    tok.append(t)
-                    score.append(base + math.log(p))
-                    parent.append(cand)
-                    src.append(source)
-
-    return grown.levels(add_level, params, should_expand, level_done, final_tokens)
-
-
-def grow_list_candidates(root_rows: ListRows, expand_lists: ExpandListsFn, params: TreeParams,
-                         should_expand: ShouldExpandFn | None = None, level_done: LevelDoneFn | None = None,
-                         final_tokens: frozenset[int] = frozenset()) -> Candidates:
-    """:func:`grow_candidates` for a drafter whose rows are Python lists with log-probabilities and sources, best
-    first (:data:`ListRows`: a merged draft's): the same candidates in the same order, ranked the same way, scores
-    bit for bit, grown in plain Python. A level is ten rows of about ten entries or fewer, where each of the array
-    path's ~20 numpy calls a level costs more than the rows' own work on the cold caches right after a draft's
-    decode."""
-    k = params.top_k
-    grown = _Grown()
-    for t, lp, s in zip(root_rows[0][0][:k], root_rows[1][0][:k], root_rows[2][0][:k]):
-        if lp > -math.inf:
-            grown.add(t, lp, -1, s)
-
-    def add_level(frontier: list[int], level: int) -> None:
-        rows_tok, rows_lp, rows_src = expand_lists(frontier, [grown.tok[i] for i in frontier],
-                                                   [grown.parent[i] for i in frontier], level)
-        tok, score, parent, src = grown.tok, grown.score, grown.parent, grown.src
-        for cand, toks, lps, srcs in zip(frontier, rows_tok, rows_lp, rows_src):
-            base = score[cand]
-            for t, lp, s in zip(toks[:k], lps[:k], srcs[:k]):
-                cum = base + lp
-                if cum > -math.inf:  # the array path's isfinite: a padding entry (-inf) is never a candidate
-                    tok.append(t)
-                    score.append(cum)
-                    parent.append(cand)
-                    src.append(s)
-
-    return grown.levels(add_level, params, should_expand, level_done, final_tokens)
-
-
-class _Grown:
-    """The candidates of :func:`grow_row_candidates` and :func:`grow_list_candidates` as Python lists, and the
-    level loop they share (EAGLE-2's, as :func:`grow_candidates` runs it on arrays)."""
-
-    def __init__(self) -> None:
-        self.tok: list[int] = []
-        self.score: list[float] = []
-        self.parent: list[int] = []
-        self.src: list[int] = []
-
-    def add(self, tok: int, score: float, parent: int, src: int) -> None:
-        self.tok.append(tok)
-        self.score.append(score)
-        self.parent.append(parent)
-        self.src.append(src)
-
-    def levels(self, add_level: Callable[[list[int], int], None], params: TreeParams,
-               should_expand: ShouldExpandFn | None, level_done: LevelDoneFn | None,
-               final_tokens: frozenset[int]) -> Candidates:
-        """Grow from the root's children (added already): each level, ``add_level(frontier, level)`` appends the
-        children of the frontier; the next frontier is the level's k best (stable: ties keep their order) that
-        may have children."""
-        tok, score, src = self.tok, self.score, self.src
-        frontier = [i for i, t in enumerate(tok) if t not in final_tokens]
-        levels = 1
-        for level in range(2, params.depth + 1):
-            if level_done is not None:
-                level_done(levels)
-            if not frontier:
-                break
-            if should_expand is not None and not should_expand(
-                    np.array(score), np.array([score[i] for i in frontier]), levels, np.array(src, dtype=np.int8),
-                    np.array([src[i] for i in frontier], dtype=np.int8)):
-                break
-            first = len(tok)
-            add_level(frontier, level - 1)
-            best = sorted(range(first, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order
-            frontier = [i for i in best if tok[i] not in final_tokens][:params.top_k]
-            levels = level
-        if level_done is not None and levels == params.depth:
-            level_done(levels)
-        return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
-                          np.array(self.parent, dtype=np.int64), levels, np.array(src, dtype=np.int8))
+    return Candidates(np.array(tok, dtype=np.int64), np.array(score, dtype=np.float64),
+                      np.array(parent, dtype=np.int64), levels, np.array(src, dtype=np.int8))
 
 
 def select_tree(root_token: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,

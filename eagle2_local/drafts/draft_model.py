@@ -16,8 +16,8 @@ import numpy as np
 from ..errors import IncompatibleDraftError, TreeError
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..decoding.tree import Proposals
-from .base import TreeSequences, as_list
+from ..decoding.proposals import Proposals
+from .base import DraftEngine, TreeSequences, as_list
 from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,10 @@ def check_same_vocab(target: LlamaModel, draft: LlamaModel) -> None:
             raise IncompatibleDraftError(f"token {tok} differs: target {a!r}, draft {b!r}")
 
 
-class DraftModelEngine:
+class DraftModelEngine(DraftEngine):
     """Tree drafting with any same-vocabulary GGUF (including the target itself)."""
 
     needs_features = False
-    free_part = None
 
     def __init__(self, model: LlamaModel, settings: ContextSettings, max_width: int, max_depth: int,
                  owns_model: bool = False, in_graph_top_k: bool | None = None) -> None:
@@ -56,6 +55,7 @@ class DraftModelEngine:
             raise TreeError(f"a draft tree of width {max_width} and depth {max_depth} needs {n_seq} sequences; "
                             f"llama.cpp allows {MAX_SEQ}")
         self.model = model
+        self.draft_model = model
         self.owns_model = owns_model
         self.name = f"draft-model:{model.path.name}"
         self.weights_path = model.path
@@ -67,7 +67,7 @@ class DraftModelEngine:
         self.n_read = 0  # tokens in sequence 0
         self.seqs = TreeSequences(self.ctx)  # not reused by level: commit reads an accepted node's sequence
         in_graph = backend_topk.in_graph_for(model) if in_graph_top_k is None else in_graph_top_k
-        self.top_k = BackendTopK(self.ctx.ptr, model.n_vocab, max_width, range(self.ctx.n_seq_max)) \
+        self.backend_top_k = BackendTopK(self.ctx.ptr, model.n_vocab, max_width, range(self.ctx.n_seq_max)) \
             if in_graph else None
 
     def reset(self) -> None:
@@ -82,7 +82,7 @@ class DraftModelEngine:
         self.ctx.seq_rm(0, n_tokens, -1)  # unconditional: also drops rows of an interrupted catch-up
         self.n_read = n_tokens
 
-    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> np.ndarray:
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None = None, features_from: int = 0) -> Proposals:
         toks = np.asarray(tokens, dtype=np.int32)[self.n_read:]
         if len(toks) == 0:
             raise TreeError("catch_up needs at least the new root token")
@@ -92,26 +92,26 @@ class DraftModelEngine:
             out = np.zeros(len(chunk), dtype=np.int8)
             out[-1] = 1
             pos = np.arange(self.n_read, self.n_read + len(chunk), dtype=np.int32)
-            if self.top_k is not None:
-                self.top_k.activate((0,), 1)
+            if self.backend_top_k is not None:
+                self.backend_top_k.activate((0,), 1)
             self.ctx.decode(chunk, pos, out, seq=0)
             self.n_read += len(chunk)
         return self._rows(1)
 
-    def _rows(self, n: int):
-        """The last decode's n output rows: in-graph candidates, or dense logits (a view)."""
-        if self.top_k is not None:
-            return Proposals.trusted(*self.top_k.read(n), ranked=True, distinct=True)  # a top-k, best first
+    def _rows(self, n: int) -> Proposals:
+        """The last decode's n output rows: in-graph candidates, or dense logits (a view, read at once)."""
+        if self.backend_top_k is not None:
+            return Proposals.from_arrays(*self.backend_top_k.read(n))  # a top-k, best first
         logits = self.ctx.logits(n, copy=n == 1)
-        return logits[0] if n == 1 else logits
+        return Proposals.from_logits(logits[0] if n == 1 else logits)
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+    def expand(self, cand_ids: list[int], tokens: list[int], parent_ids: list[int], level: int) -> Proposals:
         k = len(cand_ids)
         seqs = self.seqs.assign(as_list(cand_ids), as_list(parent_ids))
-        if self.top_k is not None:
-            self.top_k.activate(seqs, k)
+        if self.backend_top_k is not None:
+            self.backend_top_k.activate(seqs, k)
         self.ctx.decode(tokens, self.n_read - 1 + level, 1, seq_ids=seqs)
-        return self._rows(k)  # a dense view is consumed by the tree builder before the next decode
+        return self._rows(k)
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         decoded = [c for c in np.asarray(accepted_cand_ids).tolist() if c in self.seqs.seq_of]

@@ -6,8 +6,8 @@ norm (``h = x + Attn(x)``, ``y = h + MLP(RMSNorm(h))``), then the target's LM he
 predicts token_{t+2}.
 
 State between rounds: the target features of every committed position (rollback can cut anywhere, and the pair
-at the cut needs the feature *before* it), and the head's own K/V for positions ``0 .. n_done-1``. A round's
-tree lives in separate K/V rows: a node at tree level L sits at position ``n_done - 1 + L`` with its parent's
+at the cut needs the feature *before* it), and the head's own K/V for positions ``0 .. n_pairs-1``. A round's
+tree lives in separate K/V rows: a node at tree level L sits at position ``n_pairs - 1 + L`` with its parent's
 *predicted* output ``y`` as feature, and attends to the committed rows plus its ancestors. ``commit`` drops the
 tree: the accepted tokens are recomputed in the next ``catch_up`` with the target's *real* features, which is
 what EAGLE does and what keeps the engine exact.
@@ -19,9 +19,11 @@ import logging
 
 import numpy as np
 
+from ..decoding.proposals import Proposals
 from ..llamacpp.blas_threads import single_blas_thread
 from ..errors import TreeError
 from ..formats.eagle1_format import HeadFile
+from .base import DraftEngine
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,10 @@ class _GrowingBuffer:
         return self.data[:self.n]
 
 
-class Eagle1NumpyEngine:
+class Eagle1NumpyEngine(DraftEngine):
     """DraftEngine for an EAGLE-1/2 head, computed in float32 numpy."""
 
     needs_features = True
-    free_part = None
 
     def __init__(self, head: HeadFile, embedding: np.ndarray, lm_head: np.ndarray, name: str | None = None,
                  candidate_ids: np.ndarray | None = None) -> None:
@@ -92,7 +93,7 @@ class Eagle1NumpyEngine:
         self._feats = _GrowingBuffer((p.hidden_size,))
         self._k = _GrowingBuffer((p.n_head_kv, p.head_dim))
         self._v = _GrowingBuffer((p.n_head_kv, p.head_dim))
-        self.n_done = 0  # head positions in the committed K/V cache
+        self.n_pairs = 0  # head positions in the committed K/V cache
         self._forget_tree()
 
     @property
@@ -103,7 +104,7 @@ class Eagle1NumpyEngine:
     @property
     def n_read(self) -> int:
         """The pair at t holds token t+1, so the pairs hold the text up to the root (none: nothing read)."""
-        return self.n_done + 1 if self.n_done else 0
+        return self.n_pairs + 1 if self.n_pairs else 0
 
     def begin_answer(self, prompt_tokens: int) -> None:
         pass  # the same draft for every answer
@@ -112,10 +113,10 @@ class Eagle1NumpyEngine:
         """Keep features of positions < n_tokens and head K/V of pairs whose token is still committed."""
         self._forget_tree()
         self._feats.n = min(self._feats.n, max(0, n_tokens))
-        self.n_done = min(self.n_done, max(0, n_tokens - 1))
-        self._k.n = self._v.n = self.n_done
+        self.n_pairs = min(self.n_pairs, max(0, n_tokens - 1))
+        self._k.n = self._v.n = self.n_pairs
 
-    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> np.ndarray:
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> Proposals:
         self._forget_tree()
         self._store_features(features, features_from)
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -124,32 +125,32 @@ class Eagle1NumpyEngine:
             raise TreeError("an EAGLE head needs at least one committed token before the root")
         if self._feats.n < need:
             raise TreeError(f"the head has target features for {self._feats.n} positions but needs {need}")
-        start = min(self.n_done, need - 1)  # always recompute the last pair: its token is the new root
+        start = min(self.n_pairs, need - 1)  # always recompute the last pair: its token is the new root
         self._k.n = self._v.n = start
         y = None
         with single_blas_thread():
             for s in range(start, need, CHUNK):
                 e = min(need, s + CHUNK)
                 y = self._run_committed(tokens[s + 1:e + 1], self._feats.view()[s:e], s)
-            self.n_done = need
+            self.n_pairs = need
             self._root_y = y[-1]
-            return self._logits(y[-1:])[0]
+            return Proposals.from_logits(self._logits(y[-1:])[0])
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int) -> np.ndarray:
+    def expand(self, cand_ids: list[int], tokens: list[int], parent_ids: list[int], level: int) -> Proposals:
         if self._root_y is None:
             raise TreeError("expand before catch_up")
         parent_rows = [-1 if int(pid) < 0 else self._row_of[int(pid)] for pid in parent_ids]
         feats = np.stack([self._root_y if r < 0 else self._tree_y[r] for r in parent_rows])
         first = len(self._tree_parent)
-        n_keys = self.n_done + first + len(cand_ids)
+        n_keys = self.n_pairs + first + len(cand_ids)
         mask = np.zeros((len(cand_ids), n_keys), dtype=bool)
-        mask[:, :self.n_done] = True
+        mask[:, :self.n_pairs] = True
         for i, r in enumerate(parent_rows):
             while r >= 0:
-                mask[i, self.n_done + r] = True
+                mask[i, self.n_pairs + r] = True
                 r = self._tree_parent[r]
-            mask[i, self.n_done + first + i] = True
-        pos = np.full(len(cand_ids), self.n_done - 1 + level, dtype=np.int64)
+            mask[i, self.n_pairs + first + i] = True
+        pos = np.full(len(cand_ids), self.n_pairs - 1 + level, dtype=np.int64)
         with single_blas_thread():
             y, k, v = self._layer(np.asarray(tokens, dtype=np.int64), feats, pos, self._tree_keys(), mask)
             logits = self._logits(y)
@@ -159,7 +160,7 @@ class Eagle1NumpyEngine:
         self._tree_k.append(k)
         self._tree_v.append(v)
         self._tree_y = np.concatenate([self._tree_y, y]) if len(self._tree_y) else y
-        return logits
+        return Proposals.from_logits(logits)
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Drop the tree: accepted tokens are recomputed next round with the target's real features."""

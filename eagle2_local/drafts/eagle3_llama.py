@@ -10,7 +10,7 @@ pair (token t[P+1], g[P]), so the entry at P predicts t[P+2]. The decoder's pre-
 
 KV layout of the head's context:
 
-* sequence 0 holds one entry per committed position 0..n_seen-1, every one built from *real* target features;
+* sequence 0 holds one entry per committed position 0..n_entries-1, every one built from *real* target features;
   the last one pairs the current root token with the feature of the position before it;
 * while a tree grows, each decoded frontier candidate gets its own sequence, copied from its parent's (cells are
   shared, metadata only), so it attends to the committed entries and its ancestors only;
@@ -30,13 +30,13 @@ from llama_cpp import llama_cpp_ext
 from ..errors import IncompatibleDraftError, ModelError, TreeError
 from ..formats import gguf_keys as keys
 from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
-from .base import TreeSequences, as_list
+from .base import DraftEngine, TreeSequences, as_list
 from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
 from ..llamacpp.runtime import charge_llama
 from ..formats.models import GGUFInfo
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..decoding.tree import Proposals
+from ..decoding.proposals import Proposals
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +110,10 @@ def check_eagle3_fits(info: GGUFInfo, target: LlamaModel) -> None:
                                      f"{target.path.name} has {target.n_layer} layers")
 
 
-class Eagle3Engine:
+class Eagle3Engine(DraftEngine):
     """EAGLE-2 tree drafting with an eagle3 head in a llama.cpp context that borrows the target's weights."""
 
     needs_features = True
-    free_part = None
 
     def __init__(self, head: LlamaModel, target_ctx: LlamaContext, max_width: int, max_depth: int,
                  n_threads: int | None = None, in_graph_top_k: bool | None = None) -> None:
@@ -135,24 +134,24 @@ class Eagle3Engine:
         self.n_embd = head.n_embd
         self.tile_features = feature_source(head.info) == "final_norm"
         self.feature_width = 3 * int(head.info.get(keys.EAGLE3_TARGET_HIDDEN_SIZE))  # fc's input: three layers
-        self.n_seen = 0  # committed entries in sequence 0 (positions 0..n_seen-1)
+        self.n_entries = 0  # committed entries in sequence 0 (positions 0..n_entries-1)
         # A node's g is its parent's pre-norm output, and a level's parents are the previous decode's nodes (the
         # root: the catch-up's last entry): candidate id (-1: the root) -> its row among the last decode's outputs,
         # which the next level gathers from llama.cpp's buffer straight into its batch
         self._out_row: dict[int, int] = {}
         # In-graph top-k: llama.cpp calls a sampler per sequence at every decode, so the tree reuses sequences
         self.seqs = TreeSequences(self.ctx, pool=max_width if in_graph_top_k else None)
-        self.top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
+        self.backend_top_k = BackendTopK(self.ctx.ptr, head.n_vocab, max_width, range(self.ctx.n_seq_max)) \
             if in_graph_top_k else None
 
     @property
     def n_read(self) -> int:
         """Entry P holds token P+1, so the entries hold the text up to the root (none: nothing read)."""
-        return self.n_seen + 1 if self.n_seen else 0
+        return self.n_entries + 1 if self.n_entries else 0
 
     @property
     def n_features(self) -> int:
-        return self.n_seen
+        return self.n_entries
 
     # ------------------------------------------------------------ state
     def reset(self) -> None:
@@ -164,22 +163,22 @@ class Eagle3Engine:
     def rollback(self, n_tokens: int) -> None:
         """Keep entries whose token is among the first ``n_tokens`` (entry P holds token P+1)."""
         self._forget_tree()
-        self.n_seen = min(self.n_seen, max(n_tokens - 1, 0))
-        self.ctx.seq_rm(0, self.n_seen, -1)
+        self.n_entries = min(self.n_entries, max(n_tokens - 1, 0))
+        self.ctx.seq_rm(0, self.n_entries, -1)
 
     # ------------------------------------------------------------ drafting
-    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> np.ndarray:
+    def catch_up(self, tokens: np.ndarray, features: np.ndarray | None, features_from: int = 0) -> Proposals:
         """Enter (t[P+1], g[P]) for every position P the head lacks; the last entry carries the root."""
         tokens = np.asarray(tokens, dtype=np.int32)
         n_text = len(tokens) - 1  # positions with target features; tokens[-1] is the root
         if features is None:
             raise TreeError("the eagle3 engine needs target features (layer inputs)")
-        if features_from > self.n_seen or features_from + len(features) < n_text:
+        if features_from > self.n_entries or features_from + len(features) < n_text:
             raise TreeError(f"features cover positions {features_from}..{features_from + len(features) - 1}; "
-                            f"the head needs {self.n_seen}..{n_text - 1}")
-        if n_text <= self.n_seen:
+                            f"the head needs {self.n_entries}..{n_text - 1}")
+        if n_text <= self.n_entries:
             raise TreeError("catch_up needs at least the new root token")
-        feats = np.asarray(features[self.n_seen - features_from: n_text - features_from], dtype=np.float32)
+        feats = np.asarray(features[self.n_entries - features_from: n_text - features_from], dtype=np.float32)
         if self.tile_features:
             feats = np.tile(feats, (1, 3))
         if feats.shape[1] != self.feature_width:  # llama.cpp would read rows of its own width
@@ -194,25 +193,26 @@ class Eagle3Engine:
             self._process_entries(tokens, g, start, min(start + step, last), output=False)
         self._activate((0,), 1)
         self._process_entries(tokens, g, last, last + 1, output=True)
-        self.n_seen = n_text
+        self.n_entries = n_text
         self._out_row = {-1: 0}
         return self._rows(1, copy=True)
 
     def _activate(self, seqs, n_rows: int) -> None:
-        if self.top_k is not None:
-            self.top_k.activate(seqs, n_rows)
+        if self.backend_top_k is not None:
+            self.backend_top_k.activate(seqs, n_rows)
 
-    def _rows(self, n: int, copy: bool):
-        """The last decode's n output rows: in-graph candidates, or dense logits (a view unless ``copy``)."""
-        if self.top_k is not None:
-            return Proposals.trusted(*self.top_k.read(n), ranked=True, distinct=True)  # a top-k, best first
+    def _rows(self, n: int, copy: bool) -> Proposals:
+        """The last decode's n output rows: in-graph candidates, or dense logits (a view unless ``copy``, read at
+        once)."""
+        if self.backend_top_k is not None:
+            return Proposals.from_arrays(*self.backend_top_k.read(n))  # a top-k, best first
         logits = self.ctx.logits(n, copy=copy)
-        return logits[0] if copy and n == 1 else logits
+        return Proposals.from_logits(logits[0] if copy and n == 1 else logits)
 
     def _process_entries(self, tokens: np.ndarray, g: np.ndarray, start: int, stop: int, output: bool) -> None:
-        """Decode entries ``start..stop-1`` of a catch-up: entry i is (token at n_seen + i + 1, g[i]) at
-        position n_seen + i in sequence 0."""
-        pos = np.arange(self.n_seen + start, self.n_seen + stop, dtype=np.int32)
+        """Decode entries ``start..stop-1`` of a catch-up: entry i is (token at n_entries + i + 1, g[i]) at
+        position n_entries + i in sequence 0."""
+        pos = np.arange(self.n_entries + start, self.n_entries + stop, dtype=np.int32)
         self.ctx.decode(tokens[pos + 1], pos, int(output), seq=0, embd=g[start:stop])
 
     def _encode(self, feats: np.ndarray) -> np.ndarray:
@@ -221,7 +221,7 @@ class Eagle3Engine:
         # Every encoded row is an output, and llama.cpp sizes its output buffers by the largest output count;
         # with the in-graph top-k those are four vocabulary-wide buffers per output (pinned memory on CUDA):
         # 32-row chunks keep them at ~25 MB for a 49k vocabulary instead of ~400 MB at n_batch 512.
-        step = min(self.ctx.n_batch, ENCODE_CHUNK) if self.top_k is not None else self.ctx.n_batch
+        step = min(self.ctx.n_batch, ENCODE_CHUNK) if self.backend_top_k is not None else self.ctx.n_batch
         # The encoder ignores positions, but llama.cpp wants every batch to start right after the last position
         # in the KV cache, which encoding does not advance: so each chunk starts at pos0 again.
         pos0 = max(self.ctx.seq_pos_max(0), -1) + 1
@@ -242,7 +242,7 @@ class Eagle3Engine:
             raise TreeError("llama.cpp returned no pre-norm output for the eagle3 head")
         return buffer_view(ptr, (self.ctx.n_batch, self.n_embd))[:n_out]
 
-    def expand(self, cand_ids: np.ndarray, tokens: np.ndarray, parent_ids: np.ndarray, level: int):
+    def expand(self, cand_ids: list[int], tokens: list[int], parent_ids: list[int], level: int) -> Proposals:
         """Decode one tree level: each node is (its token, its parent's g) at position root + level."""
         k = len(cand_ids)
         cands, parents = as_list(cand_ids), as_list(parent_ids)
@@ -253,10 +253,10 @@ class Eagle3Engine:
         seqs = self.seqs.assign(cands, parents)
         self._activate(seqs, k)
         # each node's g: its parent's row of the last decode's pre-norm output, gathered into the batch (one copy)
-        self.ctx.decode(tokens, self.n_seen - 1 + level, 1, seq_ids=seqs, embd=self._prenorm(max(rows) + 1),
+        self.ctx.decode(tokens, self.n_entries - 1 + level, 1, seq_ids=seqs, embd=self._prenorm(max(rows) + 1),
                         embd_rows=rows)
         self._out_row = dict(zip(cands, range(k)))
-        return self._rows(k, copy=False)  # a dense view is consumed by the tree builder before the next decode
+        return self._rows(k, copy=False)
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Drop the tree; accepted tokens come back through ``catch_up`` with their real features."""

@@ -26,8 +26,9 @@ from collections import Counter
 import numpy as np
 
 from ..decoding.grammar import GrammarState
+from ..decoding.proposals import Proposals
+from ..decoding.tree import FORCED
 from ..llamacpp.llama import LlamaModel
-from ..decoding.tree import FORCED, Proposals
 
 MAX_FIRST = 6  # more allowed roots than this: nothing is forced here
 FIRST_LOOK = 32  # roots checked first: more than MAX_FIRST of them allowed settles it (the rest go unchecked)
@@ -156,14 +157,16 @@ class ForcedDraft:
         and at each of them."""
         self._pending = ([self._key_of.get(-1)] + [self._key_of.get(c) for c in accepted_cand_ids], self._length)
 
-    def propose(self, states: list[GrammarState], cands: list[int], search: np.ndarray | None = None) -> Proposals:
+    def propose(self, states: list[GrammarState], cands: list[int], search: list[bool] | None = None) -> Proposals:
         """One row per node: its forced token (log-probability 0), or its small allowed set's learned choices.
         ``search``: which rows to search at all (default all; a row where the grammar let all of a model's
         candidates through is free text, not worth a search)."""
-        width = self.max_branches
-        tokens = np.zeros((len(states), width), dtype=np.int64)
-        log_probs = np.full((len(states), width), -np.inf)
+        tokens: list[list[int]] = []
+        log_probs: list[list[float]] = []
         for row, (state, cand) in enumerate(zip(states, cands)):
+            toks, lps = [], []
+            tokens.append(toks)
+            log_probs.append(lps)
             if search is not None and not search[row]:
                 self._key_of[cand] = None
                 continue
@@ -173,21 +176,24 @@ class ForcedDraft:
             if key is None:
                 continue
             if len(allowed) == 1:
-                tokens[row, 0], log_probs[row, 0] = allowed[0], 0.0
+                toks.append(int(allowed[0]))
+                lps.append(0.0)
                 continue
             seen = self.chosen.get(key)
             if not seen:
                 if self.chain_prior > 0 and self.forest.is_chain(allowed, deepest):
-                    tokens[row, 0], log_probs[row, 0] = deepest, np.log(self.chain_prior)
+                    toks.append(deepest)
+                    lps.append(float(np.log(self.chain_prior)))
                 continue
             total = sum(seen.values()) + LEARNED_DOUBT
-            for col, (tok, n) in enumerate(seen.most_common(width)):
-                tokens[row, col], log_probs[row, col] = tok, np.log(n / total)
-        return Proposals(tokens, log_probs, np.full(tokens.shape, FORCED, dtype=np.int8))
+            for tok, n in seen.most_common(self.max_branches):
+                toks.append(int(tok))
+                lps.append(float(np.log(n / total)))
+        return Proposals(tokens, log_probs, [[FORCED] * len(row) for row in tokens])
 
     def proposes_at(self, state: GrammarState) -> bool:
         """Whether :meth:`propose` has anything for a node in ``state`` (one search, ~0.1 ms)."""
-        return bool(np.isfinite(self.propose([state], [-1]).log_probs).any())
+        return bool(self.propose([state], [-1]).tokens[0])
 
     def chose(self, token: int) -> None:
         """The target picked ``token`` at the node :meth:`proposes_at` looked at last."""

@@ -134,7 +134,7 @@ DRAFTERS: dict[str, DraftKind] = {
 def with_lookup(engine: DraftEngine, tree_params: TreeParams, model: LlamaModel) -> DraftEngine:
     """``engine`` with lookup branches merged into its trees (a lookup draft stays as it is); ``model``: the
     target, whose tokenizer the lookup's renames need."""
-    if isinstance(engine, (LookupDraft, MergedDraft)):
+    if engine.lookup is not None:
         return engine
     return MergedDraft(engine, tree_params.top_k, lookup_draft(model, tree_params))
 

@@ -1,0 +1,235 @@
+"""The n-gram index a lookup draft reads the text with, and the rates it learns for its matches.
+
+The :class:`NgramIndex` remembers, for every n-gram of the text (n = 1..``max_n``), the positions right after its
+occurrences; it grows by one entry per n for each committed token and shrinks the same way on rollback, so it
+never rescans the text. For the current suffix the longest n-gram that occurred before names the continuations
+that followed it. A continuation's probability is the :class:`MatchConfidence` of its match length and kind
+(learned online from this text: how often the most frequent continuation of such a match was the token that
+really came next), scaled by how often that token followed the match relative to the most frequent one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .renames import Divergence
+
+# What a match is evidence of: a token of the prompt predicted from the prompt (its own repetitiveness), a token
+# of the answer predicted from the prompt (copying it: a code edit re-emitting a function) or from the answer so
+# far (repeating itself)
+PROMPT, COPY, REPEAT = 0, 1, 2
+LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
+NO_ANSWER = 1 << 62  # answer_from before an answer begins (all text is prompt)
+
+
+def _priors(max_n: int) -> np.ndarray:
+    """Prior hit rates per kind of match (rows PROMPT, COPY, REPEAT) and match length n (columns 0..max_n).
+
+    Copying is the surest: an answer that re-emits a span of its prompt keeps doing so once two or three tokens
+    matched (on the code-edit and extraction prompts' tune split, with their reference answers: 0.89 at n = 2,
+    0.9-0.97 from n = 3). An answer repeating itself, or a prompt repeating itself, says less at short n."""
+    n = np.arange(max_n + 1, dtype=np.float64)
+    rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
+    steps = np.maximum(n - 1, 0)
+    return np.stack([0.15 + 0.75 * rise, 0.95 - 0.45 * 0.3 ** steps, 0.95 - 0.75 * 0.75 ** steps])
+
+
+class MatchConfidence:
+    """Per kind of match (:data:`PROMPT`, :data:`COPY`, :data:`REPEAT`) and match length n: the rate at which
+    the top continuation of such a match was the next token.
+
+    Each kind learns its own rates from the text, starting from :func:`_priors`, which weigh more for long
+    matches: a long exact match is strong evidence before the text has said anything (a new answer can draft a
+    sure chain in its first rounds). Counts are capped, so recent text weighs most."""
+
+    def __init__(self, max_n: int, prior_weight: float = 2.0, max_count: float = 48.0) -> None:
+        n = np.arange(max_n + 1, dtype=np.float64)
+        rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
+        weight = prior_weight * (1.0 + 3.0 * rise)  # a long match's prior takes 4x the evidence to move
+        self.trials = np.tile(weight, (3, 1))
+        self.hits = weight * _priors(max_n)
+        self.max_count = max_count
+        self._rates = (self.hits / self.trials).tolist()  # read per drafted node: Python floats, no numpy call
+
+    def rate(self, n: int, kind: int = PROMPT) -> float:
+        return self._rates[kind][n]
+
+    def observe(self, n: int, hit: bool, kind: int = PROMPT) -> None:
+        self.trials[kind, n] += 1.0
+        self.hits[kind, n] += float(hit)
+        if self.trials[kind, n] > self.max_count:
+            scale = self.max_count / self.trials[kind, n]
+            self.trials[kind, n] *= scale
+            self.hits[kind, n] *= scale
+        self._rates[kind][n] = float(self.hits[kind, n] / self.trials[kind, n])
+
+
+class NgramIndex:
+    """Every n-gram of the text (1 <= n <= ``max_n``) -> the positions that followed its occurrences, in order.
+
+    ``extend`` and ``truncate`` cost O(max_n) per token; ``continuations`` looks at the most recent
+    ``max_positions`` occurrences of the longest matching n-gram."""
+
+    def __init__(self, max_n: int = 8, max_positions: int = 64) -> None:
+        self.max_n = max_n
+        self.max_positions = max_positions
+        self.text: list[int] = []
+        self._next: dict[tuple[int, ...], list[int]] = {}
+        self.confidence = MatchConfidence(max_n)
+        self.answer_from = NO_ANSWER  # the first position of the answer (all text is prompt until one begins)
+        self._ranked_of: dict[int, list[tuple[int, int]]] = {}  # id of a followers list -> its ranking
+        self.last_match = 0  # match length of the last continuations() call
+        self.copy_misses: list[Divergence] = []  # long copies of the prompt that missed, since last read
+        self._forget_tail()
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def clear(self) -> None:
+        self.text = []
+        self._next = {}
+        self._ranked_of = {}
+        self.confidence = MatchConfidence(self.max_n)
+        self.answer_from = NO_ANSWER
+        self.copy_misses = []
+        self._forget_tail()
+
+    def _forget_tail(self, bound: int | None = None) -> None:
+        """The text's end changed: its longest match is unknown (``bound``: at most this long)."""
+        self._tail: tuple[int, list[int]] | None = None
+        self._tail_known = False
+        self._tail_bound = bound
+
+    def tail_match(self) -> tuple[int, list[int]] | None:
+        """:meth:`longest_match` of the whole text, what predicts its next token: found once per text (the
+        round's evidence, its root and the next token's score all ask for it), starting at the previous
+        text's match length + 1."""
+        if not self._tail_known:
+            self._tail, self._tail_known = self.longest_match(self.text, self._tail_bound), True
+        return self._tail
+
+    def kind(self, at: int, positions: list[int]) -> int:
+        """What a match predicting position ``at`` is evidence of: :data:`PROMPT` inside the prompt, else
+        :data:`COPY` or :data:`REPEAT` by where its most recent occurrence lies."""
+        if at < self.answer_from:
+            return PROMPT
+        return REPEAT if positions[-1] >= self.answer_from else COPY
+
+    def extend(self, tokens, score: bool = True) -> None:
+        """Append committed tokens; each one first scores the prediction the index would have made for it
+        (``score`` False: not, for an index that shares another's :attr:`confidence`).
+
+        Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
+        position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
+        tokens = [int(t) for t in tokens]
+        unscored = len(tokens) if not score else (
+            0 if self.answer_from == NO_ANSWER else min(len(tokens), max(self.answer_from - len(self.text), 0)))
+        if unscored >= 2:  # a prompt: indexed n by n, the same lists in a fraction of the time (NOTES.md#lookup-drafts)
+            self._index_unscored(tokens[:unscored])
+            self._forget_tail()
+            tokens = tokens[unscored:]
+        for tok in tokens:
+            # a prompt position read once an answer has begun is not scored: drafts predict answer positions,
+            # whose rates are the COPY and REPEAT kinds'
+            scored = score and (len(self.text) >= self.answer_from or self.answer_from == NO_ANSWER)
+            match = self.tail_match() if scored else self._tail  # None while unknown (then no bound below)
+            if scored and match is not None:
+                n, positions = match
+                kind, hit = self.kind(len(self.text), positions), self.ranked(positions)[0][0] == tok
+                self.confidence.observe(n, hit, kind)
+                if not hit and kind == COPY and n >= LONG_COPY:
+                    self.copy_misses.append(Divergence(positions[-1], len(self.text)))
+            bound = (match[0] + 1 if match is not None else 1) if self._tail_known else None
+            j = len(self.text)
+            self.text.append(tok)
+            for n in range(1, min(self.max_n, j) + 1):
+                positions = self._next.setdefault(tuple(self.text[j - n:j]), [])
+                positions.append(j)
+                self._ranked_of.pop(id(positions), None)
+            self._forget_tail(bound)
+
+    def _index_unscored(self, tokens: list[int]) -> None:
+        """Append ``tokens`` and list their positions, one n at a time (what :meth:`extend` does token by token
+        when it scores nothing), and forget every ranking (new lists, and lists that grew)."""
+        j0 = len(self.text)
+        self.text.extend(tokens)
+        text, follow, end = self.text, self._next, len(self.text)
+        for n in range(1, self.max_n + 1):
+            first = max(j0, n)
+            if first >= end:
+                break
+            grams = zip(*(text[first - n + k:end - n + k] for k in range(n)))
+            for j, key in zip(range(first, end), grams):
+                follow.setdefault(key, []).append(j)
+        self._ranked_of.clear()
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every token from ``n_tokens`` on (the learned confidences stay: they describe the text's kind).
+        Keeping less than half the text (a new prompt after the last answer) re-indexes what is kept instead."""
+        self._ranked_of.clear()
+        self._forget_tail()
+        if n_tokens < len(self.text) // 2:
+            kept = self.text[:max(n_tokens, 0)]
+            self.text, self._next = [], {}
+            self._index_unscored(kept)
+            return
+        while len(self.text) > n_tokens:
+            j = len(self.text) - 1
+            for n in range(1, min(self.max_n, j) + 1):
+                key = tuple(self.text[j - n:j])
+                positions = self._next[key]
+                positions.pop()
+                if not positions:
+                    del self._next[key]
+            self.text.pop()
+
+    def longest_match(self, context: list[int], at_most: int | None = None) -> tuple[int, list[int]] | None:
+        """The longest n whose last-n-token suffix of ``context`` occurred before with a follower, and the
+        positions of those followers (None: not even the last token did). ``at_most``: a known bound on n
+        (a context one token longer than one whose longest match was m matches at most m + 1 tokens)."""
+        top = min(self.max_n, len(context)) if at_most is None else min(self.max_n, len(context), at_most)
+        for n in range(top, 0, -1):
+            positions = self._next.get(tuple(context[-n:]))
+            if positions:
+                return n, positions
+        return None
+
+    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        """:meth:`_ranked`, cached per followers list until the list changes (the same n-grams recur across a
+        tree's nodes and across rounds)."""
+        ranked = self._ranked_of.get(id(positions))
+        if ranked is None:
+            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
+        return ranked
+
+    def _ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+        """Distinct follower tokens of the recent occurrences with their counts, most frequent first (ties:
+        the most recent first)."""
+        counts: dict[int, int] = {}
+        for p in reversed(positions[-self.max_positions:]):
+            tok = self.text[p]
+            counts[tok] = counts.get(tok, 0) + 1
+        return sorted(counts.items(), key=lambda item: -item[1])  # stable: recency breaks ties
+
+    def continuations(self, context: list[int], max_branches: int,
+                      at_most: int | None = None) -> tuple[list[int], list[float]]:
+        """The next tokens the text suggests after ``context`` and their probabilities (best first), as Python
+        lists: this runs for every node of every tree level, where a few small numpy arrays per node cost more
+        than the lookup itself. ``at_most``: a bound on the match length (:meth:`longest_match`); the length
+        found is :attr:`last_match` (0: none)."""
+        return self.proposed(self.longest_match(context, at_most), max_branches)
+
+    def proposed(self, match: tuple[int, list[int]] | None, max_branches: int) -> tuple[list[int], list[float]]:
+        """:meth:`continuations` of a match found already (:meth:`longest_match`, :meth:`tail_match`)."""
+        self.last_match = match[0] if match is not None else 0
+        if match is None:
+            return [], []
+        n, positions = match
+        ranked = self.ranked(positions)[:max_branches]
+        # a draft predicts past the committed text, so the kind is the one of the text's next position
+        top, rate = ranked[0][1], self.confidence.rate(n, self.kind(len(self.text), positions))
+        probs = [rate * c / top for _, c in ranked]
+        total = sum(probs)
+        if total > 1.0:
+            probs = [p / total for p in probs]
+        return [t for t, _ in ranked], probs
