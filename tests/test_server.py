@@ -1012,8 +1012,10 @@ def test_exposed_statistics_name_the_calibration_cache_not_its_path(server):
     the directory (and the user the server runs as)."""
     eagle = chat(server.openai(), PROMPTS[2], max_tokens=4).model_extra["eagle"]
     assert "prefill_s" in eagle and "prompt_tokens_reused" in eagle
-    file = eagle["budget"]["calibration"]["file"]
-    assert file.startswith("costs-") and file.endswith(".json") and "/" not in file
+    calibration = eagle["budget"]["calibration"]
+    file = calibration["file"]  # None when a loaded machine disturbed the calibration: then nothing was cached
+    assert (file.startswith("costs-") and file.endswith(".json") and "/" not in file if file is not None
+            else "not cached" in calibration["source"])
     with server.http() as http:
         stats = http.get("/stats").json()
     assert stats["last"]["budget"]["calibration"]["file"] == file

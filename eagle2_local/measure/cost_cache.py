@@ -117,7 +117,8 @@ def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: 
         if cached is not None:
             return cached, {"source": "cached, kept (re-measure disturbed)", "problems": problems,
                             "seconds": seconds, **extra, "file": file}
-        return costs, {"source": "fresh, not cached (disturbed)", "problems": problems, "seconds": seconds}
+        return costs, {"source": "fresh, not cached (disturbed)", "problems": problems, "seconds": seconds,
+                       "file": None}
     path = save_costs(key, costs, directory)
     log.info("calibrated tree costs in %.1f s (cached at %s)", seconds, path)
     return costs, {"source": "re-measured" if cached is not None else "fresh", "seconds": seconds, **extra,
