@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local.llamacpp.backend_topk import BackendTopK
-from eagle2_local.drafts.draft_model import DraftModelEngine
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
 from eagle2_local.decoding.tree import top_k_log_probs
+from eagle2_local.drafts.draft_model import DraftModelEngine
+from eagle2_local.llamacpp.backend_topk import BackendTopK
+from eagle2_local.llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
 from tests.support.helpers import ONE_THREAD, assert_lossless, make, random_prompts
 
 SETTINGS = ContextSettings(n_ctx=512, n_batch=8, n_seq_max=8, n_threads=1)

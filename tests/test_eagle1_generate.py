@@ -8,11 +8,11 @@ import gguf
 import pytest
 from click.testing import CliRunner
 
-from tests.support.prompts import load_prompts
 from eagle2_local import Eagle2
 from eagle2_local.errors import Eagle2Error, IncompatibleDraftError, ModelError
 from tests.support.eagle_heads import chat_turn_outputs
 from tests.support.helpers import assert_one_line_error, run_cli, synthetic_head
+from tests.support.prompts import load_prompts
 from tests.support.synthetic_model import vocab
 
 SYNTH_VOCAB = len(vocab()[0])
@@ -97,9 +97,9 @@ def test_kv_reuse_across_plain_and_speculative_calls_keeps_head_features(tmp_pat
     and the head holds (or will be handed) the target's features of every committed position, none lost."""
     import numpy as np
 
+    from eagle2_local.decoding.target import Target
     from eagle2_local.drafts import MergedDraft
     from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
-    from eagle2_local.decoding.target import Target
 
     head = synthetic_head(tmp_path, "h", hidden=64, vocab=SYNTH_VOCAB)
     seen = {}

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from eagle2_local import Eagle2
+from eagle2_local.decoding.grammar import Grammar
 from eagle2_local.drafts import constrained
 from eagle2_local.drafts.forced import ForcedDraft, VocabForest
-from eagle2_local.decoding.grammar import Grammar
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from tests.support.helpers import assert_follows_grammar, first_divergence
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagle2_local.errors import TreeError
-from eagle2_local.drafts.lookup import LookupDraft
 from eagle2_local.decoding.proposals import Proposals
-from eagle2_local.decoding.tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, node_depths,
-                                        select_tree, top_k_log_probs, tree_leaves)
+from eagle2_local.decoding.tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, node_depths, select_tree,
+                                        top_k_log_probs, tree_leaves)
+from eagle2_local.drafts.lookup import LookupDraft
+from eagle2_local.errors import TreeError
 from tests.support.helpers import path_to
 from tests.support.tree_reference import leaf_membership, log_softmax, rows
 
