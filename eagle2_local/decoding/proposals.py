@@ -66,7 +66,10 @@ class Proposals:
                 return Proposals([t[m].tolist() for t, m in zip(tokens, keep)],
                                  [lp[m].tolist() for lp, m in zip(log_probs, keep)])
             return Proposals(tokens.tolist(), log_probs.tolist(), None, log_probs)
-        if max(map(len, self.tokens), default=0) <= k:
+        for row in self.tokens:
+            if len(row) > k:
+                break
+        else:
             return self
         lp = self.log_prob_array
         return Proposals([row[:k] for row in self.tokens], [row[:k] for row in self.log_probs],

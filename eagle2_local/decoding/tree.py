@@ -299,9 +299,8 @@ def grow_candidates(root: Proposals, expand: ExpandFn, params: TreeParams,
         rows = expand(frontier, [tok[i] for i in frontier], [parent[i] for i in frontier], level - 1).best(k)
         n_before = len(tok)
         for cand, toks, lps, srcs in zip(frontier, rows.tokens, rows.log_probs, rows.sources):
-            base = score[cand]
             tok += toks
-            score += [base + lp for lp in lps]
+            score += map(score[cand].__add__, lps)  # the path's score plus each child's (no Python frame a row)
             src += srcs
             parent += [cand] * len(toks)
         best = sorted(range(n_before, len(tok)), key=score.__getitem__, reverse=True)  # stable: ties keep order

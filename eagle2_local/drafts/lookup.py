@@ -55,6 +55,8 @@ class LookupDraft(DraftEngine):
     def __init__(self, max_branches: int = 10, max_n: int = 8, renames: RenameLearner | None = None,
                  text: TextCopy | None = None) -> None:
         self.max_branches = max_branches
+        # a row of n LOOKUP sources per width, shared by the rows (no reader changes a draft's rows in place)
+        self._sources = [[LOOKUP] * n for n in range(max(max_branches, 1) + 1)]
         self.index = NgramIndex(max_n)
         self.renames = renames
         self.text = text
@@ -263,21 +265,16 @@ class LookupDraft(DraftEngine):
             if n and n >= found[i]:
                 tokens[i], probs[i], found[i] = edited_tokens[i], edited_probs[i], n
 
-    @staticmethod
-    def proposals(tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
+    def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
         """Rows of continuations as :class:`Proposals`: each probability's ``math.log`` (a probability of 0 is no
-        entry); continuations rank by count, so each row is best first already."""
-        log_probs, kept, sources = [], tokens, []
-        for r, (row, row_probs) in enumerate(zip(tokens, probs)):
-            if all(p > 0.0 for p in row_probs):
-                log_probs.append([math.log(p) for p in row_probs])
-            else:
-                if kept is tokens:
-                    kept = list(tokens)
-                kept[r] = [t for t, p in zip(row, row_probs) if p > 0.0]
-                log_probs.append([math.log(p) for p in row_probs if p > 0.0])
-            sources.append([LOOKUP] * len(kept[r]))
-        return Proposals(kept, log_probs, sources)
+        entry); continuations rank by count, so each row is best first already. Built with ``map`` over the rows:
+        this runs on every level of every tree, mostly on one row of one entry, where each Python frame counts."""
+        try:
+            log_probs = [list(map(math.log, row)) for row in probs]
+        except ValueError:  # the log of a probability of 0: drop those entries
+            tokens = [[t for t, p in zip(row, row_probs) if p > 0.0] for row, row_probs in zip(tokens, probs)]
+            log_probs = [[math.log(p) for p in row_probs if p > 0.0] for row_probs in probs]
+        return Proposals(tokens, log_probs, list(map(self._sources.__getitem__, map(len, tokens))))
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
