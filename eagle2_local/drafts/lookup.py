@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from itertools import repeat
 from typing import Callable
 
 import numpy as np
@@ -270,7 +271,7 @@ class LookupDraft(DraftEngine):
         entry); continuations rank by count, so each row is best first already. Built with ``map`` over the rows:
         this runs on every level of every tree, mostly on one row of one entry, where each Python frame counts."""
         try:
-            log_probs = [list(map(math.log, row)) for row in probs]
+            log_probs = list(map(list, map(map, repeat(math.log), probs)))  # [[log(p) for p in row] for row in probs]
         except ValueError:  # the log of a probability of 0: drop those entries
             tokens = [[t for t, p in zip(row, row_probs) if p > 0.0] for row, row_probs in zip(tokens, probs)]
             log_probs = [[math.log(p) for p in row_probs if p > 0.0] for row_probs in probs]
