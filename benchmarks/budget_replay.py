@@ -9,9 +9,12 @@ A bench on a shared machine measures the load as much as the policy: the budget'
 steps it observes and its guards judge realised round times. Here the cost model stays as calibrated (the cached
 curve for these settings, adopted without the start-up check), every round and plain step "takes" its calibrated
 time, and each prompt's speed is its tokens over the sum of its rounds' costs in plain steps (a plain step costs
-1). The decisions then depend on the answers alone, so two versions of the policy can be compared on a busy
-machine (run each with ``PYTHONPATH`` at its checkout). It is a model, not a speed: host time and the noise of
-real passes are left out; a bench on an idle machine has the last word.
+1). The decisions then depend on the answers and on the few times the budget still reads from the round's own
+clock (the model draft's deeper levels, a lookup round's drafting, the decode of a round that kept its root alone),
+so a decision near a threshold may differ between runs; ``--counter-clock`` replaces the generator's clock by a
+counter (0.1 ms a reading), and then they depend on the answers alone: two versions of the policy can be compared
+on a busy machine (run each with ``PYTHONPATH`` at its checkout). It is a model, not a speed: host time and the
+noise of real passes are left out; a bench on an idle machine has the last word.
 
 ``--curve NAME`` (repeatable; ``all``: every curve benchmarks/curves.json records for the model's file) replaces
 the calibration by a recorded machine's curve, so the budget is judged on machines it does not run on; drafting
@@ -33,10 +36,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import platform
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +69,12 @@ def freeze_time() -> None:
     budget_mod.TreeBudget._realised_s = lambda self, result: float(self.costs.verify_s(result.n_nodes))
     budget_mod.TreeBudget._plain = lambda self, seconds: plain(self, float(self.costs.verify_s(1)))
     api.check_costs = lambda target, costs, params: (True, {"replay": "start-up check skipped"})
+
+
+def counter_clock() -> Callable[[], float]:
+    """A clock that advances 0.1 ms a reading: round times that depend on the loop's calls alone."""
+    readings = itertools.count()
+    return lambda: next(readings) * 1e-4
 
 
 def reuse_calibration(depth: int) -> None:
@@ -296,6 +307,8 @@ def main() -> None:
                     help="a curve of benchmarks/curves.json (repeatable; 'all': the model's; default: calibrated)")
     ap.add_argument("--oracle", action="store_true", help="judge the budget against the best schedule in hindsight")
     ap.add_argument("--json", help="write the per-record and per-set results here")
+    ap.add_argument("--counter-clock", action="store_true",
+                    help="the generator's clock advances 0.1 ms a reading: decisions that depend on the answers alone")
     args = ap.parse_args()
     first, last = (int(x) for x in args.records.split(":"))
     freeze_time()
@@ -323,6 +336,8 @@ def main() -> None:
             name = "calibrated" if curve is None else curve.name
             records, texts = [], []
             with Eagle2(args.model, **opened) as llm:
+                if args.counter_clock:
+                    llm.generator.clock = counter_clock()
                 llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
                 costs, max_nodes = llm.generator.policy.costs, llm.tree_params.total_tokens
                 for k, (messages, grammar) in enumerate(chats):
