@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-from itertools import repeat
 from typing import Callable
 
 import numpy as np
@@ -268,14 +267,15 @@ class LookupDraft(DraftEngine):
 
     def proposals(self, tokens: list[list[int]], probs: list[list[float]]) -> Proposals:
         """Rows of continuations as :class:`Proposals`: each probability's ``math.log`` (a probability of 0 is no
-        entry); continuations rank by count, so each row is best first already. Built with ``map`` over the rows:
-        this runs on every level of every tree, mostly on one row of one entry, where each Python frame counts."""
+        entry); continuations rank by count, so each row is best first already. This runs on every level of every
+        tree, mostly on one row of one entry, where each Python call counts: the sources are shared rows."""
+        log, sources = math.log, self._sources
         try:
-            log_probs = list(map(list, map(map, repeat(math.log), probs)))  # [[log(p) for p in row] for row in probs]
+            log_probs = [[log(p) for p in row] for row in probs]
         except ValueError:  # the log of a probability of 0: drop those entries
             tokens = [[t for t, p in zip(row, row_probs) if p > 0.0] for row, row_probs in zip(tokens, probs)]
-            log_probs = [[math.log(p) for p in row_probs if p > 0.0] for row_probs in probs]
-        return Proposals(tokens, log_probs, list(map(self._sources.__getitem__, map(len, tokens))))
+            log_probs = [[log(p) for p in row_probs if p > 0.0] for row_probs in probs]
+        return Proposals(tokens, log_probs, [sources[len(row)] for row in tokens])
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
