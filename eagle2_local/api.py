@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .chat.templates import check_template, prompt_tokens, render_for_model
-from .drafts import DraftEngine, DraftModelEngine, DraftSpec, LookupDraft, draft_spec, prepare_draft, with_lookup
+from .drafts import DraftEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
 from .decoding.grammar import Grammar, response_grammar
 from .decoding.generator import Chunk, DraftTimer, Generator
@@ -133,7 +133,7 @@ class Eagle2:
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
                           calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None,
-                          model_draft=not isinstance(engine, LookupDraft))
+                          model_draft=engine.model_draft)
 
     # ------------------------------------------------------------------ info
     @property
@@ -154,9 +154,7 @@ class Eagle2:
     def draft_model(self) -> LlamaModel | None:
         """The draft model, when the draft is a same-vocabulary GGUF (not a head)."""
         engine = self.generator.engine
-        if engine is not None and engine.free_part is not None:  # a merged draft: its model part
-            engine = engine.model
-        return engine.model if isinstance(engine, DraftModelEngine) else None
+        return engine.draft_model if engine is not None else None
 
     def n_ctx(self) -> int:
         return self.target.n_ctx
