@@ -16,8 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from eagle2_local.formats import gguf_keys as keys
 from eagle2_local.errors import IncompatibleDraftError, ModelError
+from eagle2_local.formats import gguf_keys as keys
 from eagle2_local.formats.eagle1_format import (ARCH, PARAM_KEYS, TENSOR_NAMES, HeadParams, check_eagle1_fits,
                                                 check_tensors)
 

@@ -37,12 +37,12 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import gguf
+import numpy as np
 
-from eagle2_local.formats.atomic_write import atomic_path
-from eagle2_local.formats import gguf_keys as keys
 from eagle2_local.errors import ModelError
+from eagle2_local.formats import gguf_keys as keys
+from eagle2_local.formats.atomic_write import atomic_path
 from eagle2_local.formats.gguf_fields import copy_fields_from
 from eagle2_local.formats.models import file_sha256, read_gguf_info
 

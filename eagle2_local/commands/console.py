@@ -17,9 +17,9 @@ from typing import Iterator
 
 import click
 
-from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..chat.conversation import Conversation
 from ..errors import ContextFullError
+from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 
 
 def stats_line(stats: dict) -> str:

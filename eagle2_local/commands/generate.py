@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from .console import stats_line
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_check import MAX_GRAMMAR_BYTES
 from ..decoding.grammar_guard import guard_gbnf
 from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
                      sampling_params)
+from .console import stats_line
 
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
@@ -98,8 +98,8 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
 def check_constraint(constraint, model: str | None, verbose: bool) -> None:
     """Compile the grammar for the model's vocabulary before anything else loads (a draft, a calibration), so an
     invalid one is one error line and nothing else."""
-    from ..llamacpp.llama import LlamaModel
     from ..formats.models import resolve_model
+    from ..llamacpp.llama import LlamaModel
 
     probe = LlamaModel(resolve_model(model), n_gpu_layers=0, verbose=verbose)
     try:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from .console import ProgressLine
 from .common import depth_option, fail, friendly_errors, model_option, rpc_option, threads_option, verbose_option
+from .console import ProgressLine
 
 
 @click.command("train")
@@ -61,8 +61,8 @@ def train_cmd(model, out, data, max_tokens, self_generate, parallel, epochs, max
     except ImportError:
         fail("training needs torch: pip install 'eagle2-local[train]'")
     from ..formats.models import resolve_model
-    from ..train.loop import TrainConfig
     from ..llamacpp.rpc import parse_servers
+    from ..train.loop import TrainConfig
     from ..train.pipeline import TrainJob, run_job
 
     if export_vocab is not None and export_vocab < draft_vocab and not resume:

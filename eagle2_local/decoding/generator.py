@@ -13,20 +13,20 @@ from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
-from .acceptance import accept
-from .backlog import FeatureBacklog
 from ..drafts.base import DraftEngine
 from ..drafts.constrained import grammar_draft
 from ..drafts.forced import ForcedDraft, VocabForest
 from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from ..llamacpp.runtime import llama_seconds
+from ..tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
+from .acceptance import accept
+from .backlog import FeatureBacklog
 from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
+from .stats import GenerationStats
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target
-from .stats import GenerationStats
 from .tree import TreeParams, grow_candidates, select_tree
-from ..tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from .grammar_parse import GrammarError
-from .grammar_guard import guard_gbnf, parse_error
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import last_llama_errors
+from .grammar_guard import guard_gbnf, parse_error
+from .grammar_parse import GrammarError
 from .sampling import SamplingParams
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data

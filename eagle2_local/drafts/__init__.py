@@ -5,11 +5,10 @@ from .base import DraftEngine, Proposals
 from .draft_model import DraftModelEngine, check_same_vocab
 from .eagle1_numpy import Eagle1NumpyEngine
 from .lookup import LookupDraft
-from .ngram import NgramIndex
 from .merged import MergedDraft
+from .ngram import NgramIndex
 from .open_head import open_head
-from .registry import (DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft,
-                       with_lookup)
+from .registry import DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft, with_lookup
 
 __all__ = ["DRAFTERS", "DraftEngine", "DraftKind", "DraftModelEngine", "DraftSpec",
            "Eagle1NumpyEngine", "LookupDraft", "MergedDraft", "NgramIndex", "PreparedDraft", "Proposals",

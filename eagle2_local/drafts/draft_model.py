@@ -13,12 +13,12 @@ import logging
 
 import numpy as np
 
+from ..decoding.proposals import Proposals
 from ..errors import IncompatibleDraftError, TreeError
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..decoding.proposals import Proposals
+from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
 from .base import DraftEngine, TreeSequences, as_list
-from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel, MAX_SEQ
 
 log = logging.getLogger(__name__)
 

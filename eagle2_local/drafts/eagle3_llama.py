@@ -27,16 +27,16 @@ import time
 import numpy as np
 from llama_cpp import llama_cpp_ext
 
+from ..decoding.proposals import Proposals
 from ..errors import IncompatibleDraftError, ModelError, TreeError
 from ..formats import gguf_keys as keys
-from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
-from .base import DraftEngine, TreeSequences, as_list
-from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
-from ..llamacpp.runtime import charge_llama
 from ..formats.models import GGUFInfo
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..decoding.proposals import Proposals
+from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
+from ..llamacpp.runtime import charge_llama
+from .base import DraftEngine, TreeSequences, as_list
 
 log = logging.getLogger(__name__)
 

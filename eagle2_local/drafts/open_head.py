@@ -17,21 +17,21 @@ from typing import Sequence
 
 import numpy as np
 
+from ..decoding.target import Target
+from ..decoding.tree import TreeParams
+from ..errors import ModelError
 from ..formats import gguf_keys as keys
 from ..formats.atomic_write import atomic_path
 from ..formats.cache_root import cache_root
-from ..errors import ModelError
+from ..formats.eagle1_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
 from ..formats.gguf_fields import copy_gguf
 from ..formats.gguf_tensors import load_tensor, tensor_index
-from ..formats.eagle1_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, params_from_info, read_head
-from ..llamacpp.llama import ContextSettings, LlamaModel
 from ..formats.models import GGUFInfo, read_gguf_info
-from ..decoding.target import Target
-from ..decoding.tree import TreeParams
+from ..llamacpp.llama import ContextSettings, LlamaModel
 from .base import DraftEngine
 from .eagle1_numpy import Eagle1NumpyEngine
-from .eagle3_llama import ARCH as EAGLE3_ARCH, Eagle3Engine, check_eagle3_fits
-from .eagle3_llama import feature_source, foreign_layer_key, head_target_layers
+from .eagle3_llama import (ARCH as EAGLE3_ARCH, Eagle3Engine, check_eagle3_fits, feature_source, foreign_layer_key,
+                           head_target_layers)
 
 log = logging.getLogger(__name__)
 

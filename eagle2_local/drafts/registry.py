@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import Eagle2Error
-from ..llamacpp.llama import ContextSettings, LlamaModel
-from ..formats.models import resolve_model
 from ..decoding.target import Target
 from ..decoding.tree import TreeParams
+from ..errors import Eagle2Error
+from ..formats.models import resolve_model
+from ..llamacpp.llama import ContextSettings, LlamaModel
 from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab
 from .lookup import LookupDraft
 from .merged import MergedDraft
+from .open_head import check_head_fits, open_head, read_head_info, target_settings_for
 from .renames import RenameLearner
 from .text_copy import TextCopy
-from .open_head import check_head_fits, open_head, read_head_info, target_settings_for
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gguf_keys as keys
 from ..errors import ModelError
+from . import gguf_keys as keys
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import gguf
 
-from . import gguf_keys as keys
 from ..errors import Eagle2Error
+from . import gguf_keys as keys
 from .gguf_fields import copy_field
 
 

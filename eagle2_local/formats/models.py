@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import gguf_keys as keys
 from ..errors import ModelError, UnsupportedModelError
+from . import gguf_keys as keys
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import llama_cpp
+import numpy as np
 
 from ..errors import ModelError
 from .runtime import charge_llama, host_inside_llama

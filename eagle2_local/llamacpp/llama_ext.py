@@ -17,8 +17,8 @@ import ctypes
 import functools
 from typing import Any, Callable
 
-import numpy as np
 import llama_cpp
+import numpy as np
 
 from ..errors import ModelError
 

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..chat.templates import prompt_tokens, render_for_model
-from ..errors import Eagle2Error
-from ..decoding.stats import GenerationStats
 from ..decoding.grammar import Grammar, GrammarError
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..errors import Eagle2Error
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import system_info
-from ..decoding.sampling import SamplingParams
 from .llamacpp_bench import tools_summary
 
 if TYPE_CHECKING:

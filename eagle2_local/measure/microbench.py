@@ -16,10 +16,10 @@ from typing import Callable
 
 import numpy as np
 
-from .calibration import adopt_cached, calibrate, calibration_sizes, cost_model
 from ..decoding.target import Target
 from ..decoding.tree import DraftTree, TreeParams, grow_candidates
 from ..tree_policy.costs import CostModel
+from .calibration import adopt_cached, calibrate, calibration_sizes, cost_model
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ Clients do not learn about each other: a response carries only the statistics it
 counts and ids) unless the operator asks for all (``--expose-stats``), and ``/stats`` shows totals.
 """
 
+from .admission import MAX_BODY_BYTES, body_limit
 from .app import create_app, listen, serve
 from .errors import APIError
-from .admission import MAX_BODY_BYTES, body_limit
 from .worker import TERMINAL, GenerationTotals, Job, ModelWorker
 
 __all__ = ["APIError", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",

@@ -17,15 +17,15 @@ from fastapi.security import HTTPBearer
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
+from ..chat.responses import ChatResponse, CompletionResponse, usage
 from ..chat.templates import prompt_tokens
-from ..errors import Eagle2Error, ParameterError
+from ..chat.tool_calls import ToolPlan
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_guard import PROBE_WAIT_S, GrammarCheckBusy
 from ..decoding.sampling import DEFAULTS, SamplingDefaults, SamplingParams
-from ..chat.tool_calls import ToolPlan
-from .errors import APIError, add_error_handlers, shutting_down
+from ..errors import Eagle2Error, ParameterError
 from .admission import Admission, body_limit
-from ..chat.responses import ChatResponse, CompletionResponse, usage
+from .errors import APIError, add_error_handlers, shutting_down
 from .types import MAX_STOPS, ChatRequest, CompletionRequest, SamplingFields, eagle_stats
 from .worker import Job, ModelWorker
 

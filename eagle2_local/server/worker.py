@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from ..decoding.grammar import Grammar, GrammarError
-from ..decoding.stats import GenerationStats
 from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from .errors import APIError, server_fault, shutting_down
 
 log = logging.getLogger(__name__)

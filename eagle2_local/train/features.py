@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from ..formats.atomic_write import atomic_path
 from ..errors import Eagle2Error
+from ..formats.atomic_write import atomic_path
 from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 @dataclass(frozen=True)

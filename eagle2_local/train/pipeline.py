@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from ..errors import IncompatibleDraftError
+from ..formats.models import file_sha256
 from ..llamacpp.llama import LlamaModel
 from .data import document_tokens, first_user_turns, iter_documents
 from .export import convert_to_gguf, export_folder
-from ..formats.models import file_sha256
 from .features import ExtractSettings, bytes_per_token, default_layers, extract_to_cache, load_split
 from .head import Eagle3Head, HeadConfig, draft_to_target
 from .loop import Progress, TrainConfig, Trainer, chain_acceptance, load_train_checkpoint

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats import gguf_keys as keys
 from ..errors import ModelError
+from ..formats import gguf_keys as keys
 
 
 @dataclass

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..decoding.tree import FORCED, LOOKUP
 from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
 from .costs import CostModel
 from .guard import RateGuard
 from .schedule import Exploration, ProbeSchedule
-from ..decoding.tree import FORCED, LOOKUP
 from .sizing import LOOKUP_FINE_BINS, SourceAcceptance, best_size, deeper_can_pay
 
 # evidence values kept at most (the lookup's rates move with every scored token, so a long answer of plain steps

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..decoding.tree import DraftTree, MODEL, select_tree
+from ..decoding.tree import MODEL, DraftTree, select_tree
 
 
 @dataclass(frozen=True)
