@@ -19,24 +19,24 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .chat.responses import ChatResponse, CompletionResponse, usage
 from .chat.templates import check_template, prompt_tokens, render_for_model
+from .chat.tool_calls import ToolPlan, plan_tools
+from .decoding.generator import Chunk, DraftTimer, Generator
+from .decoding.grammar import Grammar, response_grammar
+from .decoding.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
+from .decoding.stats import GenerationStats
+from .decoding.target import Target
+from .decoding.tree import TreeParams
 from .drafts import DraftEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
 from .errors import Eagle2Error
-from .decoding.grammar import Grammar, response_grammar
-from .decoding.generator import Chunk, DraftTimer, Generator
-from .decoding.stats import GenerationStats
-from .tree_policy import TreeBudget
-from .measure.cost_cache import CostKey, cached_or_measured, file_identity
-from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
-from .llamacpp.runtime import system_info
-from .measure.microbench import check_costs, measure_costs
 from .formats.models import default_head_path, resolve_model
+from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
 from .llamacpp.rpc import parse_servers
-from .decoding.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
-from .decoding.target import Target
-from .chat.responses import ChatResponse, CompletionResponse, usage
-from .chat.tool_calls import ToolPlan, plan_tools
-from .decoding.tree import TreeParams
+from .llamacpp.runtime import system_info
+from .measure.cost_cache import CostKey, cached_or_measured, file_identity
+from .measure.microbench import check_costs, measure_costs
+from .tree_policy import TreeBudget
 
 log = logging.getLogger(__name__)
 
