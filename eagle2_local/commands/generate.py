@@ -9,7 +9,7 @@ import click
 
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_check import MAX_GRAMMAR_BYTES
-from ..decoding.grammar_guard import guard_gbnf
+from ..decoding.grammar_screen import screen_gbnf
 from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
                      sampling_params)
 from .console import stats_line
@@ -17,7 +17,7 @@ from .console import stats_line
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
     """The grammar named by --grammar-file / --json-schema (one at most), checked before anything loads: the
-    guards (:mod:`eagle2_local.decoding.grammar_guard`) refuse in one line what would hang or crash llama.cpp."""
+    screens (:mod:`eagle2_local.decoding.grammar_screen`) refuse in one line what would hang or crash llama.cpp."""
     if grammar_file is not None and json_schema is not None:
         fail("give one of --grammar-file and --json-schema")
     grammar = None
@@ -30,7 +30,7 @@ def read_constraint(grammar_file: str | None, json_schema: str | None) -> Gramma
                 text = f.read()
         grammar = Grammar.from_json_schema(text)
     if grammar is not None:
-        guard_gbnf(grammar.gbnf, grammar.root)
+        screen_gbnf(grammar.gbnf, grammar.root)
     return grammar
 
 

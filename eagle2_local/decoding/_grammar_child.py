@@ -1,4 +1,4 @@
-"""The child process of :func:`eagle2_local.decoding.grammar_guard.compile_isolated`: compile one grammar with llama.cpp
+"""The child process of :func:`eagle2_local.decoding.grammar_screen.compile_isolated`: compile one grammar with llama.cpp
 under an address-space limit, and say by the exit status whether llama.cpp took it.
 
 Run as a script (``python -I -S _grammar_child.py LIBLLAMA ROOT LIMIT_BYTES``, the GBNF on stdin): it imports

@@ -27,7 +27,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import last_llama_errors
-from .grammar_guard import guard_gbnf, parse_error
+from .grammar_screen import screen_gbnf, parse_error
 from .grammar_parse import GrammarError
 from .sampling import SamplingParams
 
@@ -70,10 +70,10 @@ class Grammar:
         return cls(JSON_GBNF)
 
     def state(self, model: LlamaModel) -> "GrammarState":
-        """A parse at the grammar's start, over ``model``'s vocabulary. The text first passes the guards of
-        :mod:`eagle2_local.decoding.grammar_guard` (validator, then a compile in a child process; cached), so that no
+        """A parse at the grammar's start, over ``model``'s vocabulary. The text first passes the screens of
+        :mod:`eagle2_local.decoding.grammar_screen` (validator, then a compile in a child process; cached), so that no
         grammar can hang, bloat or crash this process in llama.cpp."""
-        guard_gbnf(self.gbnf, self.root)
+        screen_gbnf(self.gbnf, self.root)
         last_llama_errors()
         with _c_stderr() as printed:
             ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, self.gbnf.encode("utf-8"),

@@ -23,7 +23,7 @@ and complete; the parse enforces the nesting and size limits, then this module c
 the rules' structure (undefined rules, true nullability by fixpoint, left recursion through nullable prefixes,
 parse-path counts, dead ends). It imports nothing but the standard library: the server runs it on any thread,
 the CLI before a model loads. A form it does not know is still caught by the isolated compile
-(:mod:`eagle2_local.decoding.grammar_guard`).
+(:mod:`eagle2_local.decoding.grammar_screen`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ..chat.responses import ChatResponse, CompletionResponse, usage
 from ..chat.templates import prompt_tokens
 from ..chat.tool_calls import ToolPlan
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
-from ..decoding.grammar_guard import PROBE_WAIT_S, GrammarCheckBusy
+from ..decoding.grammar_screen import PROBE_WAIT_S, GrammarCheckBusy
 from ..decoding.sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from ..errors import Eagle2Error, ParameterError
 from .admission import Admission, body_limit
@@ -145,8 +145,8 @@ class Service:
     def _grammar(self, body: SamplingFields, tools: ToolPlan | None) -> Grammar | None:
         """The request's constraint (``grammar``, ``json_schema``, ``response_format``, or the calls its
         ``tool_choice`` requires), checked and compiled once against the model here (on a worker thread) so that
-        a bad one is a 400 before the request takes a queue slot: the guards of
-        :mod:`eagle2_local.decoding.grammar_guard` refuse what would hang, bloat or crash llama.cpp, in this process or a
+        a bad one is a 400 before the request takes a queue slot: the screens of
+        :mod:`eagle2_local.decoding.grammar_screen` refuse what would hang, bloat or crash llama.cpp, in this process or a
         time- and memory-limited child, and a grammar that allows no token at its start is refused too."""
         try:
             grammar = response_grammar(body.grammar, body.json_schema, body.response_format)

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from eagle2_local.decoding import grammar_guard
+from eagle2_local.decoding import grammar_screen
 from eagle2_local.decoding.grammar_check import MAX_GRAMMAR_BYTES, MAX_PARSE_PATHS, check_gbnf
-from eagle2_local.decoding.grammar_guard import compile_isolated, guard_gbnf
+from eagle2_local.decoding.grammar_screen import compile_isolated, screen_gbnf
 from eagle2_local.decoding.grammar_parse import MAX_ELEMENTS, MAX_NESTING, GrammarError
 from tests.support.helpers import assert_one_line_error, run_cli
 
@@ -146,15 +146,15 @@ def test_verdicts_are_cached_and_refusals_too(monkeypatch):
     def counting(*args, **kwargs):
         runs.append(args)
         return real_run(*args, **kwargs)
-    monkeypatch.setattr(grammar_guard.subprocess, "run", counting)
+    monkeypatch.setattr(grammar_screen.subprocess, "run", counting)
     fresh = f'root ::= "cached {random.random()}"'
     for _ in range(3):
-        guard_gbnf(fresh)
+        screen_gbnf(fresh)
     assert len(runs) == 1  # one child, then the verdict from the cache
     bad = f'root ::= "{random.random()}" undefined-{random.randrange(10 ** 9)}'
     for _ in range(2):
         with pytest.raises(GrammarError, match="never defined"):
-            guard_gbnf(bad)
+            screen_gbnf(bad)
     assert len(runs) == 1  # refused by the validator: no child at all
 
 
@@ -165,13 +165,13 @@ def test_busy_checker_refuses_without_caching_a_verdict(monkeypatch):
 
     slots = threading.BoundedSemaphore(1)
     slots.acquire()
-    monkeypatch.setattr(grammar_guard, "_slots", slots)
-    monkeypatch.setattr(grammar_guard, "PROBE_WAIT_S", 0.1)
+    monkeypatch.setattr(grammar_screen, "_slots", slots)
+    monkeypatch.setattr(grammar_screen, "PROBE_WAIT_S", 0.1)
     fresh = f'root ::= "busy {random.random()}"'
-    with pytest.raises(grammar_guard.GrammarCheckBusy, match="retry"):
-        guard_gbnf(fresh)
+    with pytest.raises(grammar_screen.GrammarCheckBusy, match="retry"):
+        screen_gbnf(fresh)
     slots.release()
-    guard_gbnf(fresh)
+    screen_gbnf(fresh)
 
 
 def test_differential_against_llama_cpp():

@@ -58,7 +58,7 @@ class GrammarCheckBusy(GrammarError):
     """Too many new grammars are being checked at once: nothing is wrong with this one; retry."""
 
 
-def guard_gbnf(text: str, root: str = "root") -> None:
+def screen_gbnf(text: str, root: str = "root") -> None:
     """Refuse ``text`` (a :class:`GrammarError`, one line) unless the validator passes it and llama.cpp compiled
     it in a child within the limits (where no child can run, the validator's word stands). Cached: a text already
     judged costs a lookup."""

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from eagle2_local.decoding.grammar import GrammarError
-from tests.test_grammar_guard import DEAD, HANGS, NESTED, WRAPS
+from tests.test_grammar_screen import DEAD, HANGS, NESTED, WRAPS
 from tests.test_server import CHAT, COMPLETIONS, SERVER_ARGS, StandIn, start_server, stop_server
 
 pytestmark = pytest.mark.smollm2
