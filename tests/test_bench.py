@@ -142,10 +142,10 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     """Per set: each n-gram mode's median speed-up over llama-completion (decode-only and end to end), its
     acceptance, which mode was best and eagle2-local against it; the table prints them. Needs
     --llama-cpp-bin to run for real (llama.cpp's binaries), so only the bookkeeping is tested here."""
-    from eagle2_local.commands.console import _tools_lines
+    from eagle2_local.commands.console import _binaries_lines
     from eagle2_local.decoding.stats import GenerationStats
     from eagle2_local.measure.bench import PromptResult
-    from eagle2_local.measure.llamacpp_bench import tools_summary
+    from eagle2_local.measure.llamacpp_bench import binaries_summary
 
     def tools(simple: float, mod: float) -> dict:
         return {"completion_tokens_per_s": 10.0, "completion_e2e_tokens_per_s": 8.0,
@@ -157,13 +157,13 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     plain, eagle = GenerationStats(n_tokens=10, total_s=1.0), GenerationStats(n_tokens=14, total_s=1.0)
     rs = [PromptResult("s", i, plain, eagle, True, llama_cpp=tools(s, m))
           for i, (s, m) in enumerate([(12.0, 9.0), (11.0, 9.5), (13.0, 8.0)])]
-    t = tools_summary(rs)
+    t = binaries_summary(rs)
     assert t["best_ngram"] == "ngram-simple" and t["ngram"]["ngram-simple"]["speedup"] == pytest.approx(1.2)
     assert t["ngram"]["ngram-simple"]["speedup_e2e"] == pytest.approx(1.2)
     assert t["ngram"]["ngram-mod"]["accept_rate"] == pytest.approx(0.2)
     assert t["speedup_eagle_vs_best_ngram"] == pytest.approx(14 / 12, abs=1e-4)
     assert "tokens_per_s_draft_simple" not in t  # no draft model: draft-simple was not run
-    lines = _tools_lines({"llama_cpp": t, "speedup_e2e": 1.3})
+    lines = _binaries_lines({"llama_cpp": t, "speedup_e2e": 1.3})
     assert any("ngram-simple: 12.0 tok/s, x1.20" in line for line in lines)
     assert "x1.17 against ngram-simple" in lines[-1]
 

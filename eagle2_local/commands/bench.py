@@ -61,7 +61,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     from ..formats.models import file_sha256
     from ..llamacpp.binaries import NGRAM_MODES
     from ..measure.bench import Bench, load_prompt_sets
-    from ..measure.llamacpp_bench import LlamaCppTools
+    from ..measure.llamacpp_bench import LlamaCppBinaries
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     if rt["plain"]:
@@ -80,7 +80,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
         if llm.draft_model is None and not ngram:
             fail("--llama-cpp-bin compares against llama.cpp's draft-simple (needs --draft-model) or its n-gram "
                  "drafting (give --llama-cpp-ngram)")
-        b.tools = LlamaCppTools(Path(llama_cpp_bin), llm.model_path,
+        b.binaries = LlamaCppBinaries(Path(llama_cpp_bin), llm.model_path,
                                 llm.draft_model.path if llm.draft_model is not None else None,
                                 llm.settings.threads(), rt["n_ctx"], spec_draft_n_max, ngram)
     total = sum(len(s.prompts) for s in sets)

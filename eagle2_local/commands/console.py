@@ -167,11 +167,11 @@ def bench_table(report: dict) -> list[str]:
             lines.append(f"{'':<12} accepted draft tokens by source: "
                          + ", ".join(f"{k} {v}" for k, v in sorted(by_source.items())))
         if "llama_cpp" in s:
-            lines += _tools_lines(s)
+            lines += _binaries_lines(s)
     return lines + projection_lines(report)
 
 
-def _tools_lines(s: dict) -> list[str]:
+def _binaries_lines(s: dict) -> list[str]:
     """A set's llama.cpp tool figures: plain, draft-simple, each n-gram mode (speed-ups over llama-completion,
     decode-only and end-to-end) and eagle2-local against the best of them."""
     t = s["llama_cpp"]

@@ -32,11 +32,11 @@ from ..decoding.stats import GenerationStats
 from ..errors import Eagle2Error
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import system_info
-from .llamacpp_bench import tools_summary
+from .llamacpp_bench import binaries_summary
 
 if TYPE_CHECKING:
     from ..api import Eagle2
-    from .llamacpp_bench import LlamaCppTools
+    from .llamacpp_bench import LlamaCppBinaries
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class Bench:
     tie_tolerance: float = 1.0
     seed: int = 0
     chat: bool = True
-    tools: "LlamaCppTools | None" = None
+    binaries: "LlamaCppBinaries | None" = None
     results: list[PromptResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -257,8 +257,8 @@ class Bench:
             res.divergence_turn = t
             res.divergence_at = at
             res.divergence_gap = self._top2_gap(plain.prompts[t], pa[:at], grammar)
-        if self.tools is not None and grammar is None:  # on plain's conversation: the same prompts, turn by turn
-            res.llama_cpp = self.tools.run(plain.rendered, self.max_tokens)
+        if self.binaries is not None and grammar is None:  # on plain's conversation: the same prompts, turn by turn
+            res.llama_cpp = self.binaries.run(plain.rendered, self.max_tokens)
         self.results.append(res)
         return res
 
@@ -307,7 +307,7 @@ class Bench:
                 "mismatches": (len(rs) - sum(r.identical for r in rs) - len(near)) if greedy else None,
             }
             if any(r.llama_cpp for r in rs):
-                out[name]["llama_cpp"] = tools_summary([r for r in rs if r.llama_cpp])
+                out[name]["llama_cpp"] = binaries_summary([r for r in rs if r.llama_cpp])
             held = [r for r in rs if r.split == "heldout"]
             if held and len(held) < len(rs):  # held-out records reported apart: tuning never saw them
                 out[name]["heldout"] = _split_summary(held)
@@ -338,7 +338,7 @@ def _split_summary(rs: list[PromptResult]) -> dict:
            "speedup_e2e": _speedup_e2e(rs), "tau": round(eagle.tau, 4),
            "identical_outputs": sum(r.identical for r in rs)}
     if all(r.llama_cpp and "ngram" in r.llama_cpp for r in rs):
-        out["llama_cpp"] = tools_summary(rs)
+        out["llama_cpp"] = binaries_summary(rs)
     return out
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class LlamaCppTools:
+class LlamaCppBinaries:
     """llama.cpp's own binaries timed on the same rendered prompts (what users would run instead): plain
     ``llama-completion``, draft-simple with ``draft`` (None: not run) and each of ``ngram`` (names in
     binaries.NGRAM_MODES), one after another in an order that alternates per prompt, as bench's own modes
@@ -67,7 +67,7 @@ def _rate(runs: list["ToolRun"], e2e: bool = False) -> float:
     return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
-def tools_summary(rs: list["PromptResult"]) -> dict:
+def binaries_summary(rs: list["PromptResult"]) -> dict:
     """llama.cpp's tools over a set: medians of their tokens/s and of per-prompt speedups over llama-completion
     (decode-only and end-to-end), acceptance rates, and eagle2-local against the best n-gram mode."""
     tools = [r.llama_cpp for r in rs]
