@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from eagle2_local.formats.layer_draft import write_truncated
-from tests.support.cpu_share import auto_workers, cpu_share, pin_worker
+from tests.support.cpu_share import auto_workers, cpu_share, pin_worker, workers
 from tests.support.synthetic_model import write_model
 
 
@@ -34,9 +34,15 @@ def cores(request):
 
 @pytest.fixture(autouse=True, scope="session")
 def private_cost_cache(tmp_path_factory):
-    """Tree-budget calibrations go to a per-run folder, never the user's ~/.cache (subprocesses inherit it)."""
+    """Tree-budget calibrations go to a per-run folder, never the user's ~/.cache (subprocesses inherit it). The
+    xdist workers of one run share it (their common base folder), so a calibration is measured once a run."""
     old = os.environ.get("EAGLE2_LOCAL_CACHE")
-    os.environ["EAGLE2_LOCAL_CACHE"] = str(tmp_path_factory.mktemp("cost-cache"))
+    if workers() is not None:
+        folder = tmp_path_factory.getbasetemp().parent / "cost-cache"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("cost-cache")
+    os.environ["EAGLE2_LOCAL_CACHE"] = str(folder)
     yield
     if old is None:
         os.environ.pop("EAGLE2_LOCAL_CACHE", None)
