@@ -21,7 +21,8 @@ def records(name: str) -> list[dict]:
 
 
 SIZES = {"code_edit": 20, "code_edit_short": 24, "edit_chat": 16, "extract": 32, "extract_schema": 24,
-         "qa_passage": 20}
+         "qa_passage": 20, "long_rag": 12, "long_sum": 12, "long_chat": 8}
+LONG = ("long_rag", "long_sum", "long_chat")
 
 
 def test_sets_load_with_bench_loader():
@@ -30,10 +31,12 @@ def test_sets_load_with_bench_loader():
     assert [len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], 2)] == [2] * len(SIZES)
     chats = next(s for s in load_prompt_sets([str(SETS_DIR)], None) if s.name == "edit_chat")
     assert [len(chats.turns(i)) for i in range(len(chats.prompts))] == [4, 3] * 8
+    long_chats = next(s for s in load_prompt_sets([str(SETS_DIR)], None) if s.name == "long_chat")
+    assert [len(long_chats.turns(i)) for i in range(len(long_chats.prompts))] == [4, 3] * 4
     held = {s.name: len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], None, "heldout")}
     tune = {s.name: len(s.prompts) for s in load_prompt_sets([str(SETS_DIR)], None, "tune")}
     assert held == {"code_edit": 5, "code_edit_short": 4, "edit_chat": 4, "extract": 8, "extract_schema": 6,
-                    "qa_passage": 4}
+                    "qa_passage": 4, "long_rag": 3, "long_sum": 3, "long_chat": 2}
     assert {name: held[name] + tune[name] for name in SIZES} == SIZES
 
 
@@ -166,3 +169,57 @@ def test_extract_schema_records_constrain_their_answers(smollm2_path):
                 state.accept(tok)
             state.close()
             assert ok == valid, (kind, record)
+
+
+DOCUMENT = re.compile(r"Document (\d+):\n(.*?)(?=\n\nDocument \d+:\n|\n\nQuestion: |\Z)", re.S)
+
+
+def test_long_sets_fill_their_context(smollm2_path):
+    """The promise of issue 44's long-context sets, counted with the default model's tokenizer: every long_rag and
+    long_sum prompt holds 1.5k-3k tokens, every long_chat's user turns 2k-3k (so the chat grows past 2k tokens
+    and, with 128-token answers, still fits bench's 4096-token context)."""
+    from eagle2_local.llamacpp.llama import LlamaModel
+
+    model = LlamaModel(smollm2_path)
+    for name in LONG:
+        for rec in records(name):
+            n = sum(len(model.tokenize(t, add_special=False, parse_special=False)) for t in rec["turns"])
+            low = 2000 if name == "long_chat" else 1500
+            assert low <= n <= 3000, (name, rec["question_id"], n)
+
+
+def test_long_documents_are_the_articles_and_answers_are_in_them():
+    articles = {rec["question_id"]: " ".join(rec["turns"][0].split()).removeprefix("Summarize: ")
+                for rec in map(json.loads, (PROMPTS_DIR / "sum.jsonl").read_text(encoding="utf-8").splitlines())}
+    kinds = {"long_rag": {"quotes", "numbers", "two_docs"}, "long_sum": {"summaries", "quoted", "bullets"}}
+    for name, expected in kinds.items():
+        recs = records(name)
+        assert {r["category"].split("/")[1] for r in recs} == expected
+        ids = [q for r in recs for q in r["source_question_ids"]]
+        assert len(ids) == len(set(ids))  # no article twice in a set
+        for rec in recs:
+            (turn,) = rec["turns"]
+            docs = DOCUMENT.findall(turn)
+            assert [int(k) for k, _d in docs] == list(range(1, len(rec["source_question_ids"]) + 1))
+            assert (3 <= len(docs) <= 5) if name == "long_rag" else len(docs) == 2
+            for (_k, doc), qid in zip(docs, rec["source_question_ids"]):
+                # long_rag cuts an article at a sentence end (a retrieved chunk); long_sum pastes it whole
+                assert articles[qid].startswith(doc) if name == "long_rag" else articles[qid] == doc
+            if name == "long_rag":
+                assert turn.startswith("Answer the question using only") and "\n\nQuestion: " in turn
+            for line in (rec.get("reference") or [""])[0].splitlines():
+                if rec["category"] == "long_rag/quotes" and re.fullmatch(r"Document \d+", line):
+                    continue
+                part = line.split(": ", 1)[1] if re.match(r"Document \d+: |[\d,.]+: ", line) else line
+                assert any(part in doc for _k, doc in docs), (name, rec["question_id"], line)
+
+
+def test_long_chats_paste_two_articles():
+    recs = records("long_chat")
+    ids = [q for r in recs for q in r["source_question_ids"]]
+    assert len(ids) == len(set(ids))
+    for rec in recs:
+        turns = rec["turns"]
+        assert turns[0].startswith("Here is a news article:\n\n") and turns[2].startswith("Here is a second article")
+        assert len(turns[0].split()) >= 800 and len(turns[1].split()) < 40 and len(turns[2].split()) > 200
+        assert rec["category"] == f"long_chat/{len(turns)}_turns"

@@ -1,13 +1,15 @@
 """Build the copy-heavy prompt sets (code_edit, code_edit_short, edit_chat, qa_passage, extract, extract_schema)
-from eagle/.
+and the long-context ones (long_rag, long_sum, long_chat) from eagle/.
 
 Lookup drafts pay when the answer repeats its input, so these sets ask for exactly that: edits that return a
 whole function (short ones too, where a draft must pay from its first rounds), multi-turn chats about a pasted
 file, answers that quote or extract from a passage, and extraction into a JSON record whose schema constrains
-the answer (each record's ``schema``). Everything is derived deterministically from
-humaneval.jsonl (function prompt + reference solution) and sum.jsonl (news articles), so rerunning this script
-rewrites the same files byte for byte. Every record carries a ``split``: "heldout" for every 4th record of each
-category, "tune" for the rest, so that settings tuned on a set can be checked on prompts tuning never saw.
+the answer (each record's ``schema``). The long-context sets put 1.5k-3k tokens of news articles, numbered as
+documents, around a retrieval question or a summary request, or paste them into chats that grow past 2k tokens.
+Everything is derived deterministically from humaneval.jsonl (function prompt + reference solution) and
+sum.jsonl (news articles), so rerunning this script rewrites the same files byte for byte. Every record
+carries a ``split``: "heldout" for every 4th record of each category, "tune" for the rest, so that settings tuned
+on a set can be checked on prompts tuning never saw.
 
 Usage: python benchmarks/prompts/build_prompts.py [--source DIR] [--out DIR] [--n 20]
 """
@@ -637,6 +639,232 @@ def build_extract_schema(articles: list[dict], n: int) -> list[dict]:
     return with_splits(out)
 
 
+# ---- long_rag, long_sum, long_chat -------------------------------------------------------------------------
+
+# Long-context sets: sum.jsonl articles, several to a prompt. The builder needs no model, so it bounds words:
+# SmolLM2's tokenizer (the default model's) spends 1.18-1.64 tokens per word on these articles, 1.33 on average
+# (other tokenizers were not measured). Documents of 1,250-2,050 words plus a ~60-word request then average
+# 1.7k-2.8k tokens (3.5k at worst), and chats of 1,750-2,100 words of user turns 2.3k-2.8k tokens before their
+# answers; tests/test_prompt_sets.py counts the real tokens with SmolLM2 (1.5k-3k, chats 2k-3k).
+N_LONG_RAG = 12  # three kinds, 4 each (so each kind has one held-out record)
+N_LONG_SUM = 12
+N_LONG_CHAT = 8  # four 4-turn and four 3-turn chats
+LONG_DOC_WORDS = [(1250, 1650), (1650, 2050)]  # packs alternate: ~1.7k-2.2k and ~2.2k-2.8k tokens
+LONG_CHAT_WORDS = (1750, 2100)
+LONG_CHAT_FIRST = 800  # the first turn pastes an article of at least this many words
+RAG_MIN_DOCS = 3
+RAG_CHUNK_WORDS = (150, 600)  # a long_rag document: an article cut at a sentence end to at most 600 words
+
+
+def article_text(rec: dict) -> str:
+    """An article of sum.jsonl, the leading "Summarize:" stripped and whitespace made single spaces (so the
+    script's sentences are substrings of it)."""
+    text = rec["turns"][0]
+    text = text[len("Summarize:"):] if text.startswith("Summarize:") else text
+    return " ".join(text.split())
+
+
+def n_words(text: str) -> int:
+    return len(text.split())
+
+
+def documents(texts: list[str]) -> str:
+    return "\n\n".join(f"Document {k}:\n{text}" for k, text in enumerate(texts, 1))
+
+
+def pack_articles(articles: list[tuple[int, str]], windows: list[tuple[int, int]], min_docs: int,
+                  max_docs: int) -> list[list[tuple[int, str]]]:
+    """Articles into packs of ``min_docs``-``max_docs`` whose words total ``low``-``high`` (the next of
+    ``windows`` in turn for each pack, so a set spans shorter and longer prompts), each article used once: a pack
+    starts with the first unused article (file order) and takes the next unused ones that fit (the last one only
+    if it brings the pack to ``low``) until it is long enough; an article no pack can start with is skipped."""
+    left = list(articles)
+    packs = []
+    while left:
+        low, high = windows[len(packs) % len(windows)]
+        pack = [left.pop(0)]
+        words = n_words(pack[0][1])
+        for art in list(left):
+            if words >= low and len(pack) >= min_docs:
+                break
+            w = n_words(art[1])
+            if words + w <= high and (len(pack) + 1 < max_docs or words + w >= low):
+                pack.append(art)
+                left.remove(art)
+                words += w
+        if words >= low and len(pack) >= min_docs:
+            packs.append(pack)
+        else:  # give the others back, in their order; the first article starts no pack
+            left = sorted(left + pack[1:], key=articles.index)
+    return packs
+
+
+def proper_words(text: str) -> list[str]:
+    """Capitalised words that are not sentence-initial, stopwords, weekdays or months (4+ letters), in order."""
+    out: list[str] = []
+    for s in sentences(text):
+        for word in re.findall(r"[A-Za-z][A-Za-z'-]+", s)[1:]:
+            if word[0].isupper() and word not in STOP and word not in CALENDAR and len(word) > 3 and word not in out:
+                out.append(word)
+    return out
+
+
+def mentions(word: str, text: str) -> list[str]:
+    return [s for s in sentences(text) if re.search(rf"\b{re.escape(word)}\b", s)]
+
+
+def unique_name(texts: list[str], k: int, most: int = 99) -> str | None:
+    """A capitalised word of document ``k`` that no other document contains: the one in the most sentences (at
+    most ``most``; ties alphabetical), so "the document that mentions NAME" picks document ``k`` alone."""
+    others = " ".join(t for j, t in enumerate(texts) if j != k)
+    found = [(len(hits), w) for w in proper_words(texts[k])
+             if not re.search(rf"\b{re.escape(w)}\b", others) and 0 < len(hits := mentions(w, texts[k])) <= most]
+    return min(found, key=lambda hw: (-hw[0], hw[1]))[1] if found else None
+
+
+def quoted(text: str) -> list[str]:
+    return [m.group(1) or m.group(2) for s in sentences(text) for m in QUOTED.finditer(s)]
+
+
+def number_rows(text: str) -> list[str]:
+    return [f"{m.group(0).rstrip('.,')}: {s}" for s in sentences(text) for m in NUMBER.finditer(s)]
+
+
+def rag_quotes(texts: list[str], k: int) -> dict | None:
+    found = quoted(texts[k])
+    if not 2 <= len(found) <= 12 or (name := unique_name(texts, k)) is None:
+        return None
+    return {"kind": "quotes", "text": f"Which document mentions {name}? Say its number, then copy every remark in "
+            "quotation marks from that document, in order, one per line, word for word.",
+            "reference": "\n".join([f"Document {k + 1}", *found])}
+
+
+def rag_numbers(texts: list[str], k: int) -> dict | None:
+    rows = number_rows(texts[k])
+    if not 3 <= len(rows) <= 12 or (name := unique_name(texts, k)) is None:
+        return None
+    return {"kind": "numbers", "text": f"In the document that mentions {name}, list every number written in digits, "
+            "in the order they appear, each followed by a colon and the sentence it comes from, copied exactly.",
+            "reference": "\n".join(rows)}
+
+
+def rag_two_docs(texts: list[str], k: int) -> dict | None:
+    """Sentences about two names, each found in one document only (document ``k`` and the next one)."""
+    j = (k + 1) % len(texts)
+    first, second = unique_name(texts, k, most=4), unique_name(texts, j, most=4)
+    if first is None or second is None:
+        return None
+    rows = [f"Document {k + 1}: {s}" for s in mentions(first, texts[k])]
+    rows += [f"Document {j + 1}: {s}" for s in mentions(second, texts[j])]
+    return {"kind": "two_docs", "text": f"Quote every sentence that mentions {first} and every sentence that "
+            f"mentions {second}, exactly as written, one per line, each after the number of the document it comes "
+            "from (e.g. \"Document 2: ...\").", "reference": "\n".join(rows)}
+
+
+RAG_QUESTIONS = [rag_quotes, rag_numbers, rag_two_docs]
+
+
+def pack_maker(ask, rotate: bool = False):
+    """``ask`` as a maker for :func:`take_in_turn` over ``(pack index, texts)`` sources. ``rotate``: ``ask(texts, k)``
+    asks about document ``k``, tried from ``pack index mod docs`` on, so the answer is not always in one place."""
+    def make(source: tuple[int, list[str]]) -> dict | None:
+        p, texts = source
+        if not rotate:
+            return ask(texts)
+        return next((q for step in range(len(texts)) if (q := ask(texts, (p + step) % len(texts)))), None)
+    make.__name__ = ask.__name__
+    return make
+
+
+def take_packs(packs: list[list[tuple[int, str]]], makers: list, n: int, set_name: str, render) -> list[dict]:
+    """:func:`take_in_turn` over packs of articles: each record names its articles in ``source_question_ids``."""
+    out = take_in_turn([(p, (p, [t for _q, t in pack])) for p, pack in enumerate(packs)], makers, n, set_name,
+                       lambda q, source: render(q, source[1]))
+    return [{("source_question_ids" if k == "source_question_id" else k):
+             ([qid for qid, _t in packs[v]] if k == "source_question_id" else v) for k, v in rec.items()}
+            for rec in out]
+
+
+def build_long_rag(articles: list[dict], n: int) -> list[dict]:
+    """Question kinds take turns, each on the next pack of 3-5 documents (file order) it fits; a document is an
+    article cut at a sentence end to at most 600 words, as a retriever returns chunks. The document asked about
+    rotates (pack ``p`` tries document ``p mod docs`` first), so the answer is not always in the same place; the
+    documents come first and the question last, as a retrieval prompt puts them."""
+    chunks = [(rec["question_id"], " ".join(cut)) for rec in articles
+              if (cut := cut_passage(article_text(rec), low=RAG_CHUNK_WORDS[0], high=RAG_CHUNK_WORDS[1]))]
+    packs = pack_articles(chunks, LONG_DOC_WORDS, min_docs=RAG_MIN_DOCS, max_docs=5)
+    return take_packs(packs, [pack_maker(ask, rotate=True) for ask in RAG_QUESTIONS], n, "long_rag",
+                      lambda q, texts: (f"Answer the question using only the documents below.\n\n{documents(texts)}"
+                                        f"\n\nQuestion: {q['text']}", q["reference"]))
+
+
+def sum_summaries(texts: list[str]) -> dict | None:
+    return {"kind": "summaries", "text": "Summarize each of the documents below in two sentences. Start each "
+            "summary with the document's number, as in \"Document 1: ...\"."}
+
+
+def sum_quoted(texts: list[str]) -> dict | None:
+    found = [[q for q in quoted(t)] for t in texts]
+    if sum(map(len, found)) < 3:
+        return None
+    return {"kind": "quoted", "text": "List every person quoted in the documents below, document by document: the "
+            "person's name, then what they said, copied word for word from the quotation marks.",
+            "reference": "\n".join(f"Document {k}: {q}" for k, qs in enumerate(found, 1) for q in qs)}
+
+
+def sum_bullets(texts: list[str]) -> dict | None:
+    return {"kind": "bullets", "text": "Summarize the documents below as one list of at most eight bullet points, "
+            "the most important first; end each point with the document it comes from, as in \"(Document 2)\"."}
+
+
+SUM_TASKS = [sum_summaries, sum_quoted, sum_bullets]
+
+
+def build_long_sum(articles: list[dict], n: int) -> list[dict]:
+    """Two articles of 400+ words to a prompt (packs taken from the end of the file, where long_rag's are not),
+    the request first, then the documents."""
+    longer = [(rec["question_id"], text) for rec in articles[::-1] if n_words(text := article_text(rec)) >= 400]
+    packs = pack_articles(longer, LONG_DOC_WORDS, min_docs=2, max_docs=2)
+    return take_packs(packs, [pack_maker(ask) for ask in SUM_TASKS], n, "long_sum",
+                      lambda q, texts: (f"{q['text']}\n\n{documents(texts)}", q.get("reference")))
+
+
+def build_long_chat(articles: list[dict], n: int) -> list[dict]:
+    """Chat ``i`` pastes the next article of ``LONG_CHAT_FIRST``+ words (file order) and asks for a summary, then
+    for the sentences about its most-mentioned name; turn 3 pastes a second article (the next unused one, file
+    order, that brings the user turns to ``LONG_CHAT_WORDS``) and asks for its numbers; every even-numbered chat
+    ends with a fourth turn about both articles."""
+    texts = [(rec["question_id"], article_text(rec)) for rec in articles]
+    firsts = [(qid, t) for qid, t in texts if n_words(t) >= LONG_CHAT_FIRST
+              and top_name(sentences(t)) is not None]
+    if len(firsts) < n:
+        raise BuildError(f"long_chat needs {n} articles of {LONG_CHAT_FIRST}+ words, the source has {len(firsts)}")
+    used = {qid for qid, _t in firsts[:n]}
+    low, high = LONG_CHAT_WORDS
+    out = []
+    for i, (qid_a, a) in enumerate(firsts[:n]):
+        name = top_name(sentences(a))
+        t1 = f"Here is a news article:\n\n{a}\n\nSummarize it in three sentences."
+        t2 = f"Quote every sentence of the article that mentions {name}, exactly as written, one per line."
+        ask = ("List every number written in digits in this second article, in order, each followed by a colon and "
+               "the sentence it comes from, copied exactly.")
+        for qid_b, b in texts:
+            t3 = f"Here is a second article:\n\n{b}\n\n{ask}"
+            if qid_b in used or len(number_rows(b)) < 2 or not low <= n_words(" ".join([t1, t2, t3])) <= high:
+                continue
+            used.add(qid_b)
+            break
+        else:
+            raise BuildError(f"long_chat ran out of second articles for chat {i}")
+        turns = [t1, t2, t3]
+        if i % 2 == 0:
+            turns.append("Now write one sentence on what each of the two articles is about, then copy the first "
+                         "sentence of each article exactly.")
+        out.append({"question_id": i, "category": f"long_chat/{len(turns)}_turns", "turns": turns,
+                    "source_question_ids": [qid_a, qid_b]})
+    return with_splits(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE,
@@ -654,7 +882,10 @@ def main(argv: list[str] | None = None) -> int:
                 "edit_chat": build_edit_chat(humaneval, N_CHATS),
                 "qa_passage": build_qa_passage(articles, args.n),
                 "extract": build_extract(articles, N_EXTRACT),
-                "extract_schema": build_extract_schema(articles, N_SCHEMA)}
+                "extract_schema": build_extract_schema(articles, N_SCHEMA),
+                "long_rag": build_long_rag(articles, N_LONG_RAG),
+                "long_sum": build_long_sum(articles, N_LONG_SUM),
+                "long_chat": build_long_chat(articles, N_LONG_CHAT)}
         args.out.mkdir(parents=True, exist_ok=True)
         for name, records in sets.items():
             write_jsonl(args.out / f"{name}.jsonl", records)
