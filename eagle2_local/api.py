@@ -133,7 +133,7 @@ class Eagle2:
                                          refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
                           calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None,
-                          model_draft=engine.model_draft)
+                          model_draft=engine.model_draft, context_of=lambda: self.target.n_past)
 
     # ------------------------------------------------------------------ info
     @property

@@ -12,7 +12,16 @@ median of its timings, and the result is checked:
 * one node: verifying a one-node tree costs about a plain step.
 
 A calibration that fails is measured once more; if that fails too, its problems are reported and the caller
-does not cache it. Everything here is pure: the timing functions are passed in, so tests simulate any load
+does not cache it.
+
+The curve is timed at a short context (64 tokens) and, where the machine can afford it, again at a long one
+(:func:`long_context`, at most 1,024 tokens): every node attends over the whole KV cache, so on a small model a
+tree's cost in plain steps moves with the prompt's length (SmolLM2: c(4) 2.10 at 64 tokens, 2.68 at 768), and the
+budget reads the curve at each round's context (costs.py). Reaching the long context costs a prefill, so its
+length is bounded by what that prefill is predicted to cost, and it times fewer sizes (:data:`LONG_SIZES`; the
+short curve's shape fills those between).
+
+Everything here is pure: the timing functions are passed in, so tests simulate any load
 deterministically; microbench.py's ``measure_costs`` and ``check_costs`` supply them from a real target and
 draft engine (the runtime's auto budget, api.py, calls those).
 """
@@ -26,12 +35,20 @@ from typing import Callable
 import numpy as np
 
 from ..decoding.tree import TreeParams
-from ..tree_policy.costs import CostModel
+from ..tree_policy.costs import CALIBRATION_CONTEXT, ContextCurve, CostModel
 
 log = logging.getLogger(__name__)
 
 # every size up to 16 (where CPU trees are chosen and kernels batch in groups, so the curve has teeth), then sparse
 CALIBRATION_SIZES = (*range(1, 17), 24, 32, 48, 60)
+
+# the long context's sizes: where CPU trees are chosen (teeth included) and the largest (flat GPU-like curves);
+# about a third of the short curve's plain steps per round
+LONG_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+LONG_CONTEXT = 1024  # the long context, at most: as long as the prompts whose trees the short curve misprices
+MIN_LONG_CONTEXT = 256  # a shorter "long" context moves the shape by little more than the timing noise: skipped
+LONG_PREFILL_S = 8.0  # the prefill that reaches the long context may be predicted to take this long, at most
+LONG_ROUNDS = 3  # interleaved rounds at the long context (the short curve takes 5)
 
 TimePlain = Callable[[], float]  # seconds of one plain decoding step
 TimeVerify = Callable[[int], float]  # seconds of verifying one tree of n nodes
@@ -132,21 +149,35 @@ def calibrate(time_plain: TimePlain, time_verify: TimeVerify, sizes: list[int], 
 
 
 def cost_model(cal: Calibration, draft_root_s: float, draft_level_s: float,
-               draft_token_s: float | None = None) -> CostModel:
+               draft_token_s: float | None = None, context: int = CALIBRATION_CONTEXT,
+               longer: dict[int, Calibration] | None = None) -> CostModel:
+    """The cost model of a calibration at ``context`` tokens and of those at ``longer`` contexts (by context);
+    a longer one's problems count as the calibration's (prefixed with its context), so a disturbed long curve
+    is not cached either."""
+    longer = longer or {}
     sizes = sorted(cal.verify)
+    quality = cal.quality()
+    for ctx, long in sorted(longer.items()):
+        quality["problems"] += [f"at {ctx} tokens: {p}" for p in long.problems]
+        quality["max_spread"] = max(quality["max_spread"], long.quality()["max_spread"])
+    if longer:
+        quality["contexts"] = [context, *sorted(longer)]
+    curves = [ContextCurve(ctx, tuple(sorted(c.verify)), tuple(c.verify[n] for n in sorted(c.verify)))
+              for ctx, c in sorted(longer.items())]
     return CostModel(sizes, [cal.verify[n] for n in sizes], draft_root_s, draft_level_s, draft_token_s,
-                     quality=cal.quality())
+                     quality=quality, context=context, longer=curves)
 
 
 def adopt_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerify, mid_size: int,
                  n_plain: int = 5, n_tree: int = 3, limits: Limits = Limits()) -> tuple[bool, dict]:
     """Adopt a cached calibration if it still describes this machine: a few plain steps and a mid-size tree,
-    timed; their ratio (load cancels out) is compared with the cached shape. If they agree, the plain steps
-    seed ``costs``' plain rate, so the budget starts from the machine's speed now, not the calibration's."""
+    timed at the short calibration's context; their ratio (load cancels out) is compared with the cached shape
+    there. If they agree, the plain steps seed ``costs``' plain rate, so the budget starts from the machine's
+    speed now, not the calibration's."""
     plain = [time_plain() for _ in range(n_plain)]
     tree = [time_verify(mid_size) for _ in range(n_tree)]
     p, t = float(np.median(plain)), float(np.median(tree))
-    measured, cached = t / max(p, 1e-12), costs.calibrated_shape(mid_size)
+    measured, cached = t / max(p, 1e-12), costs.calibrated_shape(mid_size, costs.context)
     agrees = 1.0 / limits.check_tolerance <= measured / cached <= limits.check_tolerance
     if agrees:
         for s in plain:
@@ -160,3 +191,27 @@ def adopt_cached(costs: CostModel, time_plain: TimePlain, time_verify: TimeVerif
 
 def calibration_sizes(params: TreeParams) -> list[int]:
     return sorted({n for n in CALIBRATION_SIZES if n < params.total_tokens} | {params.total_tokens})
+
+
+def long_sizes(params: TreeParams) -> list[int]:
+    """Sizes timed at the long context: :data:`LONG_SIZES` within the tree, and the largest tree."""
+    return sorted({n for n in LONG_SIZES if n < params.total_tokens} | {1, params.total_tokens})
+
+
+def long_context(short: Calibration, n_ctx: int, max_nodes: int, short_context: int = CALIBRATION_CONTEXT,
+                 limit_s: float | None = None) -> int | None:
+    """The long context to time (a multiple of 64 tokens), or None when none worth timing is affordable: at most
+    :data:`LONG_CONTEXT`, leaving the largest tree room in ``n_ctx``, and no longer than a prefill predicted to
+    take ``limit_s`` reaches. The prediction takes a prompt token to cost what a node of the largest calibrated
+    tree does (a batch's cost per token; a prefill's larger batches cost no more per token). ``limit_s`` None:
+    :data:`LONG_PREFILL_S`."""
+    limit_s = LONG_PREFILL_S if limit_s is None else limit_s
+    largest = max(short.verify)
+    per_token = short.verify[largest] / largest
+    affordable = short_context + limit_s / max(per_token, 1e-9)
+    ctx = int(min(LONG_CONTEXT, n_ctx - max_nodes - 1, affordable)) // 64 * 64
+    if ctx < MIN_LONG_CONTEXT:
+        log.info("no long-context calibration: %d tokens fit the context and the prefill's time (%.1f ms a token)",
+                 ctx, per_token * 1e3)
+        return None
+    return ctx

@@ -19,7 +19,8 @@ import numpy as np
 from ..decoding.target import Target
 from ..decoding.tree import DraftTree, TreeParams, grow_candidates
 from ..tree_policy.costs import CostModel
-from .calibration import adopt_cached, calibrate, calibration_sizes, cost_model
+from .calibration import (LONG_ROUNDS, adopt_cached, calibrate, calibration_sizes, cost_model, long_context,
+                          long_sizes)
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,26 @@ class Timers:
         self.target, self.clock = target, clock
         self.rng = np.random.default_rng(seed)
         self.n_vocab = target.model.n_vocab
+        self.warm_size = warm_size
         target.reset()
         target.prefill(self.rng.integers(0, self.n_vocab, context_tokens))
-        if warm_size is not None:
+        self._warm()
+
+    @property
+    def context(self) -> int:
+        """Tokens of context the timings run after."""
+        return self.target.n_past
+
+    def extend(self, context_tokens: int) -> None:
+        """Grow the context to ``context_tokens`` with more random text (no features: only its length matters),
+        then warm up again (a longer KV cache is a new graph)."""
+        self.target.prefill(self.rng.integers(0, self.n_vocab, context_tokens - self.target.n_past), False)
+        self._warm()
+
+    def _warm(self) -> None:
+        if self.warm_size is not None:
             self.plain()
-            self.verify(warm_size)
+            self.verify(self.warm_size)
 
     def plain(self) -> float:
         """One plain decoding step, as the plain loop takes it (``decode_one``), then rolled back."""
@@ -145,20 +161,30 @@ def measure_costs(target: Target, engine, params: TreeParams, progress=None,
                   clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """The tree budget's calibration: verify times over tree sizes up to ``params.total_tokens``, timed
     interleaved and checked for disturbance (calibration.py), and the draft's root, level and backlog-token
-    times; a few seconds on SmolLM2. ``quality["problems"]`` lists what made it look disturbed. Leaves target
-    and engine empty."""
+    times; a few seconds on SmolLM2. The verify curve is timed at a short context and again, with fewer sizes,
+    at a long one where a prefill to it is affordable (calibration.long_context). ``quality["problems"]`` lists
+    what made it look disturbed. Leaves target and engine empty."""
     say = progress or log.info
     sizes = calibration_sizes(params)
     say("timing what a draft tree costs on this machine, so that the budget drafts only where it pays (once for "
         "these settings: the result is cached)")
     say(f"timing verification of {len(sizes)} tree sizes up to {params.total_tokens} nodes, interleaved")
     timers = Timers(target, clock, warm_size=min(8, params.total_tokens))
+    short_context = timers.context
     cal = calibrate(timers.plain, timers.verify, sizes)
+    longer = {}
+    ctx = long_context(cal, target.n_ctx, params.total_tokens, short_context)
+    if ctx is not None:
+        lsizes = long_sizes(params)
+        say(f"timing verification of {len(lsizes)} tree sizes at {ctx} tokens of context")
+        timers.extend(ctx)
+        longer[ctx] = calibrate(timers.plain, timers.verify, lsizes, rounds=LONG_ROUNDS, attempts=1)
     target.reset()
     say("timing the draft")
     # every level costs the same (k frontier nodes), so three levels time it as well as six
     short = TreeParams(params.total_tokens, min(params.depth, 3), params.top_k)
-    return cost_model(cal, *draft_cost(engine, target, short, repeats=3, clock=clock))
+    return cost_model(cal, *draft_cost(engine, target, short, repeats=3, clock=clock), context=short_context,
+                      longer=longer)
 
 
 def check_costs(target: Target, costs: CostModel, params: TreeParams,
@@ -166,7 +192,7 @@ def check_costs(target: Target, costs: CostModel, params: TreeParams,
     """Quick check of a cached calibration at start (5 plain steps and 3 timings of a mid-size tree, well
     under a second on SmolLM2); leaves the target empty."""
     mid = max(2, min(params.total_tokens, 16))
-    timers = Timers(target, clock, warm_size=mid)
+    timers = Timers(target, clock, warm_size=mid, context_tokens=costs.context)
     try:
         return adopt_cached(costs, timers.plain, timers.verify, mid)
     finally:

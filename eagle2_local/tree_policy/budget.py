@@ -44,6 +44,7 @@ realised-rate guard in guard.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -83,6 +84,7 @@ class TreeBudget:
     calibration: dict = field(default_factory=dict)  # how the costs were obtained (shown in stats)
     guard: RateGuard = field(default_factory=RateGuard)
     lookup_guard: RateGuard = field(default_factory=RateGuard)
+    context_of: Callable[[], int] | None = None  # the target's KV length now: the costs are read at that context
 
     def __post_init__(self) -> None:
         if not self.model_draft:
@@ -212,6 +214,8 @@ class TreeBudget:
         first have to catch up on. While that backlog is long (a new prompt, many plain steps) and no model
         round has proved it wins, the model draft waits for :meth:`ProbeSchedule.catch_up_too_dear`."""
         self.rounds += 1
+        if self.context_of is not None and self.costs.at_context(self.context_of()):
+            self._can_pay = None  # the shape moved with the context
         self.schedule.note_backlog(fresh_tokens)
         if self.sure_lookup(lookup_rate):
             if self.schedule.plain_probe_due(self.costs):

@@ -13,6 +13,15 @@ units of one plain decoding step: the plain step's duration now is measured from
 (other processes, thermal limits and context length change it), and the *shape* (what a tree of n nodes or a draft
 level costs in plain steps) is learned per size from the rounds actually run, so a calibration spoiled by other load
 cannot fix a wrong shape for good. Numbers in, numbers out.
+
+The shape depends on the context: every node of a tree attends over the whole KV cache, and attention's cost grows
+linearly with the KV length while the weights' stays put. Where attention is computed node by node, a tree that
+batches its weight reads well at 64 tokens of context costs more plain steps at 1,500 (SmolLM2 on 2 cores: c(4)
+2.10 at 64 tokens, 2.68 at 768); where reading the KV dominates, a tree reads it once for all its nodes and the
+shape may flatten instead. So the verify curve is not assumed but timed at several contexts
+(:class:`ContextCurve`); the calibrated shape at the context now is interpolated between them, linearly in
+context, and the online corrections multiply that context's shape (they learn what the calibration got wrong
+about the machine, not about the context).
 """
 
 from __future__ import annotations
@@ -23,6 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 CORRECTION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CALIBRATION_CONTEXT = 64  # tokens of context the (short) verify curve is timed at (microbench.Timers' default)
+EXTRAPOLATE_UP_TO = 2.0  # past the longest calibrated context, the shape is extrapolated up to this many times it
+# (attention's share of a pass saturates, so a straight line overshoots further out), then held
+CONTEXT_STEP = 32  # the calibrated shape follows the context in steps of this many tokens (each move re-derives
+# the shape and whatever the budget computed from it; a round's context moves every round)
 
 
 def _median(values) -> float:
@@ -30,6 +44,27 @@ def _median(values) -> float:
     s = sorted(values)
     m = len(s) // 2
     return s[m] if len(s) % 2 else 0.5 * (s[m - 1] + s[m])
+
+
+@dataclass(frozen=True)
+class ContextCurve:
+    """Verify seconds timed at a longer ``context`` (KV length), at ``sizes`` (size 1: the plain step there); may
+    be sparser than the short curve, whose shape fills the sizes between (:func:`_long_shape`)."""
+
+    context: int
+    sizes: tuple[int, ...]
+    verify: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.verify) or 1 not in self.sizes:
+            raise ValueError("a context's verify curve needs one time per size, the plain step (n=1) included")
+
+    def to_dict(self) -> dict:
+        return {"context": self.context, "sizes": list(self.sizes), "verify_s": [round(v, 7) for v in self.verify]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ContextCurve":
+        return cls(int(d["context"]), tuple(int(n) for n in d["sizes"]), tuple(float(v) for v in d["verify_s"]))
 
 
 @dataclass
@@ -45,6 +80,12 @@ class CostModel:
     few rounds. ``frozen`` turns online learning off (tests that need fixed costs). ``draft_token_s``: seconds
     per backlog token a catch-up ingests beyond the root (None: not measured; then a token is taken to cost
     as much as a one-token catch-up, an upper bound, until a real backlog catch-up has been timed).
+
+    ``sizes``/``verify`` were timed at ``context`` tokens of KV; ``longer`` holds curves timed at longer contexts.
+    :meth:`at_context` tells the model the context of the round about to be planned: the calibrated shape is then
+    that context's (linear in context between the anchors; past the last, extrapolated linearly and never
+    decreasing up to twice its context, then held, within [1, n]; below the first, the first's), and an observed tree's correction is its time over
+    the shape at the context it ran at. With no longer curve the context changes nothing (the model of old).
     """
 
     sizes: list[int]
@@ -55,6 +96,8 @@ class CostModel:
     frozen: bool = False
     window: int = 9
     quality: dict = field(default_factory=dict)  # how the calibration went (calibration.py); not cached
+    context: int = CALIBRATION_CONTEXT
+    longer: list[ContextCurve] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(self.verify) or not self.sizes:
@@ -64,6 +107,10 @@ class CostModel:
         self.verify = [float(self.verify[i]) for i in order]
         if self.sizes[0] != 1:
             raise ValueError("the verify curve must include n=1 (the plain decoding step)")
+        self.longer = sorted(self.longer, key=lambda c: c.context)
+        if any(c.context <= self.context for c in self.longer) or \
+                len({c.context for c in self.longer}) != len(self.longer):
+            raise ValueError("each longer curve needs its own context, longer than the short curve's")
         xs = np.asarray(self.sizes, dtype=np.float64)
         self.plain_cal = max(self.verify[0], 1e-9)
         shape_cal = _sane_shape(xs, np.asarray(self.verify, dtype=np.float64) / self.plain_cal)
@@ -71,7 +118,12 @@ class CostModel:
         grid = sorted({n for n in CORRECTION_GRID if n < self.sizes[-1]} | set(self.sizes))
         self._xs = np.asarray(grid, dtype=np.float64)
         self._log_xs = np.log(self._xs)
-        self._shape_cal = np.interp(self._xs, xs, shape_cal)
+        # the calibrated shape on the grid at each anchor context, shortest first
+        self._anchor_ctx = np.asarray([self.context] + [c.context for c in self.longer], dtype=np.float64)
+        short = np.interp(self._xs, xs, shape_cal)
+        self._anchor_shapes = np.stack([short] + [_long_shape(self._xs, short, c) for c in self.longer])
+        self.context_now = self.context
+        self._shape_cal = self._anchor_shapes[0]
         self._plain: deque[float] = deque(maxlen=self.window)
         self._knot: list[deque[float]] = [deque(maxlen=self.window) for _ in grid]
         self._root: deque[float] = deque(maxlen=self.window)
@@ -114,6 +166,36 @@ class CostModel:
         """The plain step now over the calibrated one: how much busier (or idler) the machine is."""
         return self._plain_s / self.plain_cal
 
+    # ------------------------------------------------------------ context
+    def at_context(self, n_past: int) -> bool:
+        """The round about to be planned runs after ``n_past`` tokens of KV: predictions and the corrections
+        observed next are that context's. Moves the shape only in steps of :data:`CONTEXT_STEP` tokens (and never
+        without a longer curve), so the values derived from it stay cached between steps. Returns whether the
+        shape moved."""
+        if not self.longer or abs(n_past - self.context_now) < CONTEXT_STEP:
+            return False
+        self.context_now = int(n_past)
+        self._shape_cal = self._cal_shape_grid(n_past)
+        self._refresh_shape()
+        return True
+
+    def _cal_shape_grid(self, context: int) -> np.ndarray:
+        """The calibrated shape on the grid at ``context``: linear in context between the anchors (attention's
+        cost grows linearly with the KV length); past the last anchor the last segment's slope up to
+        :data:`EXTRAPOLATE_UP_TO` times its context, held beyond, within [1, n], and floored at 0: a tree is never
+        predicted cheaper than at the longest context measured (a falling slope may be noise, and trees drafted on
+        an extrapolated saving would lose); before the first anchor, the first's."""
+        ctx, shapes = self._anchor_ctx, self._anchor_shapes
+        if len(ctx) == 1 or context <= ctx[0]:
+            return shapes[0]
+        if context >= ctx[-1]:
+            slope = np.maximum((shapes[-1] - shapes[-2]) / (ctx[-1] - ctx[-2]), 0.0)
+            beyond = min(context, EXTRAPOLATE_UP_TO * ctx[-1]) - ctx[-1]
+            return _sane_shape(self._xs, shapes[-1] + slope * beyond)
+        i = int(np.searchsorted(ctx, context, side="right")) - 1
+        w = (context - ctx[i]) / (ctx[i + 1] - ctx[i])
+        return (1.0 - w) * shapes[i] + w * shapes[i + 1]
+
     # ------------------------------------------------------------ predictions
     def shape(self, n: int | np.ndarray) -> np.ndarray | float:
         """Verifying n nodes, in plain steps (the learned shape; linear past the largest measured size)."""
@@ -130,9 +212,11 @@ class CostModel:
             out = self._shape_of[n] = float(self.shape(n))
         return out
 
-    def calibrated_shape(self, n: int) -> float:
-        """Verifying n nodes in plain steps as the calibration measured it (sanitised, no online correction)."""
-        return float(np.interp(n, self._xs, self._shape_cal))
+    def calibrated_shape(self, n: int, context: int | None = None) -> float:
+        """Verifying n nodes in plain steps as the calibration measured it (sanitised, no online correction), at
+        ``context`` tokens of KV (None: the context now, :meth:`at_context`)."""
+        shape = self._shape_cal if context is None else self._cal_shape_grid(context)
+        return float(np.interp(n, self._xs, shape))
 
     def verify_s(self, n: int | np.ndarray) -> np.ndarray | float:
         """Predicted seconds to verify n nodes (extrapolated linearly past the largest size)."""
@@ -175,7 +259,8 @@ class CostModel:
 
     def observe_verify(self, n: int, seconds: float) -> None:
         """One tree of n nodes verified: a shape correction for the nearest measured size (n = 1, the root
-        alone on the tree path, says nothing about trees and is only counted)."""
+        alone on the tree path, says nothing about trees and is only counted). The correction is relative to the
+        calibrated shape at the round's context (:meth:`at_context`), so it carries over when the context moves."""
         self.n_observed += 1
         if self.frozen or n < 2 or not seconds > 0:
             return
@@ -204,24 +289,29 @@ class CostModel:
     # ------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
         token = {} if self.draft_token_s is None else {"draft_token_s": round(self.draft_token_s, 9)}
+        longer = {"longer": [c.to_dict() for c in self.longer]} if self.longer else {}
         return {"sizes": list(self.sizes), "verify_s": [round(v, 7) for v in self.verify],
-                "draft_root_s": round(self.draft_root_s, 7), "draft_level_s": round(self.draft_level_s, 7), **token}
+                "draft_root_s": round(self.draft_root_s, 7), "draft_level_s": round(self.draft_level_s, 7), **token,
+                "context": self.context, **longer}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         token = d.get("draft_token_s")
         return cls(list(d["sizes"]), list(d["verify_s"]), float(d["draft_root_s"]), float(d["draft_level_s"]),
-                   None if token is None else float(token))
+                   None if token is None else float(token), context=int(d.get("context", CALIBRATION_CONTEXT)),
+                   longer=[ContextCurve.from_dict(c) for c in d.get("longer", [])])
 
     def summary(self) -> dict:
         """Milliseconds at a few sizes and what online learning changed: what the stats and the CLI show."""
         shown = [n for n in (1, 8, 16, 32, self.sizes[-1]) if n <= self.sizes[-1]]
         corrections = {int(self._xs[i]): round(_median(d), 3) for i, d in enumerate(self._knot) if i > 0 and d}
+        contexts = {"context": self.context_now,
+                    "calibrated_contexts": [self.context] + [c.context for c in self.longer]} if self.longer else {}
         return {"verify_ms": {n: round(float(self.verify_s(n)) * 1e3, 3) for n in dict.fromkeys(shown)},
                 "draft_root_ms": round(self.draft_root_now * 1e3, 3),
                 "draft_level_ms": round(self.draft_level_now * 1e3, 3),
                 "draft_token_ms": round(self.draft_token_now * 1e3, 4), "load": round(self.load, 3),
-                "plain_steps_in_window": self.n_plain, "shape_corrections": corrections}
+                "plain_steps_in_window": self.n_plain, "shape_corrections": corrections, **contexts}
 
 
 def _sane_shape(xs: np.ndarray, shape: np.ndarray) -> np.ndarray:
@@ -231,3 +321,18 @@ def _sane_shape(xs: np.ndarray, shape: np.ndarray) -> np.ndarray:
     out = np.clip(shape, 1.0, np.maximum(xs, 1.0))
     out[0] = 1.0
     return out
+
+
+def _long_shape(xs: np.ndarray, short: np.ndarray, curve: ContextCurve) -> np.ndarray:
+    """A longer context's shape on the grid ``xs``: its own timings where it has them; between and past them,
+    the short shape times the long-over-short ratio, interpolated in log size between its sizes (1 at n = 1) and
+    held past the largest. A sparse long curve so keeps the short curve's teeth (sizes whose kernels batch well)
+    and only scales them."""
+    sizes = np.asarray(curve.sizes, dtype=np.float64)
+    order = np.argsort(sizes)
+    sizes = sizes[order]
+    verify = np.asarray(curve.verify, dtype=np.float64)[order]
+    own = _sane_shape(sizes, verify / max(verify[0], 1e-9))
+    ratio = own / np.interp(sizes, xs, short)
+    out = short * np.interp(np.log(xs), np.log(sizes), ratio)
+    return _sane_shape(xs, out)
