@@ -56,7 +56,9 @@ from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.formats.cache_root import cache_root
 from eagle2_local.formats.models import default_model_path
 from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
-from eagle2_local.tree_policy.oracle import Schedule, SizeTable, best_schedule, size_table
+from eagle2_local.tree_policy.oracle import (Schedule, SizeTable, best_schedule, confidence_schedule,
+                                             hindsight_acceptance, size_table)
+from eagle2_local.tree_policy.sizing import SourceAcceptance
 
 from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
 
@@ -192,9 +194,9 @@ class Probed:
     n_tokens: int
     tables: list[SizeTable | None]
 
-    def oracle(self, costs: CostModel, max_nodes: int) -> Schedule:
-        """The best schedule on ``costs``: verification c(n) plus the model draft's cost for trees with a model
-        node, grown to the tree's depth."""
+    def priced(self, costs: CostModel, max_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per state and size: tokens accepted and drafting cost (the model draft's, grown to the tree's depth, for
+        trees with a model node), with the verify costs c(n) of ``costs``, in plain steps."""
         acc = np.zeros((self.n_tokens, max_nodes), dtype=np.int64)
         draft = np.zeros(acc.shape)
         plain = float(costs.verify_s(1))
@@ -202,7 +204,21 @@ class Probed:
             if table is not None:
                 acc[i] = table.accepted
                 draft[i] = [costs.draft_s(int(d)) / plain if m else 0.0 for d, m in zip(table.depth, table.model)]
-        return best_schedule(acc, costs.shape(np.arange(1, max_nodes + 1)), draft)
+        return acc, draft, costs.shape(np.arange(1, max_nodes + 1))
+
+    def oracle(self, costs: CostModel, max_nodes: int) -> Schedule:
+        """The best schedule on ``costs``: verification c(n) plus the model draft's cost for trees with a model
+        node, grown to the tree's depth."""
+        acc, draft, verify = self.priced(costs, max_nodes)
+        return best_schedule(acc, verify, draft)
+
+    def confidence(self, costs: CostModel, max_nodes: int, acceptance: SourceAcceptance) -> Schedule:
+        """The hindsight confidence rule's schedule (oracle.confidence_schedule) on ``costs``; a draft with a model
+        part pays its root to be read at every position."""
+        _, draft, verify = self.priced(costs, max_nodes)
+        model = any(t is not None and t.model.any() for t in self.tables)
+        peek = costs.draft_s(1) / float(costs.verify_s(1)) if model else 0.0
+        return confidence_schedule(self.tables, acceptance, verify, draft, peek)
 
 
 def probe(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_tokens: int) -> tuple[Probed, str]:
@@ -281,6 +297,10 @@ def set_summary(records: list[dict], oracle: bool) -> dict:
         out["min_record_share"] = min(r["share"] for r in records)
         out["oracle_plain_records"] = sum(r["oracle_trees"] == 0 for r in records)
         out["budget_drafted_there"] = sum(r["oracle_trees"] == 0 and r["budget_trees"] > 0 for r in records)
+        out["confidence"] = speed(sum(r["confidence_tokens"] for r in records),
+                                  sum(r["confidence_cost"] for r in records))
+        out["confidence_share"] = round(out["budget"] / out["confidence"], 4)
+        out["confidence_of_oracle"] = round(out["confidence"] / out["oracle"], 4)
     return out
 
 
@@ -289,6 +309,7 @@ def record_line(name: str, i: int, rec: dict) -> str:
             f"(verify only {rec['budget_verify_only']:.3f}) trees {rec['budget_trees']:3d}")
     if "oracle" in rec:
         line += f" | oracle {rec['oracle']:.3f} trees {rec['oracle_trees']:3d} share {rec['share']:.3f}"
+        line += f" | confidence {rec['confidence']:.3f} trees {rec['confidence_trees']:3d}"
     return line
 
 
@@ -340,6 +361,7 @@ def main() -> None:
                     llm.generator.clock = counter_clock()
                 llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
                 costs, max_nodes = llm.generator.policy.costs, llm.tree_params.total_tokens
+                fitted = hindsight_acceptance([t for probed, _ in probes for t in probed.tables])
                 for k, (messages, grammar) in enumerate(chats):
                     done = replay(llm, recorder, messages, grammar, args.max_tokens)
                     texts.append(done.text)
@@ -355,6 +377,10 @@ def main() -> None:
                                    oracle=speed(best.tokens, best.cost), oracle_trees=best.drafted_rounds,
                                    oracle_sizes=_counts(best.sizes), same_answer=done.text == plain_text)
                         rec["share"] = round(rec["budget"] / rec["oracle"], 4)
+                        ref = probed.confidence(costs, max_nodes, fitted)
+                        rec.update(confidence_tokens=ref.tokens, confidence_cost=round(ref.cost, 4),
+                                   confidence=speed(ref.tokens, ref.cost), confidence_trees=ref.drafted_rounds,
+                                   confidence_share=round(rec["budget"] / speed(ref.tokens, ref.cost), 4))
                     records.append(rec)
                     print(record_line(prompts.name, indices[k], rec), flush=True)
             summary = {**set_summary(records, args.oracle), "costs": costs.summary(), "records": records,

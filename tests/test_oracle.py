@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from eagle2_local.decoding.tree import LOOKUP, MODEL, DraftTree
-from eagle2_local.tree_policy.oracle import accepted_length, best_schedule, size_table
+from eagle2_local.tree_policy.oracle import (SizeTable, accepted_length, best_schedule, confidence_schedule,
+                                             hindsight_acceptance, on_accepted_path, size_table)
 
 
 def brute_force(acc: np.ndarray, cost: np.ndarray, draft: np.ndarray) -> float:
@@ -102,3 +103,57 @@ def test_size_table_takes_the_drafts_ranking():
 def test_schedule_of_nothing():
     s = best_schedule(np.zeros((0, 3), dtype=np.int64), np.array([1.0, 2.0, 3.0]))
     assert s.cost == 0.0 and s.sizes == () and s.speedup == 1.0
+
+
+def _table(accepted, scores, on_path, model=False):
+    """A SizeTable of one position: trees of 1..N nodes accept ``accepted``; ranked candidates as given."""
+    n = len(accepted)
+    return SizeTable(np.array(accepted), np.ones(n, dtype=np.int64), np.full(n, model),
+                     np.array(scores, dtype=np.float64), np.full(len(scores), LOOKUP, dtype=np.int8),
+                     np.array(on_path))
+
+
+def test_on_accepted_path_marks_the_matching_chain_only():
+    tok, parent = np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1])  # 5 -> 7, 6 -> 8
+    assert on_accepted_path(tok, parent, np.array([5, 7, 9])).tolist() == [True, False, True, False]
+    assert on_accepted_path(tok, parent, np.array([6, 7])).tolist() == [False, True, False, False]
+    assert on_accepted_path(tok, parent, np.array([], dtype=np.int64)).tolist() == [False] * 4
+
+
+def test_size_table_lists_the_ranked_candidates_and_their_path():
+    tok, score, parent = np.array([5, 6, 7]), np.array([-0.1, -0.5, -0.2]), np.array([-1, -1, 0])
+    table = size_table(0, tok, score, parent, None, np.array([5, 7]), 4)
+    assert table.scores.tolist() == [-0.1, -0.2, -0.5] and table.on_path.tolist() == [True, True, False]
+    assert (table.sources == MODEL).all()
+
+
+def test_confidence_rule_drafts_where_the_map_says_it_pays_and_emits_what_is_accepted():
+    # every position offers one candidate; sure ones (score -0.05) are always accepted, unsure ones (-3) never
+    sure, unsure = _table([0, 1], [-0.05], [True]), _table([0, 0], [-3.0], [False])
+    tables = [sure, unsure, sure, unsure, unsure]
+    fitted = hindsight_acceptance(tables)
+    assert fitted.prob(np.array([-0.05]), np.array([LOOKUP]))[0] == pytest.approx(1.0)
+    assert fitted.prob(np.array([-3.0]), np.array([LOOKUP]))[0] == pytest.approx(0.0, abs=1e-6)
+    verify = np.array([1.0, 1.5])
+    s = confidence_schedule(tables, fitted, verify, np.zeros((5, 2)))
+    # a sure round emits 2 tokens and skips the unsure state after it: positions 0 and 2 are rounds, 4 a plain step
+    assert s.sizes == (2, 2, 1) and s.cost == pytest.approx(4.0) and s.tokens == 5
+    # reading a draft that never pays at a plain step's price is refused: plain steps only, at plain cost
+    s = confidence_schedule([unsure] * 3, fitted, verify, np.zeros((3, 2)), peek_cost=0.3)
+    assert s.sizes == (1, 1, 1) and s.cost == pytest.approx(3.0)
+
+
+def test_confidence_rule_never_beats_the_oracle():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        n_tok, n = int(rng.integers(1, 10)), 4
+        tables = []
+        for _ in range(n_tok):
+            on = np.sort(rng.random(n - 1) < 0.5)[::-1]  # a chain: accepted nodes come first in rank
+            scores = np.sort(rng.uniform(-4, 0, n - 1))[::-1]
+            tables.append(_table([0, *np.cumsum(on).tolist()], scores, on))
+        fitted = hindsight_acceptance(tables)
+        acc = np.array([t.accepted for t in tables])
+        verify, draft = np.array([1.0, 1.4, 1.8, 2.3]), rng.uniform(0, 0.3, size=(n_tok, n))
+        best = best_schedule(acc, verify, draft)
+        assert confidence_schedule(tables, fitted, verify, draft).cost >= best.cost - 1e-9

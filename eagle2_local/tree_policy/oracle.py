@@ -9,6 +9,14 @@ gives the least total cost of any schedule of rounds, which bounds what any poli
 cost curve could do: judging a policy's decisions against it says how much of the attainable speed it reached,
 on a curve measured anywhere, without that machine.
 
+The oracle knows which round will be accepted; a policy only sees the draft's confidence, and must pay to see it
+(a model draft's root costs its catch-up even when the round then decodes plainly). :func:`confidence_schedule`
+is the reference a policy can hope to reach: at each position, the size with the best expected rate, the
+expectation read from the candidates' scores through acceptance maps fitted to the whole answer set in hindsight
+(:func:`hindsight_acceptance`: the best an online map could have learned), the draft's root paid at every
+position. Where the oracle's lead over it is large, the draft's confidence does not tell the rounds that will be
+accepted from those that will not, and no rule that reads it can close that gap.
+
 Pure: numbers in, numbers out (the benchmark that extracts ``a_i(n)`` from real drafts is
 benchmarks/budget_replay.py ``--oracle``).
 """
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decoding.tree import MODEL, DraftTree, select_tree
+from .sizing import SourceAcceptance
 
 
 @dataclass(frozen=True)
@@ -101,11 +110,16 @@ def accepted_length(tree: DraftTree, continuation: np.ndarray) -> int:
 class SizeTable:
     """What trees of 1..N nodes from one round's candidates would do: ``accepted[n - 1]`` tokens accepted,
     ``depth[n - 1]`` levels the draft must grow for them, ``model[n - 1]`` whether any node is the model
-    draft's alone (else the round's nodes could come from the free drafters: lookups, forced tokens)."""
+    draft's alone (else the round's nodes could come from the free drafters: lookups, forced tokens). The
+    candidates in ranking order (best first, at most N - 1): their ``scores``, ``sources`` and whether each lies on
+    the path the answer accepts (``on_path``), what a policy reads and what it would have learned from them."""
 
     accepted: np.ndarray
     depth: np.ndarray
     model: np.ndarray
+    scores: np.ndarray
+    sources: np.ndarray
+    on_path: np.ndarray
 
 
 def size_table(root: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_parent: np.ndarray,
@@ -120,4 +134,60 @@ def size_table(root: int, cand_tok: np.ndarray, cand_score: np.ndarray, cand_par
         accepted[n - 1] = accepted_length(tree, continuation)
         depth[n - 1] = int(tree.depths.max())
         model[n - 1] = bool((tree.sources[1:] == MODEL).any())
-    return SizeTable(accepted, depth, model)
+    ranked = np.lexsort((np.arange(len(cand_tok)), -cand_score))[:max_nodes - 1]  # select_tree's order
+    sources = np.full(len(cand_tok), MODEL, dtype=np.int8) if cand_sources is None else np.asarray(cand_sources)
+    on_path = on_accepted_path(cand_tok, cand_parent, continuation)
+    return SizeTable(accepted, depth, model, np.asarray(cand_score)[ranked], sources[ranked], on_path[ranked])
+
+
+def on_accepted_path(cand_tok: np.ndarray, cand_parent: np.ndarray, continuation: np.ndarray) -> np.ndarray:
+    """Whether each candidate (parents before children) lies on the path a greedy verification accepts when the
+    target's next tokens are ``continuation``."""
+    follow = np.asarray(continuation)
+    depth = np.zeros(len(cand_tok), dtype=np.int64)
+    on = np.zeros(len(cand_tok), dtype=bool)
+    for c in range(len(cand_tok)):
+        parent = int(cand_parent[c])
+        depth[c] = 1 if parent < 0 else depth[parent] + 1
+        d = int(depth[c])
+        on[c] = (parent < 0 or on[parent]) and d <= len(follow) and cand_tok[c] == follow[d - 1]
+    return on
+
+
+def hindsight_acceptance(tables: list[SizeTable | None]) -> SourceAcceptance:
+    """Per-drafter acceptance maps fitted to every table's ranked candidates at once (no prior, no cap): the best
+    path confidence -> acceptance map an online learner could have reached on these answers."""
+    acceptance = SourceAcceptance(prior_weight=1e-9, lookup_prior_weight=1e-9, max_count=np.inf)
+    for table in tables:
+        if table is not None and len(table.scores):
+            acceptance.observe(table.scores, table.sources, table.on_path)
+    return acceptance
+
+
+def confidence_schedule(tables: list[SizeTable | None], acceptance: SourceAcceptance, verify_cost: np.ndarray,
+                        draft_cost: np.ndarray, peek_cost: float = 0.0) -> Schedule:
+    """The schedule of a rule that reads the draft's confidence: at each position the size with the best expected
+    tokens per cost, ``1 + sum of the kept candidates' acceptance probabilities`` over ``verify_cost[n - 1] +
+    draft_cost[i, n - 1]``; a plain step costs ``verify_cost[0] + peek_cost`` (what reading the draft cost:
+    a model draft's root). Then the round emits what it really accepts (``tables[i].accepted``). A position
+    without a table is a plain step, as is every position when drafting never pays."""
+    c = np.asarray(verify_cost, dtype=np.float64)
+    n_tok = len(tables)
+    sizes, cost, i = [], 0.0, 0
+    while i < n_tok:
+        table = tables[i]
+        n = 1
+        if table is not None and len(table.scores):
+            p = acceptance.prob(table.scores, table.sources)
+            expected = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
+            m = min(len(expected), len(c))
+            total = c[:m] + draft_cost[i, :m]
+            total[0] = c[0] + peek_cost
+            n = int(np.argmax(expected[:m] / total)) + 1
+        cost += c[0] + (peek_cost if table is not None else 0.0) if n == 1 else c[n - 1] + draft_cost[i, n - 1]
+        sizes.append(n)
+        i += min(int(table.accepted[n - 1]) + 1 if n > 1 else 1, n_tok - i)
+    plain = n_tok * float(c[0]) if n_tok else 0.0
+    if cost > plain:  # the rule would learn that drafting loses on these answers: plain steps only
+        return Schedule(n_tok, plain, (1,) * n_tok)
+    return Schedule(n_tok, cost, tuple(sizes))
