@@ -25,6 +25,14 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return auto_workers()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """``all_cores`` tests first (the rest keep their order): pytest-xdist hands tests out in this order, so they
+    run one after another at the start, instead of each later one idling a worker until the test that other
+    worker is running ends."""
+    items.sort(key=lambda item: item.get_closest_marker("all_cores") is None)
+
+
 @pytest.fixture(autouse=True)
 def cores(request):
     """A test marked ``all_cores`` (2+ threads) runs alone with every core; the others share them (cpu_share)."""

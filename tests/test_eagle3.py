@@ -298,11 +298,11 @@ def test_default_model_uses_its_shipped_head_losslessly(smollm2_path):
     prompts = load_prompts(5)
     with Eagle2(n_threads=1, n_ctx=1024, total_tokens=10, depth=4, tree_top_k=3) as llm:
         assert llm.engine_name.startswith("eagle3:")
-        spec = [llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=48, temperature=0)
+        spec = [llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=24, temperature=0)
                 for p in prompts]
         accepted = sum(llm.stats()["accepted_per_depth"] or [0])
     with Eagle2(smollm2_path, n_threads=1, n_ctx=1024) as llm:
-        plain = [llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=48, temperature=0)
+        plain = [llm.create_chat_completion([{"role": "user", "content": p}], max_tokens=24, temperature=0)
                  for p in prompts]
     assert [c["choices"][0]["message"]["content"] for c in spec] == \
         [c["choices"][0]["message"]["content"] for c in plain]

@@ -45,13 +45,13 @@ def test_plain_greedy_equals_llama_cpp_python(smollm2_path, cache_prompt, llama_
     for text in load_prompts(4):
         prompt = chat_prompt(model, text)
         gen.reset()  # a fresh prefill, like a fresh Llama (prompts >= 64 tokens take other kernels than slices)
-        ours, _, _ = run(gen, prompt, 48, cache_prompt=cache_prompt)
+        ours, _, _ = run(gen, prompt, 32, cache_prompt=cache_prompt)
         # a fresh Llama per prompt: Llama.reset() keeps stale KV cells that the next prompt then shares
         ref = Llama(str(smollm2_path), n_ctx=1024, n_threads=1, n_threads_batch=1, flash_attn=True,
                     n_batch=llama_batch, n_ubatch=llama_batch, verbose=False, seed=0)
         theirs = []
         for tok in ref.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
-            if tok in model.eog_tokens or len(theirs) == 48:
+            if tok in model.eog_tokens or len(theirs) == 32:
                 break
             theirs.append(tok)
         ref.close()
@@ -79,29 +79,41 @@ def test_lossless_greedy_smollm2_50_prompts(smollm2_path, smollm2_weak):
     assert np.mean(taus["self"]) > np.mean(taus["weak"]) > 1.0
 
 
+def sweep_slices(fast: int) -> list:
+    """A sweep of 50 prompts x 128 tokens: the first ``fast`` in the default run, the others with ``-m slow``."""
+    return [pytest.param(slice(0, fast), id="fast"),
+            pytest.param(slice(fast, 50), id="rest", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("prompts", sweep_slices(8))
 @pytest.mark.parametrize("draft_kind", ["self", "weak"])
-def test_lossless_greedy_synthetic_bit_identical(synth_q8, synth_q8_weak, draft_kind):
+def test_lossless_greedy_synthetic_bit_identical(synth_q8, synth_q8_weak, draft_kind, prompts):
     model = LlamaModel(synth_q8)
     draft = model if draft_kind == "self" else LlamaModel(synth_q8_weak)
     plain = make(model, None)
     spec = make(model, draft, TreeParams(24, 6, 4))
-    for i, prompt in enumerate(random_prompts(model, 50, seed=0)):
+    accepted = 0
+    for i, prompt in list(enumerate(random_prompts(model, 50, seed=0)))[prompts]:
         assert_lossless(plain, spec, prompt, 128, i)
+        accepted += sum(spec.last_stats.accepted_per_depth)
+    assert accepted > 0, "no drafted token was accepted: the test would not see a bug"
     if draft_kind == "self":
         assert spec.last_stats.tau > 3.0
 
 
 @pytest.mark.all_cores
-def test_lossless_greedy_f32_near_ties_only(synth_f32):
-    """F32 is not batch-invariant: divergences may only happen at near-ties of the target."""
+@pytest.mark.parametrize("prompts", sweep_slices(20))
+def test_lossless_greedy_f32_near_ties_only(synth_f32, prompts):
+    """F32 is not batch-invariant: divergences may only happen at near-ties of the target (and rarely do: at
+    least 90% of the answers are identical)."""
     model = LlamaModel(synth_f32)
     settings = ContextSettings(n_ctx=2048, n_batch=256, n_seq_max=64, n_threads=2)
     plain = make(model, None, settings=settings)
     spec = make(model, model, TreeParams(24, 6, 4), settings=settings)
     rng = np.random.default_rng(1)
+    all_prompts = [[1] + list(rng.integers(5, model.n_vocab, int(rng.integers(2, 40)))) for _ in range(50)]
     identical = near_ties = 0
-    for i in range(50):
-        prompt = [1] + list(rng.integers(5, model.n_vocab, int(rng.integers(2, 40))))
+    for i, prompt in list(enumerate(all_prompts))[prompts]:
         ref, _, _ = run(plain, prompt, 128)
         out, _, _ = run(spec, prompt, 128)
         at = first_divergence(out, ref)
@@ -111,7 +123,7 @@ def test_lossless_greedy_f32_near_ties_only(synth_f32):
         gap = top2_gap(model, settings, prompt + ref[:at])
         assert gap < F32_TOL, f"prompt {i}: diverged at {at} where the top-2 gap is {gap} (not a near-tie)"
         near_ties += 1
-    assert identical >= 45, (identical, near_ties)
+    assert identical >= 0.9 * (identical + near_ties), (identical, near_ties)
 
 
 def test_near_tie_check_catches_a_real_bug(synth_q8):

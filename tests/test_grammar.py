@@ -36,7 +36,8 @@ def llm(smollm2_path, smollm2_head):
 
 def test_greedy_json_schema_answer_is_the_argmax_of_allowed_tokens(llm):
     """The answer validates against the schema, and every token is the argmax of the target's logits over what
-    the grammar allowed at that point (recomputed independently, with the full mask, from fresh evaluations)."""
+    the grammar allowed at that point (recomputed independently, with the full mask, by plain decoding from an
+    empty cache: one thread is batch-invariant, so its logits are a fresh evaluation's)."""
     prompt = llm.chat_tokens([{"role": "user", "content": "Describe Ann, 31, who likes tea, as JSON."}])
     grammar = Grammar.from_json_schema(PERSON)
     out = list(llm.generate(prompt, temp=0.0, max_tokens=60, grammar=grammar))
@@ -44,21 +45,25 @@ def test_greedy_json_schema_answer_is_the_argmax_of_allowed_tokens(llm):
     text = llm.detokenize(out).decode()
     jsonschema.validate(json.loads(text), PERSON)
     state = grammar.state(llm.model)
+    llm.reset()
+    logits = llm.target.prefill(prompt, aligned=True).logits[0]
     for i, token in enumerate(out):
-        masked = state.constrain(llm.next_token_logits(prompt + out[:i]))
+        masked = state.constrain(logits)
         assert token == int(np.argmax(masked)), (i, text)
         state.accept(token)
+        logits = llm.target.decode_one(token).logits[0]
+    llm.reset()
     state.close()
 
 
 def test_sampling_under_a_grammar_follows_the_masked_distribution(llm):
-    """600 seeded first tokens under a grammar with top-k 3: the counts fit the warped distribution of the masked
+    """200 seeded first tokens under a grammar with top-k 3: the counts fit the warped distribution of the masked
     logits (p > 1e-3) and reject warping before masking (the biased order: p < 1e-4 on the same counts)."""
     prompt = llm.tokenize(b"My favourite colour is")
     grammar = Grammar(COLOURS)
     sampling = SamplingParams(temperature=1.0, top_k=3)
     counts: dict[int, int] = {}
-    for seed in range(600):
+    for seed in range(200):
         chunk = next(iter(llm.stream(prompt, 1, sampling, seed=seed, grammar=grammar)))
         counts[chunk.tokens[0]] = counts.get(chunk.tokens[0], 0) + 1
     state = grammar.state(llm.model)
@@ -115,6 +120,7 @@ def test_cli_json_schema_and_bad_grammar(tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
     proc = run_cli("generate", "--chat", "--json", "--temperature", "0", "-n", "60", "--threads", "1",
+                   "--total-tokens", "12", "--depth", "4",  # a fixed tree: no calibration
                    "--json-schema", f"@{schema}", "-p", "Describe Ann, 31, who likes tea, as JSON.")
     assert proc.returncode == 0, proc.stderr
     jsonschema.validate(json.loads(json.loads(proc.stdout)["text"]), PERSON)

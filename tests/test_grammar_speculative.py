@@ -31,7 +31,7 @@ ENFORCED = {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "in
 CASES = {"schema": (Grammar.from_json_schema(PERSON), "Describe Ann, 31, who likes tea and has a cat, as JSON."),
          "gbnf": (Grammar(VERDICT), "Is tea better than coffee? Answer with a verdict and a reason.")}
 DRAFTS = ("head", "lookup", "draft-model", "forced")
-N_TOKENS = 48
+N_TOKENS = 32
 
 
 @pytest.fixture(scope="module")

@@ -341,7 +341,7 @@ def test_shipped_head_with_lookup_is_lossless_on_smollm2(smollm2_path):
             for text in prompts:
                 llm.reset()
                 toks = list(llm.generate(llm.chat_tokens([{"role": "user", "content": text}]), temp=0.0,
-                                         top_k=0, top_p=1.0, min_p=0.0, max_tokens=64))
+                                         top_k=0, top_p=1.0, min_p=0.0, max_tokens=32))
                 outs[name].append((toks, llm.stats()["accepted_by_source"]))
     for name in ("lookup", "head+lookup"):
         assert [t for t, _ in outs[name]] == [t for t, _ in outs["plain"]], name

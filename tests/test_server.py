@@ -343,8 +343,13 @@ def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
 @pytest.fixture(scope="module")
 def references() -> dict[str, dict]:
     """`generate --plain` for each of PROMPTS, the answers the load tests must reproduce token for token."""
+    return references_of(PROMPTS + [LONG])
+
+
+def references_of(prompts: list[str]) -> dict[str, dict]:
+    """`reference` of each prompt, two at a time."""
     with ThreadPoolExecutor(2) as pool:
-        return dict(zip(PROMPTS + [LONG], pool.map(reference, PROMPTS + [LONG])))
+        return dict(zip(prompts, pool.map(reference, prompts)))
 
 
 def _client_session(server: Server, client_id: int, n_requests: int, leave_after: int = 2) -> list[dict]:
@@ -682,10 +687,12 @@ def test_admit_racing_close_is_a_503_or_an_answered_job_never_a_lost_count():
 
 
 # ------------------------------------------------------------------ same request, same answer
-# Two prompts past 64 tokens (the batch size at which this build's attention kernels switch): the ones where
-# reusing a cached prefix could change an answer.
-SAME = [LONG, "Read this and answer: " + " ".join(f"Box {i} holds {i * 3} red and {i % 4} blue marbles."
-                                                     for i in range(12)) + " Which box holds the most marbles?"]
+# Two prompts past 64 tokens (the batch size at which this build's attention kernels switch), each 100-odd: the
+# ones where reusing a cached prefix could change an answer.
+SAME = ["Summarize this story: " + " ".join(f"On day {i} the farmer counted {i * 7} sheep and sold {i % 5} of them."
+                                           for i in range(6)),
+        "Read this and answer: " + " ".join(f"Box {i} holds {i * 3} red and {i % 4} blue marbles."
+                                            for i in range(7)) + " Which box holds the most marbles?"]
 
 
 def _concurrent_vs_alone(s: Server, alone: dict[str, list[int]]) -> None:
@@ -702,11 +709,11 @@ def _concurrent_vs_alone(s: Server, alone: dict[str, list[int]]) -> None:
         assert tokens == alone[prompt], prompt[:40]
 
 
-def test_same_request_same_answer_alone_repeated_and_concurrent(server, references):
+def test_same_request_same_answer_alone_repeated_and_concurrent(server):
     """The default server (shipped head, auto budget, 1 thread): a long prompt's answer is `generate --plain`'s
     when sent first, again, after another prompt, and in four concurrent streams; `cache_prompt: true` (the
     request field llama-server has) reuses the whole cached prompt instead."""
-    refs = {SAME[0]: references[LONG]["tokens"], SAME[1]: reference(SAME[1])["tokens"]}
+    refs = {prompt: ref["tokens"] for prompt, ref in references_of(SAME).items()}
     client = server.openai()
     for prompt in (SAME[0], SAME[0], SAME[1], SAME[0]):
         assert chat(client, prompt).model_extra["eagle"]["tokens"] == refs[prompt]

@@ -40,15 +40,25 @@ def check_tree_equals_paths(model, prefix, tree, tol):
     assert ver.logits.shape == (len(tree), model.n_vocab)
     t.abort_tree()
     t.close()
-    # every root-to-leaf path covers its nodes; check each node once
+    # every root-to-leaf path covers its nodes; check each node once. Sequential decoding on one context: the
+    # prefix once, then each path's tokens one at a time after rolling back to what it shares with the last path
+    seq_target = Target(model, SETTINGS)
+    seq_target.prefill(prefix)
+    decoded: list[int] = []
+    rows: list[np.ndarray] = []
     for leaf in tree_leaves(tree.parents):
         path = path_to(tree, int(leaf))
-        seq = sequential_logits(model, prefix, tree.tokens[path])
+        tokens = [int(tok) for tok in tree.tokens[path]]
+        keep = next((i for i, (a, b) in enumerate(zip(decoded, tokens)) if a != b), min(len(decoded), len(tokens)))
+        seq_target.rollback(len(prefix) + keep)
+        decoded, rows = tokens, rows[:keep] + [seq_target.decode_one(tok).logits[0] for tok in tokens[keep:]]
+        seq = np.array(rows)
         diff = np.abs(seq - ver.logits[path]).max()
         assert diff <= tol, f"path to leaf {leaf}: max |diff| {diff}"
         top2 = np.sort(seq, axis=1)[:, -2:]
         decided = (top2[:, 1] - top2[:, 0]) > 2 * tol
         assert np.array_equal(seq.argmax(1)[decided], ver.logits[path].argmax(1)[decided])
+    seq_target.close()
 
 
 @pytest.mark.parametrize("which", ["f32", "q8"])
