@@ -58,24 +58,30 @@ def test_room_for_the_answer():
 
 
 @pytest.mark.smollm2
-def test_five_turns_past_the_context_and_the_answer_after_a_shift_is_a_fresh_chats(smollm2_path, smollm2_head):
-    """The default model and head (a fixed tree: no calibration) with n_ctx 256: a 5-turn chat goes past the
-    context without an error (the questions alone outgrow it, whatever the answers' lengths), and the answer after
-    the last shift equals what a fresh chat (an empty KV cache) answers to the kept turns."""
-    facts = " ".join(f"Fact {i}: the {colour} box holds {i * 7} marbles." for i, colour in
-                     enumerate(["red", "green", "blue", "yellow"]))
-    questions = [f"{facts} Question {n}: which box holds {n * 7} marbles?" for n in range(1, 6)]
-    with Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=256, n_threads=1, total_tokens=12, depth=4) as llm:
-        assert len(llm.chat_tokens([{"role": "user", "content": q} for q in questions])) > 256
+@pytest.mark.parametrize("turns, n_ctx, colours, max_tokens", [
+    (5, 256, ["red", "green", "blue", "yellow"], 16),
+    # the issue's own case (a 6-turn chat in 512 tokens of context), a minute on 2 cores: opt-in
+    pytest.param(6, 512, ["red", "green", "blue", "yellow", "white", "black", "orange", "purple"], 24,
+                 marks=pytest.mark.slow),
+])
+def test_a_chat_past_the_context_and_the_answer_after_a_shift_is_a_fresh_chats(smollm2_path, smollm2_head, turns,
+                                                                               n_ctx, colours, max_tokens):
+    """The default model and head (a fixed tree: no calibration) in a small n_ctx: a chat goes past the context
+    without an error (the questions alone outgrow it, whatever the answers' lengths), and the answer after the
+    last shift equals what a fresh chat (an empty KV cache) answers to the kept turns."""
+    facts = " ".join(f"Fact {i}: the {colour} box holds {i * 7} marbles." for i, colour in enumerate(colours))
+    questions = [f"{facts} Question {n}: which box holds {n * 7} marbles?" for n in range(1, turns + 1)]
+    with Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=n_ctx, n_threads=1, total_tokens=12, depth=4) as llm:
+        assert len(llm.chat_tokens([{"role": "user", "content": q} for q in questions])) > n_ctx
         chat = Conversation(llm, "You are a helpful assistant.")
         shifts = []
         for question in questions:
-            answer = "".join(chunk.text for chunk in chat.ask(question, 16, None, 0))
+            answer = "".join(chunk.text for chunk in chat.ask(question, max_tokens, None, 0))
             if chat.dropped:
                 shifts.append((chat.messages, answer))
             chat.answered(answer)
         assert len(shifts) >= 2, "the conversation outgrew the context fewer than twice"
         kept, answer = shifts[-1]  # after several shifts: the KV cache has held every dropped turn by then
         llm.reset()
-        fresh = "".join(chunk.text for chunk in llm.stream(llm.chat_tokens(kept), 16, None, seed=0))
+        fresh = "".join(chunk.text for chunk in llm.stream(llm.chat_tokens(kept), max_tokens, None, seed=0))
         assert fresh == answer
