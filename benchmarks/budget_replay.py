@@ -352,6 +352,7 @@ def main() -> None:
         if args.oracle:  # the probe replaces the policy: a fixed tree's, which needs no calibration
             with Eagle2(args.model, **{**opened, "budget": "fixed"}) as llm:
                 probes = [probe(llm, recorder, m, g, args.max_tokens) for m, g in chats]
+        fitted = hindsight_acceptance([t for probed, _ in probes for t in probed.tables])
         for curve in curves:
             use_costs(calibrated, curve)
             name = "calibrated" if curve is None else curve.name
@@ -361,7 +362,6 @@ def main() -> None:
                     llm.generator.clock = counter_clock()
                 llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
                 costs, max_nodes = llm.generator.policy.costs, llm.tree_params.total_tokens
-                fitted = hindsight_acceptance([t for probed, _ in probes for t in probed.tables])
                 for k, (messages, grammar) in enumerate(chats):
                     done = replay(llm, recorder, messages, grammar, args.max_tokens)
                     texts.append(done.text)

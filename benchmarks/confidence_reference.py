@@ -54,7 +54,8 @@ def recorded_costs(curve_name: str, summary: dict) -> CostModel:
     return load_curves()[curve_name].cost_model(drafting)
 
 
-def speed(schedules) -> float:
+def pooled_speed(schedules) -> float:
+    """A set's speed-up: all its schedules' tokens over all their cost (budget_replay.py pools the same way)."""
     schedules = list(schedules)
     return sum(s.tokens for s in schedules) / sum(s.cost for s in schedules)
 
@@ -85,8 +86,8 @@ def main() -> None:
             probed = probes[name][:len(records)]
             costs, max_nodes = recorded_costs(curve_name, summary["costs"]), len(probed[0].tables[0].accepted)
             fitted = hindsight_acceptance([t for p in probed for t in p.tables])
-            oracle = speed(p.oracle(costs, max_nodes) for p in probed)
-            confidence = speed(p.confidence(costs, max_nodes, fitted) for p in probed)
+            oracle = pooled_speed(p.oracle(costs, max_nodes) for p in probed)
+            confidence = pooled_speed(p.confidence(costs, max_nodes, fitted) for p in probed)
             budget = sum(r["tokens"] for r in records) / sum(r["budget_cost"] for r in records)
             rows.append({"set": name, "curve": curve_name, "budget": round(budget, 3),
                          "confidence": round(confidence, 3), "oracle": round(oracle, 3)})

@@ -16,8 +16,8 @@ does not cache it.
 
 The curve is timed at a short context (64 tokens) and, where the machine can afford it, again at a long one
 (:func:`long_context`, at most 1,024 tokens): every node attends over the whole KV cache, so on a small model a
-tree's cost in plain steps moves with the prompt's length (SmolLM2: c(4) 2.10 at 64 tokens, 2.68 at 768), and the
-budget reads the curve at each round's context (costs.py). Reaching the long context costs a prefill, so its
+tree's cost in plain steps moves with the prompt's length, up or down by machine
+(NOTES.md#the-cost-model-at-two-contexts-and-the-long-context-sets-benched), and the budget reads the curve at each round's context (costs.py). Reaching the long context costs a prefill, so its
 length is bounded by what that prefill is predicted to cost, and it times fewer sizes (:data:`LONG_SIZES`; the
 short curve's shape fills those between).
 

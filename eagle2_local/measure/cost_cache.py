@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 5  # 2: calibrations checked for disturbance (version-1 caches may hold a poisoned curve);
 # 3: the draft's catch-up cost per backlog token is measured (version-2 caches lack it); 4: every size up to 16
 # is measured (version-3 curves skip 5, 7, 9-15 and could not show the cheap multiples of four); 5: the curve is
-# also timed at a long context (version-4 curves know 64 tokens only, and price trees on long prompts too cheap)
+# also timed at a long context (version-4 curves know 64 tokens only, and misprice trees on long prompts)
 
 
 # ---------------------------------------------------------------- disk cache

@@ -184,10 +184,14 @@ def confidence_schedule(tables: list[SizeTable | None], acceptance: SourceAccept
             total = c[:m] + draft_cost[i, :m]
             total[0] = c[0] + peek_cost
             n = int(np.argmax(expected[:m] / total)) + 1
-        cost += c[0] + (peek_cost if table is not None else 0.0) if n == 1 else c[n - 1] + draft_cost[i, n - 1]
+        if n == 1:
+            cost += c[0] + (peek_cost if table is not None else 0.0)
+            i += 1
+        else:
+            cost += c[n - 1] + draft_cost[i, n - 1]
+            i += min(int(table.accepted[n - 1]) + 1, n_tok - i)
         sizes.append(n)
-        i += min(int(table.accepted[n - 1]) + 1 if n > 1 else 1, n_tok - i)
-    plain = n_tok * float(c[0]) if n_tok else 0.0
+    plain = n_tok * float(c[0])
     if cost > plain:  # the rule would learn that drafting loses on these answers: plain steps only
         return Schedule(n_tok, plain, (1,) * n_tok)
     return Schedule(n_tok, cost, tuple(sizes))
