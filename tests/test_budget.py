@@ -329,7 +329,7 @@ def test_poisoned_calibration_fails_its_checks_and_is_not_cached(tmp_path):
     key = CostKey(model="m", draft="d", build="b", threads=2, n_gpu_layers=0, tree_top_k=10)
     costs, info = cached_or_measured(key, lambda: cost_model(cal, 0.0018, 0.0063), directory=tmp_path)
     assert info["source"] == "fresh, not cached (disturbed)" and info["problems"] == cal.problems
-    assert not list(tmp_path.iterdir())
+    assert not list(tmp_path.glob("*.json"))  # nothing cached (the calibration lock's file may stay)
 
 
 def sim_timers(world: World, load_of_call):

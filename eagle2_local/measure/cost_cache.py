@@ -1,5 +1,6 @@
 """Where the auto budget's cost calibration is kept between runs: a JSON file per :class:`CostKey` (the files,
-llama.cpp build, threads and tree shape it depends on), checked against a quick timing at start."""
+llama.cpp build, threads and tree shape it depends on), checked against a quick timing at start. Processes that
+start together with the same key take turns (a lock file beside it), so only the first calibrates."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ import json
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..formats.atomic_write import atomic_path
 from ..formats.cache_root import cache_root
 from ..tree_policy.costs import CostModel
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so two simultaneous starts each calibrate, as they did before the lock
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +91,35 @@ def save_costs(key: CostKey, costs: CostModel, directory: Path | None = None) ->
         return None
 
 
+@contextmanager
+def calibration_lock(key: CostKey, directory: Path) -> Iterator[None]:
+    """Held by one process at a time per ``key`` (an flock on ``costs-<digest>.lock`` beside the cache file), so
+    processes that start together with the same settings (two servers, two test workers) calibrate once: the
+    others wait, then find the cache the first one wrote. A calibration is tens of seconds of CPU, and two at once
+    also slow and disturb each other. The kernel drops the lock when its holder dies, so a crash never leaves the
+    others waiting; where flock or the folder is missing (Windows, a read-only cache) there is no lock."""
+    if fcntl is None:
+        yield
+        return
+    path = directory / key.file_name().replace(".json", ".lock")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        log.debug("no calibration lock at %s: %s", path, exc)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process's tree-cost calibration (lock %s)", path)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor of the open file releases its lock
+
+
 def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: bool = False,
                        directory: Path | None = None,
                        check: Callable[[CostModel], tuple[bool, dict]] | None = None) -> tuple[CostModel, dict]:
@@ -94,8 +130,16 @@ def cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: 
     check given), "cached-verified", "fresh", "re-measured" (the cache disagreed), "fresh, not cached
     (disturbed)" or "cached, kept (re-measure disturbed)": a disagreeing cache is kept over a disturbed
     re-measure, since only calibrations that passed the consistency checks are ever cached. ``file`` is the
-    cache file's name in ``directory`` (default :func:`cache_root`)."""
+    cache file's name in ``directory`` (default :func:`cache_root`). Processes that ask for the same ``key`` at
+    once take turns (:func:`calibration_lock`): the first measures, the others then read its cache."""
     directory = directory or cache_root()
+    with calibration_lock(key, directory):
+        return _cached_or_measured(key, measure, refresh, directory, check)
+
+
+def _cached_or_measured(key: CostKey, measure: Callable[[], CostModel], refresh: bool, directory: Path,
+                        check: Callable[[CostModel], tuple[bool, dict]] | None) -> tuple[CostModel, dict]:
+    """:func:`cached_or_measured` under its lock."""
     file = key.file_name()  # its name, not its path: statistics travel (API responses, records), a home does not
     cached = None if refresh else load_costs(key, directory)
     info: dict = {}
