@@ -8,7 +8,11 @@ token (the prompt's evaluation left out), so a loaded machine changes little:
 * ``head_plain_steps``: the speculative loop with a policy that plans a plain step every round, so the head never
   drafts but the loop does everything else (the lookup's evidence, the policy, the statistics, the backlog).
 
-Usage: python benchmarks/plain_step_cost.py [--context-chars 6500] [--max-tokens 64] [--repeat 3] [--json OUT]
+Usage: python benchmarks/plain_step_cost.py [--context-chars 6500] [--max-tokens 64] [--repeat 3] [--threads 1]
+[--json OUT]
+
+At more than one thread llama.cpp's other threads work outside the caller's thread clock: compare the wall-clock
+medians then, on an idle machine.
 """
 
 from __future__ import annotations
@@ -72,12 +76,13 @@ def main() -> None:
     ap.add_argument("--context-chars", type=int, default=0, help="characters of passage before the question")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default 1)")
     ap.add_argument("--json", type=Path, help="write the per-run figures here")
     args = ap.parse_args()
     text = (passage(args.context_chars) + "\n\n" if args.context_chars else "") + QUESTION
     messages = [{"role": "user", "content": text}]
-    plain = Eagle2(plain=True, n_threads=1, n_ctx=4096)
-    head = Eagle2(n_threads=1, n_ctx=4096, budget="fixed", total_tokens=60)
+    plain = Eagle2(plain=True, n_threads=args.threads, n_ctx=4096)
+    head = Eagle2(n_threads=args.threads, n_ctx=4096, budget="fixed", total_tokens=60)
     head.generator.policy = AlwaysPlain()
     ways = {"plain": (plain, {}), "head_plain_loop": (head, {"speculative": False}),
             "head_plain_steps": (head, {"speculative": True})}
@@ -90,7 +95,8 @@ def main() -> None:
             wall[name].append(w)
     med_cpu = {k: round(statistics.median(v), 3) for k, v in cpu.items()}
     med_wall = {k: round(statistics.median(v), 3) for k, v in wall.items()}
-    out = {"context_chars": args.context_chars, "prompt_tokens_about": len(head.model.tokenize(text)),
+    out = {"threads": args.threads, "context_chars": args.context_chars,
+           "prompt_tokens_about": len(head.model.tokenize(text)),
            "max_tokens": args.max_tokens, "cpu_ms": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
            "wall_ms": {k: [round(x, 3) for x in v] for k, v in wall.items()}, "median_cpu_ms": med_cpu,
            "median_wall_ms": med_wall,
