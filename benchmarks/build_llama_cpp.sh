@@ -5,7 +5,8 @@
 #   Usage: benchmarks/build_llama_cpp.sh            (JOBS=2 by default; runs under nice -n 10)
 #   Prints the folder with the binaries (llama-lookup, llama-speculative-simple, llama-server, llama-completion).
 set -euo pipefail
-cache="${HOME}/.cache/eagle2-local"
+# the runtime's cache folder (eagle2_local/formats/cache_root.py): $EAGLE2_LOCAL_CACHE, else the XDG one
+cache="${EAGLE2_LOCAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle2-local}"
 ver="${LLAMA_CPP_PYTHON_VERSION:-$(python -c 'import llama_cpp; print(llama_cpp.__version__)')}"
 sdist_dir="$cache/src"
 src="$sdist_dir/llama_cpp_python-$ver"

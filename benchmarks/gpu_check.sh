@@ -32,7 +32,7 @@ prepare() {
   rm -f "$work/parts"/*
   local sdist="$work/$sdist_name"
   if [ ! -f "$sdist" ]; then
-    local cached="$HOME/.cache/eagle2-local/src/$sdist_name"
+    local cached="${EAGLE2_LOCAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle2-local}/src/$sdist_name"
     if [ -f "$cached" ]; then cp "$cached" "$sdist"
     else "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$work"; fi
   fi

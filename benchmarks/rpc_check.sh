@@ -8,12 +8,13 @@
 # It needs an RPC build of llama-cpp-python, which the default install is not. The first run builds one (about
 # 6-15 minutes on 2 cores) into a venv that sees the system site-packages (test tools, torch, the default model),
 # installs there whatever of llama-cpp-python's and the project's dependencies the system lacks, and caches it:
-# $EAGLE2_LOCAL_RPC_VENV, default ~/.cache/eagle2-local/rpc-venv. Later runs reuse it.
+# $EAGLE2_LOCAL_RPC_VENV, default rpc-venv in the runtime's cache folder ($EAGLE2_LOCAL_CACHE, else
+# $XDG_CACHE_HOME/eagle2-local, else ~/.cache/eagle2-local). Later runs reuse it.
 # Exits non-zero when the build fails, a server does not come up, or any test fails, errors or is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_CPP_PYTHON_VERSION=0.3.36
-VENV="${EAGLE2_LOCAL_RPC_VENV:-$HOME/.cache/eagle2-local/rpc-venv}"
+VENV="${EAGLE2_LOCAL_RPC_VENV:-${EAGLE2_LOCAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle2-local}/rpc-venv}"
 PY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
