@@ -64,13 +64,22 @@ from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, besid
 
 
 def freeze_time() -> None:
-    """Costs stay as calibrated; rounds and plain steps are observed at their calibrated cost."""
+    """Costs stay as calibrated; rounds and plain steps are observed at their calibrated cost, a model round's
+    drafting included, as :func:`round_cost` prices it (the guard and the exploration account judge what the
+    report charges)."""
     for name in ("observe_plain", "observe_verify", "observe_draft", "observe_catch_up"):
         setattr(cost_model.CostModel, name, lambda self, *args, **kwargs: None)
     plain = budget_mod.TreeBudget._plain
-    budget_mod.TreeBudget._realised_s = lambda self, result: float(self.costs.verify_s(result.n_nodes))
+    budget_mod.TreeBudget._realised_s = _calibrated_round_s
     budget_mod.TreeBudget._plain = lambda self, seconds: plain(self, float(self.costs.verify_s(1)))
     api.check_costs = lambda target, costs, params: (True, {"replay": "start-up check skipped"})
+
+
+def _calibrated_round_s(budget: budget_mod.TreeBudget, result) -> float:
+    """A drafted round's time on the budget's costs: its verification, plus the model draft's root and levels when
+    the model draft ran (a lookup round drafts free)."""
+    levels = len(result.times.levels) if not result.plan.free_only else 0
+    return float(budget.costs.verify_s(result.n_nodes)) + (budget.costs.draft_s(levels) if levels else 0.0)
 
 
 def counter_clock() -> Callable[[], float]:
