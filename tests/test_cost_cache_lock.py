@@ -20,7 +20,7 @@ from eagle2_local.tree_policy import CostModel
 pytestmark = pytest.mark.skipif(fcntl is None, reason="no flock on this platform: no lock, by design")
 
 KEY = CostKey(model="m.gguf:1:2", draft="d.gguf:3:4", build="0.3.36 CPU", threads=2, n_gpu_layers=0, tree_top_k=10)
-CALIBRATION_S = 0.5
+CALIBRATION_S = 2.0  # long enough for the second process to reach the lock while the first holds it, on a busy CI
 
 
 def costs() -> CostModel:
