@@ -76,10 +76,8 @@ def freeze_time() -> None:
 
 
 def _calibrated_round_s(budget: budget_mod.TreeBudget, result) -> float:
-    """A drafted round's time on the budget's costs: its verification, plus the model draft's root and levels when
-    the model draft ran (a lookup round drafts free)."""
-    levels = len(result.times.levels) if not result.plan.free_only else 0
-    return float(budget.costs.verify_s(result.n_nodes)) + (budget.costs.draft_s(levels) if levels else 0.0)
+    """A drafted round's time on the budget's costs, as :func:`round_s` prices it (a lookup round drafts free)."""
+    return round_s(budget.costs, result.n_nodes, 0 if result.plan.free_only else len(result.times.levels))
 
 
 def counter_clock() -> Callable[[], float]:
@@ -135,10 +133,14 @@ def _counts(sizes) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+def round_s(costs: CostModel, n: int, levels: int) -> float:
+    """Seconds of a round of n nodes whose model draft grew ``levels`` levels (0: no model draft ran)."""
+    return float(costs.verify_s(n)) + (costs.draft_s(levels) if levels else 0.0)
+
+
 def round_cost(costs: CostModel, n: int, levels: int) -> float:
-    """A round of n nodes whose model draft grew ``levels`` levels (0: no model draft ran), in plain steps."""
-    plain = float(costs.verify_s(1))
-    return float(costs.verify_s(n)) / plain + (costs.draft_s(levels) / plain if levels else 0.0)
+    """:func:`round_s` in plain steps."""
+    return round_s(costs, n, levels) / float(costs.verify_s(1))
 
 
 class Recorder:

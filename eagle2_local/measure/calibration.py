@@ -17,9 +17,9 @@ does not cache it.
 The curve is timed at a short context (64 tokens) and, where the machine can afford it, again at a long one
 (:func:`long_context`, at most 1,024 tokens): every node attends over the whole KV cache, so on a small model a
 tree's cost in plain steps moves with the prompt's length, up or down by machine
-(NOTES.md#the-cost-model-at-two-contexts-and-the-long-context-sets-benched), and the budget reads the curve at each round's context (costs.py). Reaching the long context costs a prefill, so its
-length is bounded by what that prefill is predicted to cost, and it times fewer sizes (:data:`LONG_SIZES`; the
-short curve's shape fills those between).
+(NOTES.md#the-cost-model-at-two-contexts-and-the-long-context-sets-benched), and the budget reads the curve at each
+round's context (costs.py). Reaching the long context costs a prefill, so its length is bounded by what that prefill
+is predicted to cost, and it times fewer sizes (:data:`LONG_SIZES`; the short curve's shape fills those between).
 
 Everything here is pure: the timing functions are passed in, so tests simulate any load
 deterministically; microbench.py's ``measure_costs`` and ``check_costs`` supply them from a real target and

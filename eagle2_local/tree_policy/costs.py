@@ -16,12 +16,12 @@ cannot fix a wrong shape for good. Numbers in, numbers out.
 
 The shape depends on the context: every node of a tree attends over the whole KV cache, and attention's cost grows
 linearly with the KV length while the weights' stays put. Where attention is computed node by node, a tree costs
-more plain steps on a long prompt than on a short one; where reading the KV dominates a plain step, a tree reads
-it once for all its nodes and the shape flattens instead (both were measured on different machines:
-NOTES.md#the-cost-model-at-two-contexts-and-the-long-context-sets-benched). So the verify curve is not assumed but timed at several contexts
-(:class:`ContextCurve`); the calibrated shape at the context now is interpolated between them, linearly in
-context, and the online corrections multiply that context's shape (they learn what the calibration got wrong
-about the machine, not about the context).
+more plain steps on a long prompt than on a short one; where reading the KV dominates a plain step, a tree reads it
+once for all its nodes and the shape flattens instead (both were measured on different machines:
+NOTES.md#the-cost-model-at-two-contexts-and-the-long-context-sets-benched). So the verify curve is not assumed but
+timed at several contexts (:class:`ContextCurve`); the calibrated shape at the context now is interpolated between
+them, linearly in context, and the online corrections multiply that context's shape (they learn what the calibration
+got wrong about the machine, not about the context).
 """
 
 from __future__ import annotations
