@@ -9,7 +9,10 @@ token (the prompt's evaluation left out), so a loaded machine changes little:
   drafts but the loop does everything else (the lookup's evidence, the policy, the statistics, the backlog).
 
 Usage: python benchmarks/plain_step_cost.py [--context-chars 6500] [--max-tokens 64] [--repeat 3] [--threads 1]
-[--json OUT]
+[--model GGUF --draft KIND[:PATH]] [--json OUT]
+
+With ``--model`` / ``--draft`` (as ``generate`` takes them; e.g. ``--draft lookup``) the two ``head_*`` ways run on
+that model and draft instead of the default model and its head.
 
 At more than one thread llama.cpp's other threads work outside the caller's thread clock: compare the wall-clock
 medians then, on an idle machine.
@@ -77,12 +80,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default 1)")
+    ap.add_argument("--model", help="target GGUF (default: the default model)")
+    ap.add_argument("--draft", help="as generate --draft names it (default: the model's default draft)")
     ap.add_argument("--json", type=Path, help="write the per-run figures here")
     args = ap.parse_args()
     text = (passage(args.context_chars) + "\n\n" if args.context_chars else "") + QUESTION
     messages = [{"role": "user", "content": text}]
-    plain = Eagle2(plain=True, n_threads=args.threads, n_ctx=4096)
-    head = Eagle2(n_threads=args.threads, n_ctx=4096, budget="fixed", total_tokens=60)
+    plain = Eagle2(args.model, plain=True, n_threads=args.threads, n_ctx=4096)
+    head = Eagle2(args.model, draft=args.draft, n_threads=args.threads, n_ctx=4096, budget="fixed", total_tokens=60)
     head.generator.policy = AlwaysPlain()
     ways = {"plain": (plain, {}), "head_plain_loop": (head, {"speculative": False}),
             "head_plain_steps": (head, {"speculative": True})}
@@ -95,7 +100,7 @@ def main() -> None:
             wall[name].append(w)
     med_cpu = {k: round(statistics.median(v), 3) for k, v in cpu.items()}
     med_wall = {k: round(statistics.median(v), 3) for k, v in wall.items()}
-    out = {"threads": args.threads, "context_chars": args.context_chars,
+    out = {"model": args.model, "draft": args.draft, "threads": args.threads, "context_chars": args.context_chars,
            "prompt_tokens_about": len(head.model.tokenize(text)),
            "max_tokens": args.max_tokens, "cpu_ms": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
            "wall_ms": {k: [round(x, 3) for x in v] for k, v in wall.items()}, "median_cpu_ms": med_cpu,
