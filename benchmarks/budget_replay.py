@@ -123,6 +123,21 @@ class Replayed:
         """Rounds per tree size (plain steps left out)."""
         return _counts(n for n, _, _, _ in self.rounds)
 
+    def by_kind(self, costs: CostModel) -> dict[str, dict]:
+        """Rounds that were not plain steps, by kind: ``model`` (a tree the model draft grew, lookup nodes merged in
+        or not), ``lookup`` (lookup or forced nodes alone, drafted free) and ``peek`` (the model draft ran, the root
+        was verified alone): each kind's rounds, tokens emitted and cost in plain steps, so a loss can be traced to
+        the kind of round that made it (a kind pays where its tokens exceed its cost)."""
+        out: dict[str, dict] = {}
+        for n, emitted, levels, model in self.rounds:
+            kind = ("model" if n > 1 else "peek") if model else ("lookup" if n > 1 else None)
+            if kind is not None:
+                k = out.setdefault(kind, {"rounds": 0, "tokens": 0, "cost": 0.0})
+                k["rounds"] += 1
+                k["tokens"] += emitted
+                k["cost"] = round(k["cost"] + round_cost(costs, n, levels if model else 0), 4)
+        return out
+
 
 def _counts(sizes) -> dict[int, int]:
     """Rounds per tree size, plain steps (size 1) left out."""
@@ -181,7 +196,7 @@ class Probe:
     def __init__(self, max_nodes: int, max_depth: int) -> None:
         self.max_nodes, self.max_depth = max_nodes, max_depth
 
-    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0, lookup_match: int = 0) -> RoundPlan:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth,
                          size=lambda scores, times, sources=None: 1)
 
@@ -299,7 +314,8 @@ def set_summary(records: list[dict], oracle: bool) -> dict:
     tokens = sum(r["tokens"] for r in records)
     out = {"budget": speed(tokens, sum(r["budget_cost"] for r in records)),
            "budget_median": round(float(np.median([r["budget"] for r in records])), 4),
-           "verify_only_median": round(float(np.median([r["budget_verify_only"] for r in records])), 4)}
+           "verify_only_median": round(float(np.median([r["budget_verify_only"] for r in records])), 4),
+           "kinds": _pooled_kinds(records)}
     if oracle:
         out["oracle"] = speed(sum(r["oracle_tokens"] for r in records), sum(r["oracle_cost"] for r in records))
         out["share"] = round(out["budget"] / out["oracle"], 4)
@@ -315,9 +331,23 @@ def set_summary(records: list[dict], oracle: bool) -> dict:
     return out
 
 
+def _pooled_kinds(records: list[dict]) -> dict[str, dict]:
+    """The records' rounds by kind (:meth:`Replayed.by_kind`) summed over the set."""
+    out: dict[str, dict] = {}
+    for r in records:
+        for kind, k in r.get("kinds", {}).items():
+            p = out.setdefault(kind, {"rounds": 0, "tokens": 0, "cost": 0.0})
+            p["rounds"] += k["rounds"]
+            p["tokens"] += k["tokens"]
+            p["cost"] = round(p["cost"] + k["cost"], 4)
+    return out
+
+
 def record_line(name: str, i: int, rec: dict) -> str:
     line = (f"{name:16s} {i:3d} tokens {rec['tokens']:4d} budget {rec['budget']:.3f} "
             f"(verify only {rec['budget_verify_only']:.3f}) trees {rec['budget_trees']:3d}")
+    for kind, k in rec.get("kinds", {}).items():
+        line += f" {kind} {k['rounds']}r {k['tokens']}t/{k['cost']:.1f}"
     if "oracle" in rec:
         line += f" | oracle {rec['oracle']:.3f} trees {rec['oracle_trees']:3d} share {rec['share']:.3f}"
         line += f" | confidence {rec['confidence']:.3f} trees {rec['confidence_trees']:3d}"
@@ -380,7 +410,8 @@ def main() -> None:
                     rec = {"record": indices[k], "tokens": done.tokens, "budget_cost": round(cost, 4),
                            "budget": speed(done.tokens, cost),
                            "budget_verify_only": speed(done.tokens, done.cost(costs, drafting=False)),
-                           "budget_trees": sum(done.trees().values()), "trees": done.trees()}
+                           "budget_trees": sum(done.trees().values()), "trees": done.trees(),
+                           "kinds": done.by_kind(costs)}
                     if probes:
                         probed, plain_text = probes[k]
                         best = probed.oracle(costs, max_nodes)
