@@ -132,11 +132,8 @@ class Replayed:
         for n, emitted, levels, model in self.rounds:
             kind = ("model" if n > 1 else "peek") if model else ("lookup" if n > 1 else None)
             if kind is not None:
-                k = out.setdefault(kind, {"rounds": 0, "tokens": 0, "cost": 0.0})
-                k["rounds"] += 1
-                k["tokens"] += emitted
-                k["cost"] = round(k["cost"] + round_cost(costs, n, levels if model else 0), 4)
-        return out
+                _add_kind(out, kind, 1, emitted, round_cost(costs, n, levels if model else 0))
+        return _rounded(out)
 
 
 def _counts(sizes) -> dict[int, int]:
@@ -196,7 +193,7 @@ class Probe:
     def __init__(self, max_nodes: int, max_depth: int) -> None:
         self.max_nodes, self.max_depth = max_nodes, max_depth
 
-    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0, lookup_match: int = 0) -> RoundPlan:
+    def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth,
                          size=lambda scores, times, sources=None: 1)
 
@@ -331,16 +328,26 @@ def set_summary(records: list[dict], oracle: bool) -> dict:
     return out
 
 
+def _add_kind(out: dict[str, dict], kind: str, rounds: int, tokens: int, cost: float) -> None:
+    """Add rounds of ``kind`` (their count, tokens emitted and cost in plain steps) to a tally by kind."""
+    k = out.setdefault(kind, {"rounds": 0, "tokens": 0, "cost": 0.0})
+    k["rounds"] += rounds
+    k["tokens"] += tokens
+    k["cost"] += cost
+
+
+def _rounded(kinds: dict[str, dict]) -> dict[str, dict]:
+    """A tally by kind with its costs rounded for the report (summed unrounded)."""
+    return {kind: {**k, "cost": round(k["cost"], 4)} for kind, k in kinds.items()}
+
+
 def _pooled_kinds(records: list[dict]) -> dict[str, dict]:
     """The records' rounds by kind (:meth:`Replayed.by_kind`) summed over the set."""
     out: dict[str, dict] = {}
     for r in records:
         for kind, k in r.get("kinds", {}).items():
-            p = out.setdefault(kind, {"rounds": 0, "tokens": 0, "cost": 0.0})
-            p["rounds"] += k["rounds"]
-            p["tokens"] += k["tokens"]
-            p["cost"] = round(p["cost"] + k["cost"], 4)
-    return out
+            _add_kind(out, kind, k["rounds"], k["tokens"], k["cost"])
+    return _rounded(out)
 
 
 def record_line(name: str, i: int, rec: dict) -> str:
