@@ -831,6 +831,41 @@ def test_prose_answers_after_prose_answers_pay_nothing_for_lookups():
     assert budget.plan(1, 0.97).free_only  # a sure match would be drafted at once
 
 
+def test_a_new_answer_weighs_the_lookup_maps_rates_as_its_prior():
+    """The lookups' acceptance map keeps what one answer's chains taught (its rates), at no more than the prior's
+    weight in the next answer, so that answer's own chains move it as fast as they moved a new map: after an
+    answer whose 16-node chains were all accepted, three chains of a paraphrasing answer that miss at once stop
+    the chains that the first answer's full count would still run. The model draft's map (a
+    property of the draft, not of the text) keeps its counts."""
+    chain = np.log(0.97) * np.arange(1, 16)
+    lookup = np.full(15, LOOKUP, dtype=np.int8)
+    # Qwen2.5-Coder-1.5B Q4_0 at 2 threads on the AVX2 EPYC, as calibrated there (NOTES.md, 2026-12-03)
+    avx2 = World(**{**QWEN_CPU, "shape": [1.0, 1.73, 2.71, 3.16, 7.28, 10.2, 20.4, 39.0]})
+
+    def after_a_copying_answer() -> TreeBudget:
+        budget = TreeBudget(true_costs(avx2), max_nodes=16, max_depth=12, model_draft=False)
+        for _ in range(60):  # every chain accepted whole
+            budget.acceptance.observe(chain, lookup, np.ones(15, dtype=bool))
+        budget.acceptance.observe(np.array([-0.5, -1.0]), np.zeros(2, dtype=np.int8), np.array([True, False]))
+        return budget
+
+    budget, kept = after_a_copying_answer(), after_a_copying_answer()
+    lookup_map = budget.acceptance.maps[LOOKUP]
+    rates, model_counts = lookup_map.rates().copy(), budget.acceptance.maps[0].counts.copy()
+    assert budget.evidence_gain(0.97) > 1.3
+    budget.begin_answer()
+    assert (lookup_map.counts <= lookup_map.prior_counts + 1e-9).all()
+    assert np.abs(lookup_map.rates() - rates).max() < 0.02
+    np.testing.assert_array_equal(budget.acceptance.maps[0].counts, model_counts)
+    assert budget.evidence_gain(0.97) > 1.3  # a copying answer after it starts as sure
+    missed = np.zeros(15, dtype=bool)
+    for b in (budget, kept):
+        for _ in range(3):
+            b.acceptance.observe(chain, lookup, missed)
+    assert budget.evidence_gain(0.97) <= 1.0
+    assert kept.evidence_gain(0.97) > 1.3  # at the full count the copying answer's wins still run chains
+
+
 def test_rounds_that_verified_only_forced_tokens_judge_no_kind():
     """Under a grammar a drafted round may verify only forced tokens (free and certain): it has its own
     acceptance map and leaves the kind's record and exploration account alone, even where a forced guess

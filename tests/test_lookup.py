@@ -152,6 +152,36 @@ def test_confidence_tells_copying_the_prompt_from_repeating_the_answer():
     assert engine.index.kind(len(engine.index.text), positions) == REPEAT
 
 
+def test_a_new_answer_keeps_the_learned_rates_at_the_priors_weight():
+    """Rates learned in one answer carry into the next at no more than the prior's weight: a summary that quotes
+    8 tokens of its passage and then paraphrases, after an answer that copied its prompt exactly, finds its own
+    rate for such matches within a few of its misses (where the copying answer's full count would still call
+    them sure, and the budget would keep drafting 16-node chains on them); an answer that copies again starts
+    from the high rate."""
+    rng = np.random.default_rng(4)
+    engine = LookupDraft(max_branches=4, max_n=8)
+    prompt = rng.integers(0, 5000, 300).tolist()
+    engine.catch_up(np.array(prompt))
+    engine.begin_answer(len(prompt))
+    engine.catch_up(np.array(prompt + prompt[20:280]))  # the answer copies its prompt exactly
+    conf = engine.index.confidence
+    assert conf.rate(8, COPY) > 0.97 and conf.trials[COPY, 8] > 40
+    learned = conf.rate(8, COPY)
+
+    engine.rollback(0)
+    passage = rng.integers(0, 5000, 300).tolist()
+    engine.catch_up(np.array(passage))
+    engine.begin_answer(len(passage))
+    assert conf.rate(8, COPY) == pytest.approx(learned) and conf.trials[COPY, 8] == conf.weight[8]
+    answer = []
+    for quote in (30, 90, 150, 210):  # four quotes of 8 tokens, each followed by a word of the answer's own
+        answer += passage[quote:quote + 8] + [6000 + quote]
+    engine.catch_up(np.array(passage + answer))
+    assert conf.rate(8, COPY) < 0.7
+    kept = learned * 48 / (48 + 4)  # the same four misses against the copying answer's full count
+    assert kept > 0.85
+
+
 def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():
     """The evidence a round's plan hears: the learned rate of the longest match at the end of the text (root
     included), 0.0 without one; the tail it indexes is the one the round's catch-up would, so that catch-up

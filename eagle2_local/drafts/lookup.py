@@ -99,6 +99,7 @@ class LookupDraft(DraftEngine):
     def begin_answer(self, prompt_tokens: int) -> None:
         """An answer starts after ``prompt_tokens`` tokens: matches from there on lie in the answer."""
         self.index.answer_from = prompt_tokens
+        self.index.confidence.begin_answer()
         self._forget_renames()
         if self.text is not None:
             self.text.stop()  # it starts when the index has read the prompt

@@ -45,11 +45,23 @@ class MatchConfidence:
     def __init__(self, max_n: int, prior_weight: float = 2.0, max_count: float = 48.0) -> None:
         n = np.arange(max_n + 1, dtype=np.float64)
         rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
-        weight = prior_weight * (1.0 + 3.0 * rise)  # a long match's prior takes 4x the evidence to move
-        self.trials = np.tile(weight, (3, 1))
-        self.hits = weight * _priors(max_n)
+        self.weight = prior_weight * (1.0 + 3.0 * rise)  # a long match's prior takes 4x the evidence to move
+        self.trials = np.tile(self.weight, (3, 1))
+        self.hits = self.weight * _priors(max_n)
         self.max_count = max_count
         self._rates = (self.hits / self.trials).tolist()  # read per drafted node: Python floats, no numpy call
+
+    def begin_answer(self) -> None:
+        """A new answer: the answer kinds' (:data:`COPY`, :data:`REPEAT`) learned rates are kept, but weigh
+        no more than their priors did in the first answer. What an answer copies says little of the next one:
+        a code edit's copies are exact for hundreds of tokens, a summary of the same kind of match paraphrases
+        after a few, and at the full count the summary would run the code edit's chains until dozens of its
+        own misses outvoted them. At the prior's weight a few of the new answer's own tokens decide."""
+        for kind in (COPY, REPEAT):
+            scale = np.minimum(self.weight / self.trials[kind], 1.0)
+            self.trials[kind] *= scale
+            self.hits[kind] *= scale
+        self._rates = (self.hits / self.trials).tolist()
 
     def rate(self, n: int, kind: int = PROMPT) -> float:
         return self._rates[kind][n]

@@ -143,11 +143,15 @@ class TreeBudget:
         return kind == MODEL_ROUND and self.guard_gain(kind) < 1.0
 
     def begin_answer(self) -> None:
-        """A new answer: each kind's exploration account gets this answer's allowance. The kinds' records stay:
-        re-judging lookups in every answer made every prose answer pay their exploration again. A new answer
-        that copies is found by its own evidence instead (:meth:`sure_lookup`)."""
+        """A new answer: each kind's exploration account gets this answer's allowance, and the lookups'
+        acceptance map keeps its rates at no more than its prior's weight (what one text's chains did says
+        little of the next text's). The kinds' records stay: re-judging lookups in every answer made every prose
+        answer pay their exploration again. A new answer that copies is found by its own evidence instead
+        (:meth:`sure_lookup`)."""
         for account in self.accounts:
             account.begin_answer()
+        self.acceptance.begin_answer()
+        self._evidence_state = None  # the map's pooled rates may move with its weights
 
     def evidence_gain(self, rate: float) -> float:
         """Tokens/s over plain steps' of the best lookup round that a match with the lookup's learned ``rate``

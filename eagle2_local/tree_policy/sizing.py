@@ -35,7 +35,8 @@ class AcceptanceMap:
         # (trees that deep would not run again to correct it), and a few rounds on a text that does not copy
         # must outweigh the rate it taught the lookup (NOTES.md#lookup-drafts)
         fine_bin = np.diff(self.edges, prepend=low - width, append=width) < width
-        self.counts = prior_weight * np.where(fine_bin, FINE_PRIOR_SHARE, 1.0)
+        self.prior_counts = prior_weight * np.where(fine_bin, FINE_PRIOR_SHARE, 1.0)
+        self.counts = self.prior_counts.copy()
         self.hits = self.counts * np.exp(np.minimum(centres, 0.0))
         self.max_count = max_count
         self.n_observed = 0
@@ -66,6 +67,15 @@ class AcceptanceMap:
             self.counts *= scale
             self.hits *= scale
         self.n_observed += len(bins)
+        self._rates = None
+
+
+    def weigh_as_prior(self) -> None:
+        """Keep each bin's learned rate but let it weigh no more than its prior did: the next observations move
+        the map as fast as they moved the new map (for evidence that belongs to one text, not to the drafter)."""
+        scale = np.minimum(self.prior_counts / self.counts, 1.0)
+        self.counts *= scale
+        self.hits *= scale
         self._rates = None
 
 
@@ -125,6 +135,12 @@ class SourceAcceptance:
         for code in np.unique(sources).tolist():
             mask = sources == code
             self.maps[code].observe(scores[mask], accepted[mask])
+
+    def begin_answer(self) -> None:
+        """A new answer: the lookup's map keeps its rates at its prior's weight (:meth:`AcceptanceMap.weigh_as_prior`).
+        How often a lookup's chains hold is a property of the text (a code edit copies for hundreds of tokens, a
+        summary paraphrases after a few), while the model draft's acceptance is the draft's own and is kept."""
+        self.maps[LOOKUP].weigh_as_prior()
 
     @property
     def n_observed(self) -> int:
