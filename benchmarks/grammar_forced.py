@@ -55,7 +55,7 @@ def main() -> None:
                  for p, g in zip(prompts, grammars)]
         report = {"load": os.getloadavg()[0], "records": len(prompts),
                   "tokens": sum(map(len, plain)), "rules": {}}
-        forced = llm.generator._forced_draft()
+        forced = llm.generator.forced_draft()
         for rule, (prior, learn) in RULES.items():
             forced.chain_prior, forced.learn = prior, learn
             forced.chosen.clear()  # each rule starts cold (the drafter keeps its picks across generations)

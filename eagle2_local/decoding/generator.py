@@ -156,9 +156,9 @@ class Generator:
         joined by the forced tokens."""
         if state is None:
             return self.engine
-        return grammar_draft(self.engine, state, self.tree_params.top_k, self._forced_draft())
+        return grammar_draft(self.engine, state, self.tree_params.top_k, self.forced_draft())
 
-    def _forced_draft(self) -> ForcedDraft:
+    def forced_draft(self) -> ForcedDraft:
         """The forced-token drafter for this target's vocabulary: its prefix forest is built once (~0.1 s), and
         what the target chose among small allowed sets is kept across generations."""
         if self._forced is None:
