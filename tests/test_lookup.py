@@ -159,27 +159,31 @@ def test_a_new_answer_keeps_the_learned_rates_at_the_priors_weight():
     them sure, and the budget would keep drafting 16-node chains on them); an answer that copies again starts
     from the high rate."""
     rng = np.random.default_rng(4)
-    engine = LookupDraft(max_branches=4, max_n=8)
-    prompt = rng.integers(0, 5000, 300).tolist()
-    engine.catch_up(np.array(prompt))
-    engine.begin_answer(len(prompt))
-    engine.catch_up(np.array(prompt + prompt[20:280]))  # the answer copies its prompt exactly
-    conf = engine.index.confidence
-    assert conf.rate(8, COPY) > 0.97 and conf.trials[COPY, 8] > 40
-    learned = conf.rate(8, COPY)
-
-    engine.rollback(0)
-    passage = rng.integers(0, 5000, 300).tolist()
-    engine.catch_up(np.array(passage))
-    engine.begin_answer(len(passage))
-    assert conf.rate(8, COPY) == pytest.approx(learned) and conf.trials[COPY, 8] == conf.weight[8]
+    prompt, passage = rng.integers(0, 5000, 300).tolist(), rng.integers(0, 5000, 300).tolist()
     answer = []
     for quote in (30, 90, 150, 210):  # four quotes of 8 tokens, each followed by a word of the answer's own
         answer += passage[quote:quote + 8] + [6000 + quote]
-    engine.catch_up(np.array(passage + answer))
-    assert conf.rate(8, COPY) < 0.7
-    kept = learned * 48 / (48 + 4)  # the same four misses against the copying answer's full count
-    assert kept > 0.85
+
+    def copy_then_paraphrase(weigh_as_prior: bool) -> MatchConfidence:
+        engine = LookupDraft(max_branches=4, max_n=8)
+        engine.catch_up(np.array(prompt))
+        engine.begin_answer(len(prompt))
+        engine.catch_up(np.array(prompt + prompt[20:280]))  # the answer copies its prompt exactly
+        conf = engine.index.confidence
+        assert conf.rate(8, COPY) > 0.97 and conf.trials[COPY, 8] > 40
+        learned = conf.rate(8, COPY)
+        engine.rollback(0)
+        engine.catch_up(np.array(passage))
+        if not weigh_as_prior:  # the copying answer's full count carried over, as before
+            conf.begin_answer = lambda: None
+        engine.begin_answer(len(passage))
+        assert conf.rate(8, COPY) == pytest.approx(learned)
+        assert (conf.trials[COPY, 8] == conf.weight[8]) == weigh_as_prior
+        engine.catch_up(np.array(passage + answer))
+        return conf
+
+    assert copy_then_paraphrase(True).rate(8, COPY) < 0.7
+    assert copy_then_paraphrase(False).rate(8, COPY) > 0.85  # the same misses against the full count
 
 
 def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():

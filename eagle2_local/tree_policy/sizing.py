@@ -61,22 +61,22 @@ class AcceptanceMap:
         bins = self._bin(scores)
         np.add.at(self.counts, bins, 1.0)
         np.add.at(self.hits, bins, np.asarray(accepted, dtype=np.float64))
-        over = self.counts > self.max_count
-        if over.any():
-            scale = np.where(over, self.max_count / self.counts, 1.0)
-            self.counts *= scale
-            self.hits *= scale
+        if (self.counts > self.max_count).any():
+            self._scale_down_to(self.max_count)
         self.n_observed += len(bins)
         self._rates = None
-
 
     def weigh_as_prior(self) -> None:
         """Keep each bin's learned rate but let it weigh no more than its prior did: the next observations move
         the map as fast as they moved the new map (for evidence that belongs to one text, not to the drafter)."""
-        scale = np.minimum(self.prior_counts / self.counts, 1.0)
+        self._scale_down_to(self.prior_counts)
+        self._rates = None
+
+    def _scale_down_to(self, limit: float | np.ndarray) -> None:
+        """Scale each bin's counts and hits together down to at most ``limit`` (its rate kept)."""
+        scale = np.minimum(limit / self.counts, 1.0)
         self.counts *= scale
         self.hits *= scale
-        self._rates = None
 
 
 def isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -137,8 +137,8 @@ class SourceAcceptance:
             self.maps[code].observe(scores[mask], accepted[mask])
 
     def begin_answer(self) -> None:
-        """A new answer: the lookup's map keeps its rates at its prior's weight (:meth:`AcceptanceMap.weigh_as_prior`).
-        How often a lookup's chains hold is a property of the text (a code edit copies for hundreds of tokens, a
+        """A new answer: the lookup's map keeps its rates at its prior's weight
+        (:meth:`AcceptanceMap.weigh_as_prior`). How often a lookup's chains hold is a property of the text (a code edit copies for hundreds of tokens, a
         summary paraphrases after a few), while the model draft's acceptance is the draft's own and is kept."""
         self.maps[LOOKUP].weigh_as_prior()
 
