@@ -128,7 +128,12 @@ def test_refused_in_one_line_naming_the_rule(what, text, words):
     assert "\n" not in message and all(w in message for w in words), message
 
 
-@pytest.mark.parametrize("text,why", [(HANGS, "within"), (NESTED, "crashed"), (WRAPS, "within")],
+# a grammar whose setup grows without end runs out of the child's time on one CPU and out of its memory first on a
+# faster one (an Intel VM with AMX: bad_alloc within the 1.5 s); either verdict is the guard working
+ENDLESS = "within|needs more than"
+
+
+@pytest.mark.parametrize("text,why", [(HANGS, ENDLESS), (NESTED, "crashed"), (WRAPS, ENDLESS)],
                          ids=["hangs", "nested", "wraps"])
 def test_the_isolated_compile_catches_what_the_validator_would_have_missed(text, why):
     """The second guard alone: llama.cpp compiles each dangerous grammar in a child that times out, runs out

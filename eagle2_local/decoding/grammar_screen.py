@@ -118,12 +118,12 @@ def _read_outcome(proc: subprocess.CompletedProcess, memory_bytes: int) -> bool:
     err = proc.stderr.decode("utf-8", "replace")
     if proc.returncode == _ACCEPTED:
         return True
+    # out of the child's memory, whether llama.cpp's parser caught the bad_alloc (a refusal) or it aborted the child
+    if (proc.returncode == _REFUSED or proc.returncode < 0) and "bad_alloc" in err:
+        raise GrammarError(f"llama.cpp needs more than {memory_bytes >> 20} MB to set the grammar up; simplify it")
     if proc.returncode == _REFUSED:
         raise GrammarError(f"invalid grammar: {parse_error(err.splitlines(), '')}")
     if proc.returncode < 0:
-        if "bad_alloc" in err:
-            raise GrammarError(f"llama.cpp needs more than {memory_bytes >> 20} MB to set the grammar up; "
-                               "simplify it")
         name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
         raise GrammarError(f"llama.cpp crashed setting the grammar up ({name}); simplify it")
     _unavailable(f"the child process failed before compiling (exit {proc.returncode}: {err.strip()[-200:]})")
