@@ -182,8 +182,43 @@ def test_a_new_answer_keeps_the_learned_rates_at_the_priors_weight():
         engine.catch_up(np.array(passage + answer))
         return conf
 
-    assert copy_then_paraphrase(True).rate(8, COPY) < 0.7
-    assert copy_then_paraphrase(False).rate(8, COPY) > 0.85  # the same misses against the full count
+    assert copy_then_paraphrase(True).learned_rate(8, COPY) < 0.7
+    assert copy_then_paraphrase(False).learned_rate(8, COPY) > 0.85  # the same misses against the full count
+
+
+def test_an_answer_that_misses_its_sure_matches_values_them_less_until_it_copies_again():
+    """The answer's own record at sure matches: a summary after a copying answer quotes its passage three to
+    eight tokens at a time and then goes its own way, each miss in another cell, where every sure match promised
+    a hit; one pooled count scales all its answer rates down, in the cells it has not reached yet too (the
+    prompt's own rates are not the answer's), and chains are valued by it. A copy that resumes wins the record
+    back, never past the learned rates, and the next answer starts afresh."""
+    rng = np.random.default_rng(5)
+    prompt, passage = rng.integers(0, 5000, 300).tolist(), rng.integers(0, 5000, 400).tolist()
+    engine = LookupDraft(max_branches=4, max_n=8)
+    engine.catch_up(np.array(prompt))
+    engine.begin_answer(len(prompt))
+    engine.catch_up(np.array(prompt + prompt[20:280]))  # an answer that copies its prompt exactly
+    conf = engine.index.confidence
+    assert conf.answer_factor == 1.0 and conf.rate(8, COPY) == conf.learned_rate(8, COPY)
+    engine.rollback(0)
+    engine.catch_up(np.array(passage))
+    engine.begin_answer(len(passage))
+    paraphrase = []
+    for quote, length in zip(range(10, 330, 40), (3, 6, 4, 7, 5, 8, 3, 6)):  # each quote then a word of its own
+        paraphrase += passage[quote:quote + length] + [6000 + quote]
+    engine.catch_up(np.array(passage + paraphrase))
+    assert conf.answer_factor < 0.9
+    for kind in (COPY, REPEAT):
+        assert conf.rate(8, kind) == pytest.approx(conf.learned_rate(8, kind) * conf.answer_factor)
+    assert conf.rate(8, PROMPT) == conf.learned_rate(8, PROMPT)
+    text = passage + paraphrase + passage[350:353]
+    toks, probs = engine.index.proposed(engine.index.longest_match(text), 1)
+    assert toks == [passage[353]] and probs[0] == pytest.approx(conf.rate(3, COPY))  # what a chain is valued by
+    engine.catch_up(np.array(passage + paraphrase + passage[350:400]))  # the copy resumes
+    assert 0.97 < conf.answer_factor <= 1.0
+    engine.rollback(len(passage))
+    engine.begin_answer(len(passage))
+    assert conf.answer_factor == 1.0
 
 
 def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():

@@ -126,12 +126,34 @@ def test_qa_passages_are_quoted_from_the_articles():
             assert sentence in passage
 
 
+def test_mixed_kinds_alternates_copies_with_paraphrases_and_holds_out_its_second_cycle():
+    """Answers of one kind after another's, in one file (a bench or replay keeps one model across a file): the
+    tune cycle's records come from the built sets' tune records and EAGLE's first, the held-out cycle's from
+    held-out records and EAGLE records past the tune cycle's; the folder's own sets leave it out."""
+    mixed = records("mixed/mixed_kinds")
+    assert len(mixed) == 24 and [r["split"] for r in mixed] == ["tune"] * 12 + ["heldout"] * 12
+    assert [r["source"] for r in mixed[:12]] == [r["source"] for r in mixed[12:]]
+    assert {mixed[i]["source"] for i in (0, 1)} == {"code_edit_short", "sum"}
+    for rec in mixed:
+        if rec["source"] in SIZES:
+            (source,) = [s for s in records(rec["source"]) if s["question_id"] == rec["source_question_id"]]
+            assert source["split"] == rec["split"]
+        else:
+            eagle = records(f"eagle/{rec['source']}")
+            (at,) = [i for i, s in enumerate(eagle) if s["question_id"] == rec["source_question_id"]]
+            assert (at >= 40) == (rec["split"] == "heldout")
+            source = eagle[at]
+        assert source["turns"][0] == rec["turns"][0]
+    assert "mixed_kinds" not in {s.name for s in load_prompt_sets([str(SETS_DIR)], None)}
+    assert [len(s.prompts) for s in load_prompt_sets([str(SETS_DIR / "mixed")], None, "heldout")] == [12]
+
+
 def test_build_script_regenerates_the_committed_files(tmp_path):
     proc = subprocess.run([sys.executable, str(SETS_DIR / "build_prompts.py"), "--source", str(PROMPTS_DIR),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{name}.jsonl" for name in SIZES)
-    for name in SIZES:
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{name}.jsonl" for name in SIZES] + ["mixed"])
+    for name in [*SIZES, "mixed/mixed_kinds"]:
         assert (tmp_path / f"{name}.jsonl").read_bytes() == (SETS_DIR / f"{name}.jsonl").read_bytes()
     bad = subprocess.run([sys.executable, str(SETS_DIR / "build_prompts.py"), "--source", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=60)

@@ -1,5 +1,6 @@
-"""Build the copy-heavy prompt sets (code_edit, code_edit_short, edit_chat, qa_passage, extract, extract_schema)
-and the long-context ones (long_rag, long_sum, long_chat) from eagle/.
+"""Build the copy-heavy prompt sets (code_edit, code_edit_short, edit_chat, qa_passage, extract, extract_schema),
+the long-context ones (long_rag, long_sum, long_chat) and mixed/mixed_kinds (answers of one kind after another's)
+from eagle/.
 
 Lookup drafts pay when the answer repeats its input, so these sets ask for exactly that: edits that return a
 whole function (short ones too, where a draft must pay from its first rounds), multi-turn chats about a pasted
@@ -865,6 +866,36 @@ def build_long_chat(articles: list[dict], n: int) -> list[dict]:
     return with_splits(out)
 
 
+# ---- mixed_kinds --------------------------------------------------------------------------------------------
+
+# Answers of one kind after another's, for the lookup's learned rates that carry from one answer into the next:
+# copies (code_edit_short, extract, qa_passage quotes) between paraphrases (EAGLE's sum) and new code (humaneval)
+MIXED_CYCLE = ("code_edit_short", "sum", "extract", "humaneval", "qa_passage", "sum", "code_edit_short", "extract",
+               "sum", "qa_passage", "humaneval", "extract")
+MIXED_EAGLE_HELDOUT = 40  # the held-out cycle's EAGLE records start here (the tune cycle's at 0)
+
+
+def build_mixed_kinds(sets: dict[str, list[dict]], humaneval: list[dict], articles: list[dict]) -> list[dict]:
+    """Two cycles of :data:`MIXED_CYCLE`: the first of tune records (the built sets' first tune records,
+    EAGLE's first), the second of held-out ones (the built sets' held-out records, EAGLE records no other set
+    or bench has used). Each record keeps its source's user turn; ``source`` names the set it came from."""
+    eagle = {"sum": articles, "humaneval": humaneval}
+    out: list[dict] = []
+    for split in ("tune", "heldout"):
+        pools = {name: [r for r in sets[name] if r["split"] == split] for name in MIXED_CYCLE if name not in eagle}
+        first = 0 if split == "tune" else MIXED_EAGLE_HELDOUT
+        pools.update({name: records[first:] for name, records in eagle.items()})
+        taken: Counter[str] = Counter()
+        for name in MIXED_CYCLE:
+            if taken[name] >= len(pools[name]):
+                raise BuildError(f"mixed_kinds: too few {split} records of {name}")
+            rec = pools[name][taken[name]]
+            taken[name] += 1
+            out.append({"question_id": len(out), "category": f"mixed_kinds/{name}", "turns": rec["turns"][:1],
+                        "source": name, "source_question_id": rec["question_id"], "split": split})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE,
@@ -886,13 +917,16 @@ def main(argv: list[str] | None = None) -> int:
                 "long_rag": build_long_rag(articles, N_LONG_RAG),
                 "long_sum": build_long_sum(articles, N_LONG_SUM),
                 "long_chat": build_long_chat(articles, N_LONG_CHAT)}
-        args.out.mkdir(parents=True, exist_ok=True)
+        mixed = build_mixed_kinds(sets, humaneval, articles)
+        (args.out / "mixed").mkdir(parents=True, exist_ok=True)
         for name, records in sets.items():
             write_jsonl(args.out / f"{name}.jsonl", records)
+        write_jsonl(args.out / "mixed" / "mixed_kinds.jsonl", mixed)
     except (BuildError, OSError, json.JSONDecodeError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {', '.join(f'{len(r)} {name}' for name, r in sets.items())} prompts to {args.out}")
+    print(f"wrote {', '.join(f'{len(r)} {name}' for name, r in sets.items())} prompts and {len(mixed)} mixed/mixed_kinds"
+          f" to {args.out}")
     return 0
 
 

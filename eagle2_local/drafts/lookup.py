@@ -138,7 +138,7 @@ class LookupDraft(DraftEngine):
         """Does the answer re-emit its prompt (a code edit), so that a word it changed is a rename? An answer
         that paraphrases (a summary) goes on with a copy of a few tokens far less often, and the words it swaps
         recur nowhere it copies: rebuilding the renamed text for them only costs time between rounds."""
-        return self.index.confidence.rate(min(FAITHFUL_MATCH, self.index.max_n), COPY) >= FAITHFUL_RATE
+        return self.index.confidence.learned_rate(min(FAITHFUL_MATCH, self.index.max_n), COPY) >= FAITHFUL_RATE
 
     def _extend_text(self, tokens: list[int]) -> None:
         """Index ``tokens`` and follow the answer's text: each answer token first scores the text copy's

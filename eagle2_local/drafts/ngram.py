@@ -20,6 +20,10 @@ from .renames import Divergence
 PROMPT, COPY, REPEAT = 0, 1, 2
 LONG_COPY = 3  # a copy matched on at least this many tokens that misses is a divergence (renames.py)
 NO_ANSWER = 1 << 62  # answer_from before an answer begins (all text is prompt)
+# An answer's own record at sure matches (MatchConfidence.answer_factor): which learned rates count as sure (the
+# ones a lookup round may start on), and how many expected hits its prior of "as learned" weighs
+SURE_RATE = 0.8
+ANSWER_WEIGHT = 8.0
 
 
 def _priors(max_n: int) -> np.ndarray:
@@ -40,9 +44,18 @@ class MatchConfidence:
 
     Each kind learns its own rates from the text, starting from :func:`_priors`, which weigh more for long
     matches: a long exact match is strong evidence before the text has said anything (a new answer can draft a
-    sure chain in its first rounds). Counts are capped, so recent text weighs most."""
+    sure chain in its first rounds). Counts are capped, so recent text weighs most.
 
-    def __init__(self, max_n: int, prior_weight: float = 2.0, max_count: float = 48.0) -> None:
+    One answer-wide check sits on top: at the matches the rates call sure, has this answer hit as often as they
+    promised? Each cell learns alone and slowly (a few of the answer's tokens fall in each), while every sure match
+    of the answer says the same thing about it: a summary quoting its passage for a few tokens at a time misses
+    at rates a code edit's copies taught, and one pooled count finds that within a few misses. The answer kinds'
+    rates (:data:`COPY`, :data:`REPEAT`) are scaled by :attr:`answer_factor`, its hits over the hits promised,
+    shrunk towards 1 (``answer_weight`` promised hits of prior), never above 1; it is free evidence (every
+    committed token is scored, plain steps' too), so a copy that resumes after an edit point wins it back."""
+
+    def __init__(self, max_n: int, prior_weight: float = 2.0, max_count: float = 48.0,
+                 answer_weight: float = ANSWER_WEIGHT) -> None:
         n = np.arange(max_n + 1, dtype=np.float64)
         rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
         self.weight = prior_weight * (1.0 + 3.0 * rise)  # a long match's prior takes 4x the evidence to move
@@ -50,23 +63,43 @@ class MatchConfidence:
         self.hits = self.weight * _priors(max_n)
         self.max_count = max_count
         self._rates = (self.hits / self.trials).tolist()  # read per drafted node: Python floats, no numpy call
+        self.answer_weight = answer_weight
+        self._answer_hits = self._answer_expected = 0.0
+        self.answer_factor = 1.0  # see the class docstring
 
     def begin_answer(self) -> None:
         """A new answer: the answer kinds' (:data:`COPY`, :data:`REPEAT`) learned rates are kept, but weigh
         no more than their priors did in the first answer. What an answer copies says little of the next one:
         a code edit's copies are exact for hundreds of tokens, a summary of the same kind of match paraphrases
         after a few, and at the full count the summary would run the code edit's chains until dozens of its
-        own misses outvoted them. At the prior's weight a few of the new answer's own tokens decide."""
+        own misses outvoted them. At the prior's weight a few of the new answer's own tokens decide. The
+        answer's own record (:attr:`answer_factor`) starts again."""
         for kind in (COPY, REPEAT):
             scale = np.minimum(self.weight / self.trials[kind], 1.0)
             self.trials[kind] *= scale
             self.hits[kind] *= scale
         self._rates = (self.hits / self.trials).tolist()
+        self._answer_hits = self._answer_expected = 0.0
+        self.answer_factor = 1.0
 
     def rate(self, n: int, kind: int = PROMPT) -> float:
+        """How sure a match of this length and kind is now: its learned rate, an answer's scaled by the
+        answer's own record at sure matches (what drafts value their chains by)."""
+        rate = self._rates[kind][n]
+        return rate if kind == PROMPT else rate * self.answer_factor
+
+    def learned_rate(self, n: int, kind: int = PROMPT) -> float:
+        """The rate learned for matches of this length and kind, without the answer's record."""
         return self._rates[kind][n]
 
     def observe(self, n: int, hit: bool, kind: int = PROMPT) -> None:
+        """The next token was (``hit``) or was not the top continuation of a match of length ``n``."""
+        promised = self._rates[kind][n]
+        if kind != PROMPT and promised >= SURE_RATE:
+            self._answer_expected += promised
+            self._answer_hits += float(hit)
+            w = self.answer_weight
+            self.answer_factor = min(1.0, (w + self._answer_hits) / (w + self._answer_expected))
         self.trials[kind, n] += 1.0
         self.hits[kind, n] += float(hit)
         if self.trials[kind, n] > self.max_count:
