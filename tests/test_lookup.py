@@ -221,8 +221,8 @@ def test_an_answer_that_misses_its_sure_matches_values_them_less_until_it_copies
     assert conf.answer_factor == 1.0
 
 
-def test_next_rate_is_the_learned_rate_of_the_roots_match_before_any_draft():
-    """The evidence a round's plan hears: the learned rate of the longest match at the end of the text (root
+def test_next_rate_is_the_rate_of_the_roots_match_before_any_draft():
+    """The evidence a round's plan hears: the rate of the longest match at the end of the text (root
     included), 0.0 without one; the tail it indexes is the one the round's catch-up would, so that catch-up
     finds nothing new to index and proposes what the rate promised."""
     prompt = np.random.default_rng(3).integers(0, 50, 60).tolist()

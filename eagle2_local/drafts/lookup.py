@@ -180,10 +180,11 @@ class LookupDraft(DraftEngine):
         return self.proposals(*self.catch_up_rows(tokens))
 
     def next_rate(self, tokens: list[int], allowed: Callable[[int], bool] | None = None) -> float:
-        """How sure the text is of the token after ``tokens`` (root included): the learned rate of its longest
-        match's kind and length, 0.0 without a match. A round's evidence before any tree is drafted, at the
-        price of indexing the tail that the round's own catch-up would index anyway. ``allowed`` (a grammar's
-        check): a token it forbids is no evidence, as the round would drop it."""
+        """How sure the text is of the token after ``tokens`` (root included): the rate of its longest
+        match's kind and length (:meth:`MatchConfidence.rate`: learned, scaled by the answer's record), 0.0
+        without a match. A round's evidence before any tree is drafted, at the price of indexing the tail that the
+        round's own catch-up would index anyway. ``allowed`` (a grammar's check): a token it forbids is no
+        evidence, as the round would drop it."""
         self._extend(tokens[len(self.index):])
         toks, probs = self._continue([[]], [None], [ROOT], width=1)
         if not toks[0] or (allowed is not None and not allowed(toks[0][0])):

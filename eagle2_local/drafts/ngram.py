@@ -64,8 +64,7 @@ class MatchConfidence:
         self.max_count = max_count
         self._rates = (self.hits / self.trials).tolist()  # read per drafted node: Python floats, no numpy call
         self.answer_weight = answer_weight
-        self._answer_hits = self._answer_expected = 0.0
-        self.answer_factor = 1.0  # see the class docstring
+        self._new_answer_record()
 
     def begin_answer(self) -> None:
         """A new answer: the answer kinds' (:data:`COPY`, :data:`REPEAT`) learned rates are kept, but weigh
@@ -79,6 +78,10 @@ class MatchConfidence:
             self.trials[kind] *= scale
             self.hits[kind] *= scale
         self._rates = (self.hits / self.trials).tolist()
+        self._new_answer_record()
+
+    def _new_answer_record(self) -> None:
+        """No sure match of the answer scored yet: :attr:`answer_factor` (see the class docstring) is 1."""
         self._answer_hits = self._answer_expected = 0.0
         self.answer_factor = 1.0
 
