@@ -20,6 +20,14 @@ def records(name: str) -> list[dict]:
     return [json.loads(line) for line in (SETS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
+def build_constant(name: str):
+    """A module-level constant of build_prompts.py, read from its source (the script is run, not imported)."""
+    tree = ast.parse((SETS_DIR / "build_prompts.py").read_text(encoding="utf-8"))
+    (value,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    return ast.literal_eval(value)
+
+
 SIZES = {"code_edit": 20, "code_edit_short": 24, "edit_chat": 16, "extract": 32, "extract_schema": 24,
          "qa_passage": 20, "long_rag": 12, "long_sum": 12, "long_chat": 8}
 LONG = ("long_rag", "long_sum", "long_chat")
@@ -131,6 +139,7 @@ def test_mixed_kinds_alternates_copies_with_paraphrases_and_holds_out_its_second
     tune cycle's records come from the built sets' tune records and EAGLE's first, the held-out cycle's from
     held-out records and EAGLE records past the tune cycle's; the folder's own sets leave it out."""
     mixed = records("mixed/mixed_kinds")
+    first_heldout = build_constant("MIXED_EAGLE_HELDOUT")
     assert len(mixed) == 24 and [r["split"] for r in mixed] == ["tune"] * 12 + ["heldout"] * 12
     assert [r["source"] for r in mixed[:12]] == [r["source"] for r in mixed[12:]]
     assert {mixed[i]["source"] for i in (0, 1)} == {"code_edit_short", "sum"}
@@ -141,7 +150,7 @@ def test_mixed_kinds_alternates_copies_with_paraphrases_and_holds_out_its_second
         else:
             eagle = records(f"eagle/{rec['source']}")
             (at,) = [i for i, s in enumerate(eagle) if s["question_id"] == rec["source_question_id"]]
-            assert (at >= 40) == (rec["split"] == "heldout")
+            assert (at >= first_heldout) == (rec["split"] == "heldout")
             source = eagle[at]
         assert source["turns"][0] == rec["turns"][0]
     assert "mixed_kinds" not in {s.name for s in load_prompt_sets([str(SETS_DIR)], None)}
