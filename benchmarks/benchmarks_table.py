@@ -3,13 +3,14 @@
     python benchmarks/make_record.py && python benchmarks/benchmarks_table.py   # regenerate, then this
     python benchmarks/benchmarks_table.py --check                              # exit 1 if the file is stale
 
-The table has one row per prompt set x model x machine, where the model is the target with its draft (a
-head, a draft model, lookup, or both) and the machine is the CPU with the instruction sets that change
-llama.cpp's kernels (AVX-512, AVX-VNNI, AMX). Each row shows the latest run of that key (by the report's
-date), whatever its tree and thread count (shown in the row), and links to its section. A `bench` / grammar report none of whose rows is
-the latest of its key is superseded: its sections move, unchanged, to the archive at the end of the file, so
-every measurement stays in the file and every anchor stays valid. The figures are read from
-`benchmarks/results/*.json`, the same reports `make_record.py` formats; nothing is typed by hand.
+The table has one row per prompt set x model x machine x thread count, where the model is the target with its
+draft (a head, a draft model, lookup, or both) and the machine is the CPU with the instruction sets that change
+llama.cpp's kernels (AVX-512, AVX-VNNI, AMX): a run at 1 thread does not hide one at 2, whose speed-ups differ.
+Each row shows the latest run of that key (by the report's date), whatever its tree (shown in the row), and links
+to its section. A `bench` / grammar report none of whose rows is the latest of its key is superseded: its sections
+move, unchanged, to the archive at the end of the file, so every measurement stays in the file and every anchor
+stays valid. The figures are read from `benchmarks/results/*.json`, the same reports `make_record.py` formats;
+nothing is typed by hand.
 
 Running it again on its own output changes nothing (tests/test_benchmarks_table.py checks the committed
 file is a fixed point).
@@ -60,30 +61,30 @@ def bench_reports(results: Path = RESULTS) -> list[tuple[str, dict]]:
 
 
 def current_rows(reports: list[tuple[str, dict]]) -> tuple[list[Row], set[str]]:
-    """The latest run of each set x model (target, draft) x machine as table rows, and the stems those rows come from."""
+    """The latest run of each set x model (target, draft) x machine x threads as table rows, and the stems those
+    rows come from."""
     latest: dict[tuple[str, ...], tuple[str, str, dict]] = {}
     for stem, rep in reports:
         st = rep["settings"]
         split = st.get("split") or "all"
         for name, s in rep["sets"].items():
             set_name = name if split == "all" else f"{name} ({split})"
-            key = (Path(st["model"]).name, st["engine"], set_name, machine_label(rep["machine"]))
+            key = (Path(st["model"]).name, st["engine"], set_name, machine_label(rep["machine"]), str(st["threads"]))
             if key not in latest or rep["date"] >= latest[key][0]:
                 latest[key] = (rep["date"], stem, rep, s)
     rows: list[Row] = []
     for key in sorted(latest):
-        model, engine, set_name, machine = key
+        model, engine, set_name, machine, threads = key
         date, stem, rep, s = latest[key]
-        rows.append((set_name, model, engine, machine, tree_label(rep["settings"]["tree"]),
-                     str(rep["settings"]["threads"]), date[:10], f"{s['speedup']:.2f}x", f"{s['tau']:.2f}",
-                     f"[{stem}](#{anchor(stem)})"))
+        rows.append((set_name, model, engine, machine, tree_label(rep["settings"]["tree"]), threads, date[:10],
+                     f"{s['speedup']:.2f}x", f"{s['tau']:.2f}", f"[{stem}](#{anchor(stem)})"))
     return rows, {row[-1].split("]")[0][1:] for row in rows}
 
 
 def table(rows: list[Row]) -> list[str]:
     """The marker-delimited block: what it shows, how to regenerate it, the table."""
     return [BEGIN, "", "## Current figures", "",
-            "The latest run of each prompt set x model (target and draft) x machine, from",
+            "The latest run of each prompt set x model (target and draft) x machine x threads, from",
             "`benchmarks/results/*.json`. Speed-up: median over prompts of eagle2-local tok/s / plain tok/s, both",
             "run alternately in one process; tau: tokens committed per target pass. Conditions (idle or loaded",
             "machine, repeats) are in each run's section. Older runs of the same key are in the",
@@ -158,7 +159,7 @@ def render(text: str, reports: list[tuple[str, dict]]) -> str:
         if moved:
             archive += ["### " + title[3:], ""] + [ln for h, b in moved for ln in ["#" + h] + b]
     if archive:
-        out += [ARCHIVE, "", "Runs whose every row has a later run of the same set x model x machine in",
+        out += [ARCHIVE, "", "Runs whose every row has a later run of the same set x model x machine x threads in",
                 "the [current figures](#current-figures), kept as they were recorded.", ""] + archive
     while out[-1] == "":
         out.pop()
