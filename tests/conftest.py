@@ -6,12 +6,14 @@ SmolLM2 tests are marked ``smollm2``. Outside CI they are skipped when the model
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import pytest
 
 from eagle2_local.formats.layer_draft import write_truncated
+from eagle2_local.llamacpp.llama import LlamaModel
 from tests.support.cpu_share import auto_workers, cpu_share, pin_worker, workers
 from tests.support.synthetic_model import write_model
 
@@ -19,6 +21,22 @@ from tests.support.synthetic_model import write_model
 def pytest_configure(config) -> None:
     """Each pytest-xdist worker runs on its own share of the cores, before any model loads."""
     pin_worker()
+    offload_from_env()
+
+
+def offload_from_env() -> None:
+    """``EAGLE2_LOCAL_TEST_GPU_LAYERS=N``: every model a test loads without naming ``n_gpu_layers`` offloads N
+    layers, so the lossless tests run on a CUDA/Metal build's device (benchmarks/gpu_check.sh sets it)."""
+    layers = os.environ.get("EAGLE2_LOCAL_TEST_GPU_LAYERS")
+    if not layers:
+        return
+    load = LlamaModel.__init__
+
+    @functools.wraps(load)
+    def offloaded(self, path, n_gpu_layers=None, *args, **kwargs) -> None:
+        load(self, path, int(layers) if n_gpu_layers is None else n_gpu_layers, *args, **kwargs)
+
+    LlamaModel.__init__ = offloaded
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
