@@ -22,7 +22,7 @@
 # fits the device time: llama.cpp's flash_attn "auto" then runs the plain attention path on the GPU.
 # llama-cpp-python loads the libraries where they were built (one copy of each). Before the steps, `run` checks
 # that the CLI loads the model, trying a preloaded system libstdc++ where it does not (NOTES, "GPU check on an
-# H200": the first run crashed in libstdc++ code that libllama's calls found in libggml-cuda).
+# H200": the first run's CLI and tests crashed at model load in libstdc++ calls that jumped into libggml-cuda).
 # CRASH_ONLY=1 run: only the C stacks (cuda-gdb) of a crashing command and test, and which settings avoid it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -184,6 +184,22 @@ crash_report() {  # CRASH_ONLY=1: where the commands and tests crash on this GPU
     # shellcheck disable=SC2086
     timeout 80 cuda-gdb -q -batch -ex run -ex bt -ex "info threads" --args "$py" $t 2>&1 \
       | grep -E "^#|signal|^\*|Thread" | head -60 >> "$out" || true
+  done
+  # the bare loading script passed where the CLI crashed: which import before llama.cpp's load makes it crash
+  local first
+  for first in "" "import gguf" "import eagle2_local.commands" "import eagle2_local.commands, tests.conftest"; do
+    echo "== load after: ${first:-nothing}" >> "$out"
+    timeout 40 "$py" -c "${first:-pass}
+import sys
+from eagle2_local.llamacpp.llama import LlamaModel
+LlamaModel(sys.argv[1], n_gpu_layers=int(sys.argv[2]))
+print('loaded')" "$work/$model_name" "$layers" > "$res/probe.log" 2>&1 && echo "rc 0" >> "$out" \
+      || echo "rc $?" >> "$out"
+    echo "== the shared libraries it had loaded:" >> "$out"
+    LD_DEBUG=files LD_DEBUG_OUTPUT="$res/ldf" timeout 40 "$py" -c "${first:-pass}" > /dev/null 2>&1 || true
+    cat "$res"/ldf.* 2>/dev/null | grep -o "file=[^ ]*" | sort -u | tr '\n' ' ' >> "$out" || true
+    echo >> "$out"
+    rm -f "$res"/ldf.*
   done
   for env in "EAGLE2_LOCAL_AMX=1" "GGML_CUDA_NO_PINNED=1"; do
     echo "== verify-cost with $env" >> "$out"
