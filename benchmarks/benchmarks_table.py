@@ -5,7 +5,8 @@
 
 The table has one row per prompt set x model x machine x thread count, where the model is the target with its
 draft (a head, a draft model, lookup, or both) and the machine is the CPU with the instruction sets that change
-llama.cpp's kernels (AVX-512, AVX-VNNI, AMX): a run at 1 thread does not hide one at 2, whose speed-ups differ.
+llama.cpp's kernels (AVX-512, AVX-VNNI, AMX), marked 'loaded' when other busy work shared it: a run at 1 thread
+does not hide one at 2, nor a run under load an idle one, whose speed-ups differ.
 Each row shows the latest run of that key (by the report's date), whatever its tree (shown in the row), and links
 to its section. A `bench` / grammar report none of whose rows is the latest of its key is superseded: its sections
 move, unchanged, to the archive at the end of the file, so every measurement stays in the file and every anchor
@@ -23,6 +24,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+from eagle2_local.measure.machine_load import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -42,6 +45,14 @@ def machine_label(machine: dict) -> str:
              if key in info] or ["AVX2"]
     cpu = machine.get("cpu", "?").replace("(R)", "")
     return f"{cpu}, {machine.get('cores', '?')} cores, {' + '.join(flags)}"
+
+
+def condition_label(stem: str, rep: dict) -> str:
+    """', loaded' for a run that shared its machine with other busy work (its load average, recorded since
+    2026-12-04, at least one above its threads; older runs say so in their name: 'under-busy-loops'), else ''."""
+    load = rep["machine"].get("load_1min_median")
+    busy = loaded(load, rep["settings"]["threads"]) if load is not None else "busy-loops" in stem
+    return ", loaded" if busy else ""
 
 
 def tree_label(tree: dict) -> str:
@@ -69,7 +80,8 @@ def current_rows(reports: list[tuple[str, dict]]) -> tuple[list[Row], set[str]]:
         split = st.get("split") or "all"
         for name, s in rep["sets"].items():
             set_name = name if split == "all" else f"{name} ({split})"
-            key = (Path(st["model"]).name, st["engine"], set_name, machine_label(rep["machine"]), str(st["threads"]))
+            machine = machine_label(rep["machine"]) + condition_label(stem, rep)
+            key = (Path(st["model"]).name, st["engine"], set_name, machine, str(st["threads"]))
             if key not in latest or rep["date"] >= latest[key][0]:
                 latest[key] = (rep["date"], stem, rep, s)
     rows: list[Row] = []
@@ -86,8 +98,9 @@ def table(rows: list[Row]) -> list[str]:
     return [BEGIN, "", "## Current figures", "",
             "The latest run of each prompt set x model (target and draft) x machine x threads, from",
             "`benchmarks/results/*.json`. Speed-up: median over prompts of eagle2-local tok/s / plain tok/s, both",
-            "run alternately in one process; tau: tokens committed per target pass. Conditions (idle or loaded",
-            "machine, repeats) are in each run's section. Older runs of the same key are in the",
+            "run alternately in one process; tau: tokens committed per target pass. A run on a loaded machine",
+            "(other busy work beside it) has its own rows, marked 'loaded'; repeats and other conditions are in",
+            "each run's section. Older runs of the same key are in the",
             "[archive](#archive-superseded-runs). Regenerate with",
             "`python benchmarks/make_record.py && python benchmarks/benchmarks_table.py`.", "",
             "| set | model | draft | machine | tree | threads | date | speed-up | tau | run |",

@@ -33,7 +33,14 @@ def test_bench_json_fields(tmp_path, synth_q8):
         assert s["tau"] > 1.5
     assert report["settings"]["model_sha256"] and report["machine"]["llama_cpp_python"]
     assert len(report["prompts"]) == 12
+    for rec in report["prompts"]:  # how busy the machine was, per record (None: no CPU tick passed in that mode)
+        load = rec["machine_load"]
+        assert load["load_1min"] >= 0, load
+        assert all(load[k] is None or 0 <= load[k] <= 1 for k in ("steal_plain", "steal_eagle")), load
+    assert report["machine"]["load_1min_median"] >= 0
+    assert report["machine"]["steal_median"] is None or 0 <= report["machine"]["steal_median"] <= 1
     assert "speedup" in proc.stdout and "host ms/round" in proc.stdout
+    assert "machine: load average" in proc.stdout
     assert "projection from the measured host time" in proc.stdout
 
 

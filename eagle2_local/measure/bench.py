@@ -33,6 +33,7 @@ from ..errors import Eagle2Error
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import system_info
 from .llamacpp_bench import binaries_summary
+from .machine_load import CpuTicks, load_1min, pooled_steal
 
 if TYPE_CHECKING:
     from ..api import Eagle2
@@ -173,6 +174,7 @@ class PromptResult:
     divergence_turn: int | None = None
     split: str = "tune"
     constrained: bool = False  # a schema or grammar constrained the answers
+    machine_load: dict | None = None  # load average after the record, host steal share per mode (machine_load.py)
 
     @property
     def speedup(self) -> float:
@@ -242,14 +244,19 @@ class Bench:
         and its outputs count as identical only if every turn's answer is."""
         turns = [text] if isinstance(text, str) else list(text)
         runs: dict[str, list[ChatRun]] = {"plain": [], "eagle": []}
+        ticks: dict[str, list[tuple[CpuTicks | None, CpuTicks | None]]] = {"plain": [], "eagle": []}
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
         for _ in range(self.repeat):
             for mode in order:
+                before = CpuTicks.now()
                 runs[mode].append(self._chat(mode, turns, grammar))
+                ticks[mode].append((before, CpuTicks.now()))
         plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median(runs["plain"]), _median(runs["eagle"]),
                            identical=plain.answers == eagle.answers, turns=len(turns), split=split,
-                           constrained=grammar is not None)
+                           constrained=grammar is not None,
+                           machine_load={"load_1min": load_1min(), "steal_plain": pooled_steal(ticks["plain"]),
+                                         "steal_eagle": pooled_steal(ticks["eagle"])})
         if not res.identical and self.sampling.greedy:
             t = next(i for i, (a, b) in enumerate(zip(plain.answers, eagle.answers)) if a != b)
             pa, ea = plain.answers[t], eagle.answers[t]
@@ -315,14 +322,24 @@ class Bench:
 
     def report(self, settings: dict) -> dict:
         return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "machine": machine_info(), "settings": settings, "sets": self.summary(),
+                "machine": {**machine_info(), **self.load_summary()}, "settings": settings, "sets": self.summary(),
                 "prompts": [{"set": r.set, "index": r.index, "speedup": round(r.speedup, 4),
                              "identical": r.identical, "split": r.split, "divergence_at": r.divergence_at,
                              "divergence_gap": r.divergence_gap, "turns": r.turns,
                              "divergence_turn": r.divergence_turn, "constrained": r.constrained,
                              "plain": r.plain.as_dict(), "eagle": r.eagle.as_dict(),
-                             "llama_cpp": r.llama_cpp}
+                             "llama_cpp": r.llama_cpp, "machine_load": r.machine_load}
                             for r in self.results]}
+
+    def load_summary(self) -> dict:
+        """How busy the machine was over the run: the medians of the records' load averages and of their steal
+        shares (each mode's; None where the platform has no such readings)."""
+        loads = [r.machine_load["load_1min"] for r in self.results
+                 if r.machine_load and r.machine_load["load_1min"] is not None]
+        steals = [r.machine_load[k] for r in self.results if r.machine_load
+                  for k in ("steal_plain", "steal_eagle") if r.machine_load[k] is not None]
+        return {"load_1min_median": round(statistics.median(loads), 2) if loads else None,
+                "steal_median": round(statistics.median(steals), 4) if steals else None}
 
 
 def _speedup_e2e(rs: list[PromptResult]) -> float:
