@@ -61,7 +61,7 @@ prepare() {
   mkdir -p "$work"
   rm -rf "$work/parts" && mkdir -p "$work/parts"
   make_bundle
-  local model tree bundle budget size first rest n i off len
+  local model tree bundle budget size first n i off len
   model=$("$py" -c 'from eagle2_local.formats.models import default_model_path; print(default_model_path())')
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
   bundle=$(stat -c %s "$work/bundle.tgz")
@@ -129,7 +129,7 @@ unpack_bundle() {
   mkdir -p "$work/src" && tar xzf "$bundle" -C "$work/src"
 }
 
-build() {  # libllama + ggml (CUDA) for this GPU's architecture into $work/lib; $work/build.rc says how it ended
+build() {  # libllama + ggml (CUDA) for this GPU's architecture in $work/build/bin; $work/build.rc says how it ended
   local rc=0
   build_cuda || rc=$?
   echo "$rc" > "$work/build.rc"
