@@ -176,10 +176,16 @@ step() {  # step NAME SECONDS LOG COMMAND...: run under a time limit, note the o
 
 left() { echo $(( deadline - SECONDS - ${1:-0} )); }
 
+noting_rc() {  # noting_rc FILE COMMAND...: run it, its output and then its exit status appended to FILE
+  local file=$1 rc=0
+  shift
+  "$@" >> "$file" 2>&1 || rc=$?
+  echo "rc $rc" >> "$file"
+}
+
 crash_report() {  # CRASH_ONLY=1: where the commands and tests crash on this GPU (C stacks), and what avoids it
   local layers=$1 out="$res/crash.txt" t
-  for t in "cli.py verify-cost --threads 4 --n-gpu-layers $layers --sizes 1,2 --repeats 1" \
-           "-m pytest -q -p no:cacheprovider -n 0 -x tests/test_backend_topk.py -k rows_equal_numpy"; do
+  for t in "${probe[*]}" "-m pytest -q -p no:cacheprovider -n 0 -x tests/test_backend_topk.py -k rows_equal_numpy"; do
     echo "== cuda-gdb: $t" >> "$out"
     # shellcheck disable=SC2086
     timeout 80 cuda-gdb -q -batch -ex run -ex bt -ex "info threads" --args "$py" $t 2>&1 \
@@ -189,12 +195,11 @@ crash_report() {  # CRASH_ONLY=1: where the commands and tests crash on this GPU
   local first
   for first in "" "import gguf" "import eagle2_local.commands" "import eagle2_local.commands, tests.conftest"; do
     echo "== load after: ${first:-nothing}" >> "$out"
-    timeout 40 "$py" -c "${first:-pass}
+    noting_rc "$out" timeout 40 "$py" -c "${first:-pass}
 import sys
 from eagle2_local.llamacpp.llama import LlamaModel
 LlamaModel(sys.argv[1], n_gpu_layers=int(sys.argv[2]))
-print('loaded')" "$work/$model_name" "$layers" > "$res/probe.log" 2>&1 && echo "rc 0" >> "$out" \
-      || echo "rc $?" >> "$out"
+print('loaded')" "$work/$model_name" "$layers"
     echo "== the shared libraries it had loaded:" >> "$out"
     LD_DEBUG=files LD_DEBUG_OUTPUT="$res/ldf" timeout 40 "$py" -c "${first:-pass}" > /dev/null 2>&1 || true
     cat "$res"/ldf.* 2>/dev/null | grep -o "file=[^ ]*" | sort -u | tr '\n' ' ' >> "$out" || true
@@ -203,16 +208,13 @@ print('loaded')" "$work/$model_name" "$layers" > "$res/probe.log" 2>&1 && echo "
   done
   for env in "EAGLE2_LOCAL_AMX=1" "GGML_CUDA_NO_PINNED=1"; do
     echo "== verify-cost with $env" >> "$out"
-    env $env timeout 40 "$py" cli.py verify-cost --threads 4 --n-gpu-layers "$layers" --sizes 1,2 --repeats 1 \
-      >> "$out" 2>&1 && echo "rc 0" >> "$out" || echo "rc $?" >> "$out"
+    noting_rc "$out" env $env timeout 40 "$py" "${probe[@]}"
   done
   echo "== verify-cost, 0 layers" >> "$out"
-  timeout 40 "$py" cli.py verify-cost --threads 4 --n-gpu-layers 0 --sizes 1,2 --repeats 1 >> "$out" 2>&1 \
-    && echo "rc 0" >> "$out" || echo "rc $?" >> "$out"
+  noting_rc "$out" timeout 40 "$py" "${probe[@]/#--n-gpu-layers=*/--n-gpu-layers=0}"
   { g++ --version | head -1; nvcc --version | tail -1; } >> "$out" 2>&1 || true
   echo "== which library libllama's ostream << long binds to (LD_DEBUG)" >> "$out"
-  LD_DEBUG=bindings LD_DEBUG_OUTPUT="$res/ld" timeout 40 "$py" cli.py verify-cost --threads 4 --n-gpu-layers \
-    "$layers" --sizes 1 --repeats 1 > /dev/null 2>&1 || true
+  LD_DEBUG=bindings LD_DEBUG_OUTPUT="$res/ld" timeout 40 "$py" "${probe[@]}" > /dev/null 2>&1 || true
   cat "$res"/ld.* 2>/dev/null | grep "_M_insert" | grep -o "binding file [^ ]* .* to [^ ]*" | sort | uniq -c \
     | head -10 >> "$out" || true
   rm -f "$res"/ld.*
@@ -238,8 +240,7 @@ print("llama_cpp.Llama:", repr(l("The capital of France is", max_tokens=4)["choi
   # the probe is a command (a bare loading script passed where the CLI and the tests crashed)
   for env in "" "LD_PRELOAD=$stdcxx" "EAGLE2_LOCAL_AMX=1"; do
     echo "== verify-cost, $layers layers, env: ${env:-none}" >> "$out"
-    if env $env timeout 60 "$py" cli.py verify-cost --threads 4 --n-gpu-layers "$layers" --sizes 1,2 --repeats 1 \
-        > "$res/probe.log" 2>&1; then
+    if env $env timeout 60 "$py" "${probe[@]}" > "$res/probe.log" 2>&1; then
       tail -4 "$res/probe.log" >> "$out"
       [ -n "$env" ] && export "${env?}"
       echo "verify-cost runs on the GPU with env: ${env:-none}" >> "$res/summary.txt"
@@ -292,6 +293,8 @@ print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")
   export PYTHONPATH="$site:$PWD:$PWD/$work/src/llama_cpp_python-$ver${PYTHONPATH:+:$PYTHONPATH}"
   "$py" -c 'import llama_cpp, eagle2_local; print("llama_cpp", llama_cpp.__file__, llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())' \
     > "$res/system.txt" 2>&1 || { echo "cannot import the project: see system.txt" | tee -a "$res/summary.txt"; return 1; }
+  # the short command that shows whether the CLI loads the model (diagnose, crash_report)
+  probe=(cli.py verify-cost --threads 4 "--n-gpu-layers=$layers" --sizes 1,2 --repeats 1)
   if [ "${CRASH_ONLY:-0}" = 1 ]; then crash_report "$layers"; cat "$res/summary.txt"; return 0; fi
   if [ "$cpu" = 0 ]; then
     diagnose "$layers" || { echo "no way to load the model on the GPU: see diagnose.txt" >> "$res/summary.txt"; \

@@ -14,6 +14,8 @@ import json
 import re
 from pathlib import Path
 
+from eagle2_local.measure.machine_load import describe
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -25,21 +27,17 @@ def _records(st: dict) -> str:
     return out + {"first": ", first turns only", "all": ", every turn of multi-turn records"}.get(st.get("turns"), "")
 
 
-def _load(machine: dict) -> str:
-    """'; load average 1.08, host steal 0.2%' (medians over the records) for reports that carry the readings."""
-    parts = []
-    if machine.get("load_1min_median") is not None:
-        parts.append(f"load average {machine['load_1min_median']:.2f}")
-    if machine.get("steal_median") is not None:
-        parts.append(f"host steal {machine['steal_median']:.1%}")
-    return "; " + ", ".join(parts) if parts else ""
+def _load(machine: dict, threads: int) -> str:
+    """'; load average 1.08 over the records at 1 llama.cpp thread(s): ...' where a report has the readings."""
+    text = describe(machine.get("load_1min_median"), machine.get("steal_median"), threads)
+    return f"; {text}" if text else ""
 
 
 def bench_section(path: Path, rep: dict) -> list[str]:
     st, m = rep["settings"], rep["machine"]
     lines = [f"### {path.stem}", "",
              f"- date: {rep['date']}; machine: {m['cpu']}, {m['cores']} cores; llama-cpp-python {m['llama_cpp_python']}"
-             + _load(m),
+             + _load(m, st["threads"]),
              f"- model: `{Path(st['model']).name}` (sha256 {st['model_sha256'][:12]}…); draft: `{st['engine']}`",
              f"- threads {st['threads']}, max_tokens {st['max_tokens']}, temperature {st['temperature']}, "
              f"tree {st['tree']}, repeat {st['repeat']}{_records(st)}",

@@ -20,7 +20,7 @@ import click
 from ..chat.conversation import Conversation
 from ..errors import ContextFullError
 from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
-from ..measure.machine_load import loaded
+from ..measure.machine_load import describe
 
 
 def stats_line(stats: dict) -> str:
@@ -175,15 +175,9 @@ def bench_table(report: dict) -> list[str]:
 def machine_load_lines(report: dict) -> list[str]:
     """How busy the machine was (a busy machine moves both modes' timings): the load average against the run's
     own threads, and the CPU time a VM's host took; empty for reports without these readings."""
-    machine, threads = report.get("machine", {}), report["settings"].get("threads")
-    load, steal = machine.get("load_1min_median"), machine.get("steal_median")
-    parts = []
-    if load is not None and threads:
-        busy = "other work shared the machine" if loaded(load, threads) else "no other busy work"
-        parts.append(f"load average {load:.2f} over the records at {threads} llama.cpp thread(s): {busy}")
-    if steal is not None:
-        parts.append(f"host steal {steal:.1%} of CPU time")
-    return ["machine: " + "; ".join(parts)] if parts else []
+    machine = report.get("machine", {})
+    text = describe(machine.get("load_1min_median"), machine.get("steal_median"), report["settings"].get("threads"))
+    return [f"machine: {text}"] if text else []
 
 
 def _binaries_lines(s: dict) -> list[str]:

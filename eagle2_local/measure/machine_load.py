@@ -56,3 +56,16 @@ def loaded(load: float | None, threads: int) -> bool:
     """Whether a run at ``threads`` llama.cpp threads shared the machine with other busy work: a load average at
     least one runnable process above its own threads."""
     return load is not None and load >= threads + 1
+
+
+def describe(load: float | None, steal: float | None, threads: int | None) -> str:
+    """'load average 4.05 over the records at 1 llama.cpp thread(s): other work shared the machine; host steal 3.1%
+    of CPU time', the parts there are readings for ('' for none): bench's output and BENCHMARKS' sections say it
+    this one way."""
+    parts = []
+    if load is not None and threads:
+        busy = "other work shared the machine" if loaded(load, threads) else "no other busy work"
+        parts.append(f"load average {load:.2f} over the records at {threads} llama.cpp thread(s): {busy}")
+    if steal is not None:
+        parts.append(f"host steal {steal:.1%} of CPU time")
+    return "; ".join(parts)
