@@ -186,6 +186,7 @@ noting_rc() {  # noting_rc FILE COMMAND...: run it, its output and then its exit
 crash_report() {  # CRASH_ONLY=1: where the commands and tests crash on this GPU (C stacks), and what avoids it
   local layers=$1 out="$res/crash.txt" t
   for t in "${probe[*]}" "-m pytest -q -p no:cacheprovider -n 0 -x tests/test_backend_topk.py -k rows_equal_numpy"; do
+    [ "$(left 60)" -gt 0 ] || break
     echo "== cuda-gdb: $t" >> "$out"
     # shellcheck disable=SC2086
     timeout 80 cuda-gdb -q -batch -ex run -ex bt -ex "info threads" --args "$py" $t 2>&1 \
@@ -193,7 +194,9 @@ crash_report() {  # CRASH_ONLY=1: where the commands and tests crash on this GPU
   done
   # the bare loading script passed where the CLI crashed: which import before llama.cpp's load makes it crash
   local first
-  for first in "" "import gguf" "import eagle2_local.commands" "import eagle2_local.commands, tests.conftest"; do
+  for first in "" "import sentencepiece" "import gguf" "import eagle2_local.commands" \
+      "import eagle2_local.commands, tests.conftest"; do
+    [ "$(left 60)" -gt 0 ] || break
     echo "== load after: ${first:-nothing}" >> "$out"
     noting_rc "$out" timeout 40 "$py" -c "${first:-pass}
 import sys
@@ -237,8 +240,14 @@ l = llama_cpp.Llama(sys.argv[1], n_gpu_layers=int(sys.argv[2]), verbose=False)
 print("llama_cpp.Llama:", repr(l("The capital of France is", max_tokens=4)["choices"][0]["text"]))' \
       "$work/$model_name" "$layers" 2>&1 | tail -5 || true
   } >> "$out" 2>&1
+  # two import-order settings: sentencepiece (which gguf imports when present) made unimportable, and
+  # libllama loaded first (a sitecustomize importing llama_cpp), before anything else loads a C++ library
+  mkdir -p "$work/block" "$work/early"
+  echo 'raise ImportError("blocked by gpu_check.sh")' > "$work/block/sentencepiece.py"
+  echo 'import llama_cpp' > "$work/early/sitecustomize.py"
   # the probe is a command (a bare loading script passed where the CLI and the tests crashed)
-  for env in "" "LD_PRELOAD=$stdcxx" "EAGLE2_LOCAL_AMX=1"; do
+  for env in "" "LD_PRELOAD=$stdcxx" "PYTHONPATH=$PWD/$work/block:$PYTHONPATH" \
+      "PYTHONPATH=$PWD/$work/early:$PYTHONPATH" "EAGLE2_LOCAL_AMX=1"; do
     echo "== verify-cost, $layers layers, env: ${env:-none}" >> "$out"
     if env $env timeout 60 "$py" "${probe[@]}" > "$res/probe.log" 2>&1; then
       tail -4 "$res/probe.log" >> "$out"
@@ -297,8 +306,12 @@ print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")
   probe=(cli.py verify-cost --threads 4 "--n-gpu-layers=$layers" --sizes 1,2 --repeats 1)
   if [ "${CRASH_ONLY:-0}" = 1 ]; then crash_report "$layers"; cat "$res/summary.txt"; return 0; fi
   if [ "$cpu" = 0 ]; then
-    diagnose "$layers" || { echo "no way to load the model on the GPU: see diagnose.txt" >> "$res/summary.txt"; \
-      cat "$res/summary.txt"; return 1; }
+    if ! diagnose "$layers"; then
+      echo "no way to load the model on the GPU: see diagnose.txt and crash.txt" >> "$res/summary.txt"
+      crash_report "$layers"
+      cat "$res/summary.txt"
+      return 1
+    fi
   fi
   # every model a test loads offloads its layers (tests/conftest.py reads EAGLE2_LOCAL_TEST_GPU_LAYERS)
   export EAGLE2_LOCAL_TEST_GPU_LAYERS=$layers
