@@ -125,6 +125,25 @@ def test_bench_split_selects_the_records_of_that_split(tmp_path, synth_q8):
     assert held["n_prompts"] == 1 and held["speedup"] == report["prompts"][1]["speedup"]
 
 
+def test_bench_prefill_once_restores_each_records_prompt_and_answers_as_fresh(tmp_path, synth_q8):
+    """--prefill-once: the first turn's prompt is evaluated once per record and restored before every run
+    (--repeat 2: four runs); the answers are plain decoding's, and every run reuses the restored cells."""
+    path = tmp_path / "long.jsonl"
+    passage = "The river rose in the spring and the town moved its market up the hill. " * 6
+    path.write_text(json.dumps({"turns": [passage + "Quote the first sentence.", "Now the second."]}) + "\n"
+                    + json.dumps({"prompt": passage + "How many times is the market named?"}) + "\n")
+    out = tmp_path / "bench.json"
+    proc = _bench(path, synth_q8, out, "--prefill-once", "--repeat", "2")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["settings"]["prefill_once"] is True
+    chat, single = report["prompts"]
+    assert chat["identical"] and single["identical"] and chat["turns"] == 2
+    for mode in ("plain", "eagle"):
+        assert single[mode]["prompt_tokens_reused"] > 64, single[mode]
+        assert chat[mode]["prompt_tokens_reused"] > single[mode]["prompt_tokens_reused"], chat[mode]
+
+
 def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
     from eagle2_local.errors import Eagle2Error
     from eagle2_local.measure.bench import load_prompt_sets

@@ -171,3 +171,29 @@ def test_a_prompt_cancelled_between_batches_changes_no_later_answer(smollm2_path
         again = ask(llm, a, max_tokens=8)
         assert again["reused"] > 0 and again["text"] == fresh[a]
         assert ask(llm, b, max_tokens=8)["text"] == fresh[b]
+
+
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=pytest.mark.all_cores)])
+def test_a_restored_prompt_decodes_as_its_fresh_evaluation(smollm2_path, smollm2_head, long_prompts, threads):
+    """``bench --prefill-once``: a prompt evaluated once, its KV cells and the head's features put back before a
+    call, leaves the call's KV cells, tokens and rounds exactly as evaluating the prompt afresh does, plain and
+    speculative (EAGLE-2's fixed tree, so both runs draft the same trees); only the last aligned chunk is
+    evaluated again."""
+    with Eagle2(smollm2_path, head_path=smollm2_head, n_ctx=2048, n_threads=threads, total_tokens=8,
+                depth=3) as llm:
+        prompt = llm.tokenize(long_prompts[0])
+        gen = llm.generator
+        snap = gen.prompt_snapshot(prompt)
+        assert snap.features is not None and len(snap.features) == len(prompt)
+        for speculative in (False, True):
+            llm.reset()
+            fresh = list(llm.generate(prompt, temp=0, max_tokens=N_TOKENS, speculative=speculative))
+            fresh_cells, fresh_stats = gen.target.ctx.save_seq(0), llm.last_stats
+            assert fresh_stats.prompt_tokens_reused == 0
+            gen.restore(snap)
+            again = list(llm.generate(prompt, temp=0, max_tokens=N_TOKENS, speculative=speculative))
+            assert again == fresh and gen.target.ctx.save_seq(0) == fresh_cells
+            reused = llm.last_stats.prompt_tokens_reused
+            assert 0 < len(prompt) - reused <= PROMPT_CHUNK, (reused, len(prompt))
+            assert llm.last_stats.target_passes == fresh_stats.target_passes
+            assert llm.last_stats.accepted_per_depth == fresh_stats.accepted_per_depth

@@ -34,6 +34,10 @@ from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cos
 @click.option("--tie-tolerance", type=float, default=1.0, show_default=True,
               help="Top-2 logit gap below which a T=0 divergence counts as a near-tie, not a mismatch.")
 @click.option("--no-chat", is_flag=True, help="Do not wrap prompts in the model's chat template.")
+@click.option("--prefill-once", is_flag=True,
+              help="Evaluate each record's first prompt once and restore its KV cells before every run (for long "
+                   "prompts: decoding is timed as before, but prefill and end-to-end figures cover only the last "
+                   "chunk each run re-evaluates).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the full report here.")
 @click.option("--llama-cpp-bin", type=click.Path(file_okay=False, exists=True), default=None,
               help="Folder with llama.cpp's llama-completion and llama-speculative-simple: time them too.")
@@ -46,7 +50,7 @@ from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cos
 @click.option("--note", default=None, help="A remark stored in the JSON report (e.g. what else loaded the machine).")
 @friendly_errors
 def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, top_p, top_k, seed, repeat, tie_tolerance, no_chat,
-          json_out, llama_cpp_bin, spec_draft_n_max, ngram_modes, note, **rt):
+          prefill_once, json_out, llama_cpp_bin, spec_draft_n_max, ngram_modes, note, **rt):
     """Plain decoding vs eagle2-local, side by side in one run, alternating per prompt.
 
     Records with several turns run as chats: each turn follows the mode's own earlier answers, and the
@@ -72,7 +76,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
              "uses its shipped head when there is one), or prompts with a schema or grammar (forced tokens)")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     b = Bench(llm, sampling=sampling, max_tokens=max_tokens, repeat=repeat, tie_tolerance=tie_tolerance,
-              seed=seed, chat=not no_chat)
+              seed=seed, chat=not no_chat, prefill_once=prefill_once)
     ngram = tuple(NGRAM_MODES) if "all" in ngram_modes else tuple(dict.fromkeys(ngram_modes))
     if ngram and not llama_cpp_bin:
         fail("--llama-cpp-ngram runs llama.cpp's own binaries: give --llama-cpp-bin too")
@@ -99,7 +103,7 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
                 "split": split, "turns": "first" if first_turn else "all",
                 "tree": {"total_tokens": llm.tree_params.total_tokens, "depth": llm.tree_params.depth,
                          "top_k": rt["tree_top_k"], "budget": llm.budget_mode, "engine": llm.engine_name},
-                "tie_tolerance": tie_tolerance, "chat_template": not no_chat,
+                "tie_tolerance": tie_tolerance, "chat_template": not no_chat, "prefill_once": prefill_once,
                 "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None,
                 "llama_cpp_ngram": {m: NGRAM_MODES[m] for m in ngram}}
     report = b.report(settings)

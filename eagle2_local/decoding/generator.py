@@ -25,7 +25,7 @@ from .grammar import Grammar, GrammarState, choose
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import TokenEmitter
-from .target import PROMPT_CHUNK, Target
+from .target import PROMPT_CHUNK, Target, TargetSnapshot
 from .tree import TreeParams, grow_candidates, select_tree
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,16 @@ class Chunk:
     text: str
     tokens: list[int]
     finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class PromptSnapshot:
+    """A prompt evaluated once from an empty cache: its tokens, the target's KV cells and the features of every
+    prompt token (None when the target computes none)."""
+
+    tokens: tuple[int, ...]
+    target: TargetSnapshot
+    features: np.ndarray | None
 
 
 class DraftTimer(Protocol):
@@ -93,6 +103,28 @@ class Generator:
         self.tokens = []
         self.transcript = []
         self.backlog = FeatureBacklog()
+
+    def prompt_snapshot(self, prompt: list[int], exact: bool = True) -> PromptSnapshot:
+        """Evaluate ``prompt`` from an empty cache, as a fresh call would (``exact``: in the aligned schedule of
+        ``cache_prompt=False``), and keep its KV cells and features for :meth:`restore`. Benchmarks that run one
+        prompt many times evaluate it once this way (``bench --prefill-once``)."""
+        self.reset()
+        if len(prompt) == 0:
+            raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
+        ver = self.target.prefill(prompt, aligned=exact)
+        snap = PromptSnapshot(tokens=tuple(prompt), target=self.target.snapshot(), features=ver.features)
+        self.reset()
+        return snap
+
+    def restore(self, snap: PromptSnapshot) -> None:
+        """Hold ``snap``'s prompt as if it had just been evaluated by a call that emitted nothing: the draft
+        engine starts empty (it catches up over the prompt's features in the next call, as after a fresh
+        prefill), and the next call for that prompt re-evaluates only its last aligned chunk."""
+        self.reset()
+        self.target.restore(snap.target)
+        self.tokens = list(snap.tokens)
+        self.transcript = list(snap.tokens)
+        self.backlog.restart(snap.features, 0)
 
     # ------------------------------------------------------------------ public
     def generate(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, *, stop: tuple[str, ...] = (),

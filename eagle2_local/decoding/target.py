@@ -259,6 +259,19 @@ class Target:
         self.n_past = n_past
         self.n_exact = min(self.n_exact, n_past)
 
+    def snapshot(self) -> TargetSnapshot:
+        """The committed text's KV cells and bookkeeping, to be put back by :meth:`restore` (no tree pending)."""
+        self._check_no_pending()
+        return TargetSnapshot(cells=self.ctx.save_seq(0), n_past=self.n_past, n_exact=self.n_exact)
+
+    def restore(self, snap: TargetSnapshot) -> None:
+        """Empty the KV cache, then hold exactly the cells of ``snap`` again: loaded into an empty cache they take
+        cells ``0 .. n_past-1``, where the evaluation that made them had put them, so what is computed after
+        them is computed as it was after that evaluation."""
+        self.reset()
+        self.ctx.load_seq(snap.cells, 0)
+        self.n_past, self.n_exact = snap.n_past, snap.n_exact
+
     def reset(self) -> None:
         """Empty the KV cache."""
         self.ctx.clear()
@@ -268,6 +281,15 @@ class Target:
 
     def close(self) -> None:
         self.ctx.close()
+
+
+@dataclass(frozen=True)
+class TargetSnapshot:
+    """Sequence 0's KV cells as llama.cpp serialises them, with the target's count of committed and exact cells."""
+
+    cells: bytes
+    n_past: int
+    n_exact: int
 
 
 def _chunks(n_past: int, n: int, size: int, aligned: bool) -> list[tuple[int, int]]:

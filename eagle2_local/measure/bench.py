@@ -37,6 +37,7 @@ from .machine_load import CpuTicks, load_1min, pooled_steal
 
 if TYPE_CHECKING:
     from ..api import Eagle2
+    from ..decoding.generator import PromptSnapshot
     from .llamacpp_bench import LlamaCppBinaries
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,9 @@ class Bench:
     seed: int = 0
     chat: bool = True
     binaries: "LlamaCppBinaries | None" = None
+    prefill_once: bool = False
     results: list[PromptResult] = field(default_factory=list)
+    _snapshot: "PromptSnapshot | None" = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.repeat < 1:  # the median of no runs does not exist
@@ -214,7 +217,8 @@ class Bench:
         """One record in one mode. Each user turn follows this mode's own earlier answers (at T=0 both modes'
         answers are the same, and a divergence is reported, not hidden by sharing one). The KV cache is dropped
         before the first turn only: later turns reuse the conversation so far, as a chat client's would.
-        ``grammar`` constrains every answer, in both modes."""
+        ``grammar`` constrains every answer, in both modes. With ``prefill_once`` the first turn's prompt is
+        restored instead of evaluated again (:meth:`_restore_prompt`)."""
         self.llm.reset()
         run = ChatRun()
         messages: list[dict] = []
@@ -222,6 +226,8 @@ class Bench:
             messages.append({"role": "user", "content": turn})
             rendered = self.render(messages)
             prompt = prompt_tokens(self.model, rendered)  # the one way prompt text becomes tokens
+            if self.prefill_once and not run.prompts:
+                self._restore_prompt(prompt)
             tokens: list[int] = []
             text: list[str] = []
             for ch in self.llm.stream(prompt, self.max_tokens, self.sampling, seed=self.seed,
@@ -234,6 +240,16 @@ class Bench:
             run.stats += self.llm.last_stats
             messages.append({"role": "assistant", "content": "".join(text)})
         return run
+
+    def _restore_prompt(self, prompt: list[int]) -> None:
+        """Put the KV cells and draft features of ``prompt``, evaluated once from an empty cache in the schedule
+        a fresh call uses, back in place: every run of a record then starts from the same cells a fresh
+        evaluation gives (the draft engine empty, as in a fresh call) and re-evaluates only the last aligned
+        chunk. Decoding is timed as before; prefill and end-to-end figures then cover that chunk alone."""
+        gen = self.llm.generator
+        if self._snapshot is None or self._snapshot.tokens != tuple(prompt):
+            self._snapshot = gen.prompt_snapshot(prompt, exact=not self.llm.cache_prompt)
+        gen.restore(self._snapshot)
 
     def run_prompt(self, set_name: str, index: int, text: str | list[str], split: str = "tune",
                    grammar: Grammar | None = None) -> PromptResult:
@@ -251,6 +267,7 @@ class Bench:
                 before = CpuTicks.now()
                 runs[mode].append(self._chat(mode, turns, grammar))
                 ticks[mode].append((before, CpuTicks.now()))
+        self._snapshot = None  # a record's prompt is not asked again
         plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median(runs["plain"]), _median(runs["eagle"]),
                            identical=plain.answers == eagle.answers, turns=len(turns), split=split,
