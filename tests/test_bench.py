@@ -144,6 +144,16 @@ def test_bench_prefill_once_restores_each_records_prompt_and_answers_as_fresh(tm
         assert chat[mode]["prompt_tokens_reused"] > single[mode]["prompt_tokens_reused"], chat[mode]
 
 
+def test_bench_prefill_once_refuses_llama_cpp_tools_before_loading(tmp_path, synth_q8):
+    """llama.cpp's tools are compared end to end (their prompt evaluation included): with --prefill-once that
+    comparison would be wrong, so the pair is refused in one line, before the model loads."""
+    out = tmp_path / "bench.json"
+    proc = _bench(_chat_set(tmp_path), synth_q8, out, "--prefill-once", "--llama-cpp-bin", str(tmp_path))
+    assert proc.returncode != 0 and not out.exists()
+    assert "drop one of --prefill-once and --llama-cpp-bin" in proc.stderr and "Traceback" not in proc.stderr
+    assert "calibration" not in proc.stderr
+
+
 def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
     from eagle2_local.errors import Eagle2Error
     from eagle2_local.measure.bench import load_prompt_sets

@@ -70,6 +70,9 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     if rt["plain"]:
         fail("bench runs plain decoding beside speculation by itself: drop --plain")
+    if llama_cpp_bin and prefill_once:
+        fail("--prefill-once skips the prompt's evaluation that llama.cpp's tools are compared with end to end: "
+             "drop one of --prefill-once and --llama-cpp-bin")
     llm = load(**rt, seed=seed)
     if not llm.speculative and not any(ps.grammar(i) is not None for ps in sets for i in range(len(ps.prompts))):
         fail("bench compares against a draft: give --head, --draft-model or --draft lookup (the default model "

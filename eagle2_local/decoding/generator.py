@@ -109,8 +109,6 @@ class Generator:
         ``cache_prompt=False``), and keep its KV cells and features for :meth:`restore`. Benchmarks that run one
         prompt many times evaluate it once this way (``bench --prefill-once``)."""
         self.reset()
-        if len(prompt) == 0:
-            raise EmptyPromptError("the prompt is empty: there is no token to evaluate")
         ver = self.target.prefill(prompt, aligned=exact)
         snap = PromptSnapshot(tokens=tuple(prompt), target=self.target.snapshot(), features=ver.features)
         self.reset()
