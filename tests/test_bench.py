@@ -141,7 +141,9 @@ def test_bench_prefill_once_restores_each_records_prompt_and_answers_as_fresh(tm
     assert chat["identical"] and single["identical"] and chat["turns"] == 2
     for mode in ("plain", "eagle"):
         assert single[mode]["prompt_tokens_reused"] > 64, single[mode]
-        assert chat[mode]["prompt_tokens_reused"] > single[mode]["prompt_tokens_reused"], chat[mode]
+        # both turns reuse nearly all of their prompts: the first from the restored cells, the second from the
+        # conversation so far (without the restore, reuse would stay near half of the two prompts together)
+        assert chat[mode]["prompt_tokens_reused"] > 0.8 * chat[mode]["prompt_tokens"], chat[mode]
 
 
 def test_bench_prefill_once_refuses_llama_cpp_tools_before_loading(tmp_path, synth_q8):

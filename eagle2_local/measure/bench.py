@@ -196,7 +196,7 @@ class Bench:
     binaries: "LlamaCppBinaries | None" = None
     prefill_once: bool = False
     results: list[PromptResult] = field(default_factory=list)
-    _snapshot: "PromptSnapshot | None" = field(default=None, repr=False)
+    _snapshot: "PromptSnapshot | None" = field(default=None, init=False, repr=False)  # this record's prompt
 
     def __post_init__(self) -> None:
         if self.repeat < 1:  # the median of no runs does not exist
