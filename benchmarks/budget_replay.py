@@ -56,8 +56,8 @@ from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.formats.cache_root import cache_root
 from eagle2_local.formats.models import default_model_path
 from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
-from eagle2_local.tree_policy.oracle import (Schedule, SizeTable, best_schedule, confidence_schedule,
-                                             hindsight_acceptance, size_table)
+from eagle2_local.tree_policy.oracle import (HistoryAcceptance, Schedule, SizeTable, best_schedule,
+                                             confidence_schedule, hindsight_acceptance, size_table)
 from eagle2_local.tree_policy.sizing import SourceAcceptance
 
 from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
@@ -235,7 +235,8 @@ class Probed:
         acc, draft, verify = self.priced(costs, max_nodes)
         return best_schedule(acc, verify, draft)
 
-    def confidence(self, costs: CostModel, max_nodes: int, acceptance: SourceAcceptance) -> Schedule:
+    def confidence(self, costs: CostModel, max_nodes: int,
+                   acceptance: SourceAcceptance | HistoryAcceptance) -> Schedule:
         """The hindsight confidence rule's schedule (oracle.confidence_schedule) on ``costs``; a draft with a model
         part pays its root to be read at every position."""
         _, draft, verify = self.priced(costs, max_nodes)

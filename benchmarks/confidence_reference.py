@@ -1,7 +1,7 @@
 """How far the oracle is out of reach: a rule that reads the draft's confidence, against the oracle and the budget.
 
     python benchmarks/confidence_reference.py benchmarks/results/oracle-lookup-heldout.json --draft lookup \
-        [--probes /tmp/probes-lookup.pkl]
+        [--probes /tmp/probes-lookup.pkl] [--history 2]
 
 The oracle (eagle2_local/tree_policy/oracle.py) knows which round the target will accept. A policy knows only the
 draft's ranking and scores. This re-probes the records of a ``budget_replay.py --oracle --json`` report (same
@@ -10,6 +10,8 @@ oracle's schedule and the hindsight confidence rule's (``oracle.confidence_sched
 set's own candidates, the best expected rate a round, a model draft's root paid at every position). The budget's
 speeds are the report's own. A table per set and curve: budget, confidence rule and oracle speed-ups, and the
 shares between them. ``--probes`` keeps the probes (a pickle) to rerun the pricing without decoding again.
+``--history K`` adds the rule that also reads the draft's record at the K positions before each round
+(``oracle.HistoryAcceptance``: one map per number of first guesses that were right), fitted the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from curves import load_curves
 from eagle2_local import Eagle2
 from eagle2_local.measure.bench import load_prompt_sets
 from eagle2_local.tree_policy import CostModel
-from eagle2_local.tree_policy.oracle import hindsight_acceptance
+from eagle2_local.tree_policy.oracle import hindsight_acceptance, hindsight_history_acceptance
 
 
 def probe_report(report: dict, draft: str | None, threads: int) -> dict[str, list[Probed]]:
@@ -66,6 +68,8 @@ def main() -> None:
     ap.add_argument("--draft", help="the draft to probe (default: the report's own)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--probes", help="pickle of the probes: read if it exists, else written")
+    ap.add_argument("--history", type=int, default=0,
+                    help="also price a rule reading the draft's record at this many positions before each round")
     ap.add_argument("--json", help="write the table here")
     args = ap.parse_args()
     report = json.loads(Path(args.report).read_text())
@@ -78,8 +82,10 @@ def main() -> None:
         if cache is not None:
             cache.write_bytes(pickle.dumps(probes))
     rows = []
-    print("| set | curve | budget | confidence rule | oracle | budget / oracle | confidence / oracle | budget / confidence |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = f" confidence + last {args.history} / oracle |" if args.history else ""
+    print("| set | curve | budget | confidence rule | oracle | budget / oracle | confidence / oracle "
+          "| budget / confidence |" + extra)
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if args.history else ""))
     for name, by_curve in report["sets"].items():
         for curve_name, summary in by_curve.items():
             records = summary["records"]
@@ -89,13 +95,20 @@ def main() -> None:
             oracle = pooled_speed(p.oracle(costs, max_nodes) for p in probed)
             confidence = pooled_speed(p.confidence(costs, max_nodes, fitted) for p in probed)
             budget = sum(r["tokens"] for r in records) / sum(r["budget_cost"] for r in records)
-            rows.append({"set": name, "curve": curve_name, "budget": round(budget, 3),
-                         "confidence": round(confidence, 3), "oracle": round(oracle, 3)})
+            row = {"set": name, "curve": curve_name, "budget": round(budget, 3), "confidence": round(confidence, 3),
+                   "oracle": round(oracle, 3)}
+            cells = ""
+            if args.history:
+                by_record = hindsight_history_acceptance([p.tables for p in probed], args.history)
+                row["confidence_history"] = round(pooled_speed(p.confidence(costs, max_nodes, by_record)
+                                                               for p in probed), 3)
+                cells = f" {row['confidence_history'] / oracle:.2f} |"
+            rows.append(row)
             print(f"| {name} | {curve_name} | {budget:.3f} | {confidence:.3f} | {oracle:.3f} | {budget / oracle:.2f} "
-                  f"| {confidence / oracle:.2f} | {budget / confidence:.2f} |", flush=True)
+                  f"| {confidence / oracle:.2f} | {budget / confidence:.2f} |" + cells, flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"report": args.report, "draft": args.draft, "rows": rows}, indent=1)
-                                   + "\n")
+        Path(args.json).write_text(json.dumps({"report": args.report, "draft": args.draft, "history": args.history,
+                                               "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

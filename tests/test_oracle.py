@@ -7,7 +7,8 @@ import pytest
 
 from eagle2_local.decoding.tree import LOOKUP, MODEL, DraftTree
 from eagle2_local.tree_policy.oracle import (SizeTable, accepted_length, best_schedule, confidence_schedule,
-                                             hindsight_acceptance, on_accepted_path, size_table)
+                                             hindsight_acceptance, hindsight_history_acceptance, on_accepted_path,
+                                             recent_hits, size_table)
 
 
 def brute_force(acc: np.ndarray, cost: np.ndarray, draft: np.ndarray) -> float:
@@ -157,3 +158,27 @@ def test_confidence_rule_never_beats_the_oracle():
         verify, draft = np.array([1.0, 1.4, 1.8, 2.3]), rng.uniform(0, 0.3, size=(n_tok, n))
         best = best_schedule(acc, verify, draft)
         assert confidence_schedule(tables, fitted, verify, draft).cost >= best.cost - 1e-9
+
+
+def test_recent_hits_counts_the_first_guesses_back_to_a_position_without_candidates():
+    hit, miss = _table([0, 1], [-1.0], [True]), _table([0, 0], [-1.0], [False])
+    tables = [hit, None, hit, miss, hit]
+    assert recent_hits(tables, 0, 2) == -1  # nothing before the first position
+    assert recent_hits(tables, 2, 2) == -1  # the position right before has no candidates
+    assert recent_hits(tables, 3, 2) == 1  # one hit, then the position without candidates ends the count
+    assert recent_hits(tables, 5, 2) == 1 and recent_hits(tables, 5, 3) == 2
+
+
+def test_a_rule_reading_the_drafts_record_drafts_in_runs_of_hits_and_stays_within_the_oracle():
+    # the draft's first guess is right in runs (six hits, six misses) at one and the same score: its confidence says
+    # nothing, its record says which run it is in
+    hit, miss = _table([0, 1], [-1.0], [True]), _table([0, 0], [-1.0], [False])
+    tables = ([hit] * 6 + [miss] * 6) * 4
+    verify, draft = np.array([1.0, 1.6]), np.zeros((len(tables), 2))
+    pooled = confidence_schedule(tables, hindsight_acceptance(tables), verify, draft)
+    assert pooled.sizes == (1,) * len(tables)  # p = 0.5 everywhere: 1.5 tokens for 1.6 steps never pays
+    by_record = hindsight_history_acceptance([tables], 1)
+    assert set(by_record.by_hits) == {-1, 0, 1}
+    reading = confidence_schedule(tables, by_record, verify, draft)
+    assert reading.cost < pooled.cost and 2 in reading.sizes
+    assert reading.cost >= best_schedule(np.array([t.accepted for t in tables]), verify, draft).cost - 1e-9

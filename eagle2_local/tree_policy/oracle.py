@@ -15,7 +15,9 @@ is the reference a policy can hope to reach: at each position, the size with the
 expectation read from the candidates' scores through acceptance maps fitted to the whole answer set in hindsight
 (:func:`hindsight_acceptance`: the best an online map could have learned), the draft's root paid at every
 position. Where the oracle's lead over it is large, the draft's confidence does not tell the rounds that will be
-accepted from those that will not, and no rule that reads it can close that gap.
+accepted from those that will not, and no rule that reads it can close that gap. :class:`HistoryAcceptance` asks
+the same of a rule that also reads the draft's recent record (whether its first guess was right at the last few
+positions, known once their tokens are): one map per record, fitted the same way.
 
 Pure: numbers in, numbers out (the benchmark that extracts ``a_i(n)`` from real drafts is
 benchmarks/budget_replay.py ``--oracle``).
@@ -164,13 +166,53 @@ def hindsight_acceptance(tables: list[SizeTable | None]) -> SourceAcceptance:
     return acceptance
 
 
-def confidence_schedule(tables: list[SizeTable | None], acceptance: SourceAcceptance, verify_cost: np.ndarray,
-                        draft_cost: np.ndarray, peek_cost: float = 0.0) -> Schedule:
+def recent_hits(tables: list[SizeTable | None], i: int, history: int) -> int:
+    """How many of the ``history`` positions before ``i`` had the draft's first-ranked candidate on the accepted
+    path (their tokens are known when position ``i`` is planned), counted back until a position without
+    candidates; -1 when the one right before ``i`` has none."""
+    hits = 0
+    for j in range(i - 1, i - 1 - history, -1):
+        table = tables[j] if j >= 0 else None
+        if table is None or not len(table.scores):
+            return -1 if j == i - 1 else hits
+        hits += int(table.on_path[0])
+    return hits
+
+
+@dataclass(frozen=True)
+class HistoryAcceptance:
+    """Acceptance maps per recent record of the draft (:func:`recent_hits` over ``history`` positions), fitted in
+    hindsight like :func:`hindsight_acceptance`; a record no table had reads the pooled map."""
+
+    history: int
+    by_hits: dict[int, SourceAcceptance]
+    pooled: SourceAcceptance
+
+    def at(self, tables: list[SizeTable | None], i: int) -> SourceAcceptance:
+        """The map a rule reading the record before position ``i`` would use."""
+        return self.by_hits.get(recent_hits(tables, i, self.history), self.pooled)
+
+
+def hindsight_history_acceptance(answers: list[list[SizeTable | None]], history: int) -> HistoryAcceptance:
+    """:class:`HistoryAcceptance` fitted to every position of every answer (each answer's tables in order)."""
+    by_hits: dict[int, SourceAcceptance] = {}
+    for tables in answers:
+        for i, table in enumerate(tables):
+            if table is not None and len(table.scores):
+                hits = recent_hits(tables, i, history)
+                acceptance = by_hits.setdefault(hits, hindsight_acceptance([]))
+                acceptance.observe(table.scores, table.sources, table.on_path)
+    return HistoryAcceptance(history, by_hits, hindsight_acceptance([t for tables in answers for t in tables]))
+
+
+def confidence_schedule(tables: list[SizeTable | None], acceptance: SourceAcceptance | HistoryAcceptance,
+                        verify_cost: np.ndarray, draft_cost: np.ndarray, peek_cost: float = 0.0) -> Schedule:
     """The schedule of a rule that reads the draft's confidence: at each position the size with the best expected
     tokens per cost, ``1 + sum of the kept candidates' acceptance probabilities`` over ``verify_cost[n - 1] +
     draft_cost[i, n - 1]``; a plain step costs ``verify_cost[0] + peek_cost`` (what reading the draft cost:
     a model draft's root). Then the round emits what it really accepts (``tables[i].accepted``). A position
-    without a table is a plain step, as is every position when drafting never pays."""
+    without a table is a plain step, as is every position when drafting never pays. With a
+    :class:`HistoryAcceptance` each position reads the map of the draft's record before it."""
     c = np.asarray(verify_cost, dtype=np.float64)
     n_tok = len(tables)
     sizes, cost, i = [], 0.0, 0
@@ -178,7 +220,8 @@ def confidence_schedule(tables: list[SizeTable | None], acceptance: SourceAccept
         table = tables[i]
         n = 1
         if table is not None and len(table.scores):
-            p = acceptance.prob(table.scores, table.sources)
+            reader = acceptance.at(tables, i) if isinstance(acceptance, HistoryAcceptance) else acceptance
+            p = reader.prob(table.scores, table.sources)
             expected = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
             m = min(len(expected), len(c))
             total = c[:m] + draft_cost[i, :m]
