@@ -144,6 +144,23 @@ def test_the_isolated_compile_catches_what_the_validator_would_have_missed(text,
     assert time.perf_counter() - t0 < 10
 
 
+def test_a_child_that_fails_while_compiling_refuses_and_one_that_never_started_does_not():
+    """Once the child says it is compiling (its memory limit set), any failure is the grammar's: on one build
+    of llama.cpp running out of the child's memory is a bad_alloc, on another glibc's thread-local-data abort
+    (exit 127), which used to pass for a child that could not start and left the validator alone. A child that
+    fails before that word (here: no library to load) still leaves the validator in charge."""
+    child = [sys.executable, "-I", "-S", str(grammar_screen._CHILD), "/nonexistent/libllama.so", "root", "1048576"]
+    never_started = subprocess.run(child, input=b'root ::= "a"', capture_output=True, timeout=30)
+    assert never_started.returncode not in (0, 3) and not never_started.stdout
+    assert grammar_screen._read_outcome(never_started, 1 << 20) is False
+    glibc = b"cannot allocate memory for thread-local data: ABORT\n"
+    tls = subprocess.CompletedProcess(child, 127, b"compiling\n", glibc)
+    with pytest.raises(GrammarError, match="needs more than 1 MB"):
+        grammar_screen._read_outcome(tls, 1 << 20)
+    with pytest.raises(GrammarError, match="failed setting the grammar up \\(exit 1\\)"):
+        grammar_screen._read_outcome(subprocess.CompletedProcess(child, 1, b"compiling\n", b""), 1 << 20)
+
+
 def test_verdicts_are_cached_and_refusals_too(monkeypatch):
     runs = []
     real_run = subprocess.run

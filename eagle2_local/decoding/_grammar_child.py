@@ -4,7 +4,8 @@ under an address-space limit, and say by the exit status whether llama.cpp took 
 Run as a script (``python -I -S _grammar_child.py LIBLLAMA ROOT LIMIT_BYTES``, the GBNF on stdin): it imports
 only the standard library and loads libllama with ctypes, so it starts in under 0.1 s. A grammar that hangs
 llama.cpp is killed by the parent's timeout; one that needs too much memory fails an allocation here (an abort);
-one that overflows the C stack crashes here. None of that reaches the parent.
+one that overflows the C stack crashes here. None of that reaches the parent. The child says ``compiling`` on
+stdout once its limit is set, so the parent tells a failure of the grammar from a child that could not start.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import resource
 import sys
 
 ACCEPTED, REFUSED = 0, 3
+COMPILING = b"compiling\n"  # written once the limit is set: any failure after it is the grammar's doing
 
 
 def _vm_bytes() -> int:
@@ -37,6 +39,8 @@ def main(lib_path: str, root: str, limit: int) -> int:
     vm = _vm_bytes()
     if vm:  # the limit is what compiling may add to what is mapped already
         resource.setrlimit(resource.RLIMIT_AS, (vm + limit, vm + limit))
+    sys.stdout.buffer.write(COMPILING)
+    sys.stdout.buffer.flush()
     ptr = init(None, text, root.encode("utf-8"))  # no vocabulary: named tokens were replaced by <[0]>
     if not ptr:
         return REFUSED

@@ -48,6 +48,10 @@ CACHE_SIZE = 512
 
 _CHILD = Path(__file__).with_name("_grammar_child.py")
 _ACCEPTED, _REFUSED = 0, 3  # the child's exit statuses (see _grammar_child.py)
+_COMPILING = b"compiling"  # the child's word on stdout once its limit is set (see _grammar_child.py)
+# what running out of the child's memory prints: the C++ exception, or glibc's abort (exit 127) where the first
+# use of a library's thread-local data after the limit finds no memory
+_OUT_OF_MEMORY = ("bad_alloc", "cannot allocate memory")
 _slots = threading.BoundedSemaphore(MAX_PROBES)
 _verdicts: OrderedDict[bytes, str] = OrderedDict()  # hash -> "checked" / "isolated" / a refusal's message
 _verdicts_lock = threading.Lock()
@@ -115,18 +119,25 @@ def compile_isolated(text: str, root: str = "root", timeout_s: float = PROBE_TIM
 
 
 def _read_outcome(proc: subprocess.CompletedProcess, memory_bytes: int) -> bool:
+    """The child's verdict: True (llama.cpp took the grammar), a GrammarError (llama.cpp refused it, ran out of
+    the child's memory, crashed or failed otherwise while compiling), or False where the child failed before it
+    began compiling (the validator alone stands). How an allocation failure shows depends on the build: a
+    bad_alloc on one, glibc's thread-local-data abort (exit 127) on another."""
     err = proc.stderr.decode("utf-8", "replace")
-    if proc.returncode == _ACCEPTED:
+    code = proc.returncode
+    if code == _ACCEPTED:
         return True
-    # out of the child's memory, whether llama.cpp's parser caught the bad_alloc (a refusal) or it aborted the child
-    if (proc.returncode == _REFUSED or proc.returncode < 0) and "bad_alloc" in err:
+    compiling = proc.stdout.startswith(_COMPILING)
+    if (code == _REFUSED or code < 0 or compiling) and any(word in err for word in _OUT_OF_MEMORY):
         raise GrammarError(f"llama.cpp needs more than {memory_bytes >> 20} MB to set the grammar up; simplify it")
-    if proc.returncode == _REFUSED:
+    if code == _REFUSED:
         raise GrammarError(f"invalid grammar: {parse_error(err.splitlines(), '')}")
-    if proc.returncode < 0:
-        name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else "a signal"
         raise GrammarError(f"llama.cpp crashed setting the grammar up ({name}); simplify it")
-    _unavailable(f"the child process failed before compiling (exit {proc.returncode}: {err.strip()[-200:]})")
+    if compiling:
+        raise GrammarError(f"llama.cpp failed setting the grammar up (exit {code}); simplify it")
+    _unavailable(f"the child process failed before compiling (exit {code}: {err.strip()[-200:]})")
     return False
 
 
