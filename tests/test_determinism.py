@@ -195,7 +195,7 @@ def test_a_restored_prompt_decodes_as_its_fresh_evaluation(smollm2_path, smollm2
             fresh = list(llm.generate(prompt, temp=0, max_tokens=N_TOKENS, speculative=speculative))
             fresh_cells, fresh_stats = gen.target.ctx.save_seq(0), llm.last_stats
             assert fresh_stats.prompt_tokens_reused == 0
-            gen.engine.odds = copy.deepcopy(learned)
+            gen.engine.odds = learned  # a copy taken before the fresh run, used once
             gen.restore(snap)
             again = list(llm.generate(prompt, temp=0, max_tokens=N_TOKENS, speculative=speculative))
             assert again == fresh and gen.target.ctx.save_seq(0) == fresh_cells
