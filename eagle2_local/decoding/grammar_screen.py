@@ -48,7 +48,7 @@ CACHE_SIZE = 512
 
 _CHILD = Path(__file__).with_name("_grammar_child.py")
 _ACCEPTED, _REFUSED = 0, 3  # the child's exit statuses (see _grammar_child.py)
-_COMPILING = b"compiling"  # the child's word on stdout once its limit is set (see _grammar_child.py)
+_COMPILING = b"compiling\n"  # the child's first line on stdout once its limit is set (see _grammar_child.py)
 # what running out of the child's memory prints: the C++ exception, or glibc's abort (exit 127) where the first
 # use of a library's thread-local data after the limit finds no memory
 _OUT_OF_MEMORY = ("bad_alloc", "cannot allocate memory")
