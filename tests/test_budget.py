@@ -4,6 +4,8 @@ model learns from observed timings and is cached on disk under its key."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -318,6 +320,62 @@ def test_cost_model_interpolates_and_learns_load_and_shape_online():
     frozen.observe_plain(1.0)
     frozen.observe_verify(8, 1.0)
     assert frozen.verify_s(8) == pytest.approx(0.009 * 4.45) and frozen.load == 1.0
+
+
+def test_one_stalled_tree_pass_moves_no_correction_and_a_second_dear_round_confirms():
+    """A size made dearer by one observation would never be run again (nothing would correct it), so one stalled
+    pass is outvoted by the calibration; a second dear round, of any size, says the curve is dear and is believed."""
+    cm = steep()
+    cm.observe_verify(16, 6 * 0.009 * 7.94)  # one pass stalled 6x by another process
+    assert cm.verify_s(16) == pytest.approx(0.009 * 7.94) and cm.verify_s(64) == pytest.approx(0.009 * 28.1)
+    cm.observe_verify(4, 0.5 * 0.009 * 2.72)  # a cheaper size is believed at once: the next rounds run it
+    assert cm.verify_s(4) == pytest.approx(0.5 * 0.009 * 2.72)
+    cm.observe_verify(8, 1.5 * 0.009 * 4.45)  # a second dear round: both dear sizes are believed
+    assert cm.verify_s(8) == pytest.approx(1.5 * 0.009 * 4.45)
+    assert cm.verify_s(16) == pytest.approx(0.009 * 16)  # 6x, capped at decoding the 16 nodes one by one
+    alone = steep()
+    for _ in range(2):  # or a second of the size's own, each among rounds as calibrated
+        assert alone.verify_s(16) == pytest.approx(0.009 * 7.94)
+        alone.observe_verify(16, 1.5 * 0.009 * 7.94)
+        for _ in range(alone.window):
+            alone.observe_verify(4, 0.009 * 2.72)
+    assert alone.verify_s(16) == pytest.approx(1.5 * 0.009 * 7.94)
+
+
+@dataclass
+class StallsOnce(World):
+    """A machine whose first verification of ``at_least`` nodes or more is stalled ``stall`` times by another
+    process (a scheduler slice, a page-in): every other pass takes its true time."""
+
+    stall: float = 6.0
+    at_least: int = 8
+    stalled: int = 0
+
+    def verify_time(self, n: int) -> float:
+        seconds = super().verify_time(n)
+        if n >= self.at_least and not self.stalled:
+            self.stalled = n
+            return self.stall * seconds
+        return seconds
+
+
+def test_one_stalled_large_round_does_not_turn_trees_off():
+    """Trees pay (a cheap head, lookups that copy); the first large tree's pass is stalled 6x. Before, that one
+    pass made every size look as dear as decoding its nodes one by one, and the run decoded plainly to its end
+    (0.54x the unstalled run). Now the run goes on as if the stall had not been."""
+    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.0003, level_s=0.0008,
+              copy_rate=0.5, lookup_p=0.95, copy_p=0.97)
+
+    def true_curve(w: World) -> CostModel:
+        return CostModel(CPU_SIZES, [w.plain_s * s for s in w.shape], w.root_s, w.level_s)
+
+    for seed in (0, 2):
+        world = StallsOnce(**kw)
+        _, tally = run_budget(true_curve(world), world, seed=seed)
+        unstalled = World(**kw)
+        _, reference = run_budget(true_curve(unstalled), unstalled, seed=seed)
+        assert world.stalled >= 8
+        assert tally.rate(100) >= 0.95 * reference.rate(100) and tally.tree_share(100) > 0.5
 
 
 def test_poisoned_calibration_fails_its_checks_and_is_not_cached(tmp_path):

@@ -35,6 +35,9 @@ CORRECTION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CALIBRATION_CONTEXT = 64  # tokens of context the (short) verify curve is timed at (microbench.Timers' default)
 EXTRAPOLATE_UP_TO = 2.0  # past the longest calibrated context, the shape is extrapolated up to this many times it
 # (attention's share of a pass saturates, so a straight line overshoots further out), then held
+CONFIRM = 3  # a correction that makes a size dearer counts the calibration as votes until the size has this many
+# observations of its own, unless another recent tree round was dear too (CostModel._correction)
+DEAR = 1.25  # a tree round whose time over its calibrated shape exceeds this is a dear one
 CONTEXT_STEP = 32  # the calibrated shape follows the context in steps of this many tokens (each move re-derives
 # the shape and whatever the budget computed from it; a round's context moves every round)
 
@@ -126,6 +129,7 @@ class CostModel:
         self._shape_cal = self._anchor_shapes[0]
         self._plain: deque[float] = deque(maxlen=self.window)
         self._knot: list[deque[float]] = [deque(maxlen=self.window) for _ in grid]
+        self._dear: deque[bool] = deque(maxlen=self.window)  # the last tree rounds: was each dear?
         self._root: deque[float] = deque(maxlen=self.window)
         self._level: deque[float] = deque(maxlen=self.window)
         self._token: deque[float] = deque(maxlen=self.window)
@@ -140,7 +144,7 @@ class CostModel:
         log_c = np.zeros(len(self._xs))
         if seen:
             known_x = np.concatenate([[self._log_xs[0]], self._log_xs[seen]])
-            known_c = np.concatenate([[0.0], [np.log(_median(self._knot[i])) for i in seen]])
+            known_c = np.concatenate([[0.0], [np.log(self._correction(self._knot[i])) for i in seen]])
             log_c = np.interp(self._log_xs, known_x, known_c)  # past the last observed size: its correction
         self._shape = _sane_shape(self._xs, self._shape_cal * np.exp(log_c))
         tail = (self._shape[-1] - self._shape[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
@@ -152,6 +156,22 @@ class CostModel:
         self._shape_of: dict[int, float] = {}
         self.shape_version += 1  # values computed from the shape alone stay valid while it is unchanged
         self._refresh_plain()
+
+    def _correction(self, observed: deque[float]) -> float:
+        """A tree size's shape correction from its observations (ratios of observed to calibrated shape).
+
+        Asymmetric on purpose: a correction that makes a size cheaper is believed at once, because the budget
+        then runs that size and the next rounds correct it if it was wrong. One that makes a size dearer seals
+        itself: the budget stops running that size (and, through the interpolation, the sizes around it), so no
+        later round would correct it, and one pass stalled by another process would turn trees off for good.
+        So a dear correction is believed only when something confirms it: a second dear round among the recent
+        ones, of any size (a stall is one pass; a dear curve makes every round dear). Until then, and until the
+        size has :data:`CONFIRM` observations of its own, the calibration (1.0) fills the missing votes, so a
+        second dear observation of the same size also outvotes it, however far apart the two came."""
+        median = _median(observed)
+        if median <= 1.0 or len(observed) >= CONFIRM or sum(self._dear) >= 2:
+            return median
+        return _median(list(observed) + [1.0] * (CONFIRM - len(observed)))
 
     def _refresh_plain(self) -> None:
         self._plain_s = _median(self._plain) if self._plain else self.plain_cal
@@ -266,7 +286,9 @@ class CostModel:
             return
         k = int(np.argmin(np.abs(self._log_xs - np.log(n))))
         k = max(k, 1)
-        self._knot[k].append(seconds / self._plain_s / float(np.interp(n, self._xs, self._shape_cal)))
+        ratio = seconds / self._plain_s / float(np.interp(n, self._xs, self._shape_cal))
+        self._knot[k].append(ratio)
+        self._dear.append(ratio > DEAR)
         self._refresh_shape()
 
     def observe_draft(self, root_s: float, level_s: list[float]) -> None:
@@ -304,7 +326,8 @@ class CostModel:
     def summary(self) -> dict:
         """Milliseconds at a few sizes and what online learning changed: what the stats and the CLI show."""
         shown = [n for n in (1, 8, 16, 32, self.sizes[-1]) if n <= self.sizes[-1]]
-        corrections = {int(self._xs[i]): round(_median(d), 3) for i, d in enumerate(self._knot) if i > 0 and d}
+        corrections = {int(self._xs[i]): round(self._correction(d), 3) for i, d in enumerate(self._knot)
+                       if i > 0 and d}
         contexts = {"context": self.context_now,
                     "calibrated_contexts": [self.context] + [c.context for c in self.longer]} if self.longer else {}
         return {"verify_ms": {n: round(float(self.verify_s(n)) * 1e3, 3) for n in dict.fromkeys(shown)},
