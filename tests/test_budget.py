@@ -378,6 +378,41 @@ def test_one_stalled_large_round_does_not_turn_trees_off():
         assert tally.rate(100) >= 0.95 * reference.rate(100) and tally.tree_share(100) > 0.5
 
 
+@dataclass
+class DraftStallsOnce(World):
+    """A machine whose first draft catch-up is stalled ``stall`` times (20 ms of another process on a 1 ms root)."""
+
+    stall: float = 20.0
+    stalled: bool = False
+
+    def catch_up_time(self, fresh: int) -> float:
+        seconds = super().catch_up_time(fresh)
+        if not self.stalled:
+            self.stalled = True
+            return self.stall * seconds
+        return seconds
+
+
+def test_one_stalled_draft_root_does_not_turn_the_draft_off():
+    """A draft that pays (a cheap head on a flat-ish curve) whose first root is stalled 20x: before, the root's cost
+    was that one observation (the median of one) and the head never drafted again (0.82-0.85x the unstalled run);
+    now the calibration outvotes it until a second observation agrees."""
+    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.002, level_s=0.002)
+
+    def true_curve(w: World) -> CostModel:
+        return CostModel(CPU_SIZES, [w.plain_s * s for s in w.shape], w.root_s, w.level_s)
+
+    world, unstalled = DraftStallsOnce(**kw), World(**kw)
+    budget, tally = run_budget(true_curve(world), world)
+    _, reference = run_budget(true_curve(unstalled), unstalled)
+    assert world.stalled and budget.costs.draft_root_now == pytest.approx(0.002)
+    assert tally.rate(100) >= 0.95 * reference.rate(100) and tally.tree_share(100) > 0.5
+    dear = steep(draft_root=0.001)
+    for _ in range(2):  # a root that is really dear: believed at its second observation
+        dear.observe_draft(0.004, [])
+    assert dear.draft_root_now == pytest.approx(0.004)
+
+
 def test_poisoned_calibration_fails_its_checks_and_is_not_cached(tmp_path):
     """Verify times measured under load (3.04 s for 1 node, 2.90 for 2, 0.12 for 3, 3.16 for 32, 2.69 for 60):
     not monotone within tolerance, so a calibration like it is reported and never cached."""

@@ -132,9 +132,14 @@ class TreeBudget:
         """Do rounds of this kind lose to plain steps now? Only when both measures say so: the modelled rounds
         (tokens over the cost curve's time, drafting included) and the realised ones (its guard tripped, or its
         rounds so far slower than plain steps). Each alone is fooled: the model by a curve still learning, the
-        realised rates by a burst of load in one window."""
+        realised rates by a burst of load in one window. Rounds that cannot pay on the costs learned since they ran
+        (every drafted token accepted) lose whatever the model said of them then."""
         gain = self._gain[kind]
-        if gain is None or gain >= 1.0:
+        if gain is None:
+            return False
+        if not self._kind_can_pay(kind):  # the costs learned since: no round of it could pay, whatever it realised
+            return True
+        if gain >= 1.0:
             return False
         if self.guard_of(kind).tripped:
             return True

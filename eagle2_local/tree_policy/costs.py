@@ -35,11 +35,29 @@ CORRECTION_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CALIBRATION_CONTEXT = 64  # tokens of context the (short) verify curve is timed at (microbench.Timers' default)
 EXTRAPOLATE_UP_TO = 2.0  # past the longest calibrated context, the shape is extrapolated up to this many times it
 # (attention's share of a pass saturates, so a straight line overshoots further out), then held
-CONFIRM = 3  # a correction that makes a size dearer counts the calibration as votes until the size has this many
-# observations of its own, unless another recent tree round was dear too (CostModel._correction)
+CONFIRM = 3  # a cost observed dearer than calibrated counts the calibration as votes until this many observations
+# of its own, unless confirmed otherwise (_believed)
+LONG_CATCH_UP = 256  # catch-ups over this many backlog tokens in all confirm a dear per-token cost: a stall is
+# spread over their tokens
 DEAR = 1.25  # a tree round whose time over its calibrated shape exceeds this is a dear one
 CONTEXT_STEP = 32  # the calibrated shape follows the context in steps of this many tokens (each move re-derives
 # the shape and whatever the budget computed from it; a round's context moves every round)
+
+
+def _believed(observed, calibrated: float, confirmed: bool = False) -> float:
+    """What a short window of observed costs says a cost is, given what the calibration said (``calibrated``).
+
+    Asymmetric on purpose: a cost lower than calibrated is believed at once, because the budget then spends
+    it and the next rounds correct it if it was wrong. A higher one seals itself: the budget stops paying for what
+    it now thinks dear (a tree size, and through the interpolation the sizes around it; a draft whose root or
+    level looks dear), so no later round would correct it, and one pass stalled by another process would turn
+    trees off for the rest of the process. So a higher cost is believed only when confirmed (``confirmed``, or
+    :data:`CONFIRM` observations of its own); until then the calibration fills the missing votes, so a second
+    dear observation outvotes it and a lone stall never does."""
+    median = _median(observed)
+    if median <= calibrated or confirmed or len(observed) >= CONFIRM:
+        return median
+    return _median(list(observed) + [calibrated] * (CONFIRM - len(observed)))
 
 
 def _median(values) -> float:
@@ -133,6 +151,7 @@ class CostModel:
         self._root: deque[float] = deque(maxlen=self.window)
         self._level: deque[float] = deque(maxlen=self.window)
         self._token: deque[float] = deque(maxlen=self.window)
+        self._token_n: deque[int] = deque(maxlen=self.window)  # the backlog tokens each of those averaged over
         self.n_observed = 0
         self.shape_version = 0
         self._refresh_shape()
@@ -149,29 +168,21 @@ class CostModel:
         self._shape = _sane_shape(self._xs, self._shape_cal * np.exp(log_c))
         tail = (self._shape[-1] - self._shape[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
         self._slope = max(float(tail), 0.0)
-        self._root_rel = _median(self._root) if self._root else self.draft_root_s / self.plain_cal
-        self._level_rel = _median(self._level) if self._level else self.draft_level_s / self.plain_cal
-        self._token_rel = (_median(self._token) if self._token else self._root_rel if self.draft_token_s is None
-                           else self.draft_token_s / self.plain_cal)
+        root_cal, level_cal = self.draft_root_s / self.plain_cal, self.draft_level_s / self.plain_cal
+        self._root_rel = _believed(self._root, root_cal) if self._root else root_cal
+        self._level_rel = _believed(self._level, level_cal) if self._level else level_cal
+        token_cal = self._root_rel if self.draft_token_s is None else self.draft_token_s / self.plain_cal
+        self._token_rel = (_believed(self._token, token_cal, confirmed=sum(self._token_n) >= LONG_CATCH_UP)
+                           if self._token else token_cal)
         self._shape_of: dict[int, float] = {}
         self.shape_version += 1  # values computed from the shape alone stay valid while it is unchanged
         self._refresh_plain()
 
     def _correction(self, observed: deque[float]) -> float:
-        """A tree size's shape correction from its observations (ratios of observed to calibrated shape).
-
-        Asymmetric on purpose: a correction that makes a size cheaper is believed at once, because the budget
-        then runs that size and the next rounds correct it if it was wrong. One that makes a size dearer seals
-        itself: the budget stops running that size (and, through the interpolation, the sizes around it), so no
-        later round would correct it, and one pass stalled by another process would turn trees off for good.
-        So a dear correction is believed only when something confirms it: a second dear round among the recent
-        ones, of any size (a stall is one pass; a dear curve makes every round dear). Until then, and until the
-        size has :data:`CONFIRM` observations of its own, the calibration (1.0) fills the missing votes, so a
-        second dear observation of the same size also outvotes it, however far apart the two came."""
-        median = _median(observed)
-        if median <= 1.0 or len(observed) >= CONFIRM or sum(self._dear) >= 2:
-            return median
-        return _median(list(observed) + [1.0] * (CONFIRM - len(observed)))
+        """A tree size's shape correction from its observations (ratios of observed to calibrated shape):
+        :func:`_believed`, where a second dear round among the recent ones, of any size, also confirms (a stall
+        is one pass; a dear curve makes every round dear)."""
+        return _believed(observed, 1.0, confirmed=sum(self._dear) >= 2)
 
     def _refresh_plain(self) -> None:
         self._plain_s = _median(self._plain) if self._plain else self.plain_cal
@@ -306,6 +317,7 @@ class CostModel:
         if self.frozen or n_tokens < 2 or not root_s > 0:
             return
         self._token.append(max(root_s / self._plain_s - self._root_rel, 0.0) / (n_tokens - 1))
+        self._token_n.append(n_tokens - 1)
         self._refresh_shape()
 
     # ------------------------------------------------------------ (de)serialisation
