@@ -333,6 +333,12 @@ def test_one_stalled_tree_pass_moves_no_correction_and_a_second_dear_round_confi
     cm.observe_verify(8, 1.5 * 0.009 * 4.45)  # a second dear round: both dear sizes are believed
     assert cm.verify_s(8) == pytest.approx(1.5 * 0.009 * 4.45)
     assert cm.verify_s(16) == pytest.approx(0.009 * 16)  # 6x, capped at decoding the 16 nodes one by one
+    noisy = steep()
+    noisy.observe_verify(16, 6 * 0.009 * 7.94)
+    for _ in range(3):
+        noisy.observe_verify(4, 0.009 * 2.72)
+    noisy.observe_verify(8, 6 * 0.009 * 4.45)  # two stalls, of two sizes, among rounds as calibrated: not most
+    assert noisy.verify_s(16) == pytest.approx(0.009 * 7.94) and noisy.verify_s(8) == pytest.approx(0.009 * 4.45)
     alone = steep()
     for _ in range(2):  # or a second of the size's own, each among rounds as calibrated
         assert alone.verify_s(16) == pytest.approx(0.009 * 7.94)
@@ -411,6 +417,44 @@ def test_one_stalled_draft_root_does_not_turn_the_draft_off():
     for _ in range(2):  # a root that is really dear: believed at its second observation
         dear.observe_draft(0.004, [])
     assert dear.draft_root_now == pytest.approx(0.004)
+
+
+@dataclass
+class StallsAtRandom(World):
+    """A loaded machine: each pass (plain, tree or the draft's catch-up) is stalled ``factor`` times with
+    probability ``p``."""
+
+    p: float = 0.1
+    factor: float = 6.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+
+    def _stall(self) -> float:
+        return self.factor if self.rng.random() < self.p else 1.0
+
+    def plain_time(self) -> float:
+        return super().plain_time() * self._stall()
+
+    def verify_time(self, n: int) -> float:
+        return super().verify_time(n) * self._stall()
+
+    def catch_up_time(self, fresh: int) -> float:
+        return super().catch_up_time(fresh) * self._stall()
+
+
+def test_stalls_at_random_keep_the_trees_a_frozen_true_curve_keeps():
+    """One pass in ten stalled 6x: the learning cost model keeps the trees that a cost model frozen at the true
+    curve keeps (both pay for the stalls). Two stalls among the last nine tree rounds used to confirm each other
+    and seal the sizes they hit (0.90x of the frozen model on this seed)."""
+    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.0003, level_s=0.0008)
+    world, frozen_world = StallsAtRandom(**kw, seed=102), StallsAtRandom(**kw, seed=102)
+    learning = CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], world.root_s, world.level_s)
+    frozen = CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], world.root_s, world.level_s, frozen=True)
+    _, tally = run_budget(learning, world, rounds=1000, seed=2)
+    _, reference = run_budget(frozen, frozen_world, rounds=1000, seed=2)
+    assert tally.rate(100) >= 0.97 * reference.rate(100) and tally.tree_share(100) >= 0.9
 
 
 def test_poisoned_calibration_fails_its_checks_and_is_not_cached(tmp_path):

@@ -180,9 +180,10 @@ class CostModel:
 
     def _correction(self, observed: deque[float]) -> float:
         """A tree size's shape correction from its observations (ratios of observed to calibrated shape):
-        :func:`_believed`, where a second dear round among the recent ones, of any size, also confirms (a stall
-        is one pass; a dear curve makes every round dear)."""
-        return _believed(observed, 1.0, confirmed=sum(self._dear) >= 2)
+        :func:`_believed`, where the recent tree rounds, of any size, also confirm when most of them (two at
+        least) were dear: stalls hit some passes, a dear curve makes every round dear."""
+        dear = sum(self._dear)
+        return _believed(observed, 1.0, confirmed=dear >= 2 and 2 * dear > len(self._dear))
 
     def _refresh_plain(self) -> None:
         self._plain_s = _median(self._plain) if self._plain else self.plain_cal
