@@ -98,8 +98,9 @@ class CostModel:
     the median ratio of observed to calibrated shape at the nearest measured size (sizes between two
     observed ones interpolate in log size; size 1 is the anchor). Medians of short windows, not moving
     averages: one pass stalled by another process moves nothing, a wrong calibration is replaced after a
-    few rounds. ``frozen`` turns online learning off (tests that need fixed costs). ``draft_token_s``: seconds
-    per backlog token a catch-up ingests beyond the root (None: not measured; then a token is taken to cost
+    few rounds; a cost observed dearer than calibrated waits for a confirmation (:func:`_believed`).
+    ``frozen`` turns online learning off (tests that need fixed costs). ``draft_token_s``: seconds per backlog
+    token a catch-up ingests beyond the root (None: not measured; then a token is taken to cost
     as much as a one-token catch-up, an upper bound, until a real backlog catch-up has been timed).
 
     ``sizes``/``verify`` were timed at ``context`` tokens of KV; ``longer`` holds curves timed at longer contexts.
