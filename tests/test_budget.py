@@ -19,6 +19,8 @@ from tests.support.budget_helpers import set_tree_rate
 from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
+# a machine where trees pay: sublinear verify, a cheap draft (CPU_SIZES' sizes)
+PAYING = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.0003, level_s=0.0008)
 STEEP = [1.0, 1.77, 2.72, 4.45, 7.94, 15.0, 28.1]  # SmolLM2 on this 2-core CPU (docs/design.md §4), x one token
 
 
@@ -369,17 +371,12 @@ def test_one_stalled_large_round_does_not_turn_trees_off():
     """Trees pay (a cheap head, lookups that copy); the first large tree's pass is stalled 6x. Before, that one
     pass made every size look as dear as decoding its nodes one by one, and the run decoded plainly to its end
     (0.54x the unstalled run). Now the run goes on as if the stall had not been."""
-    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.0003, level_s=0.0008,
-              copy_rate=0.5, lookup_p=0.95, copy_p=0.97)
-
-    def true_curve(w: World) -> CostModel:
-        return CostModel(CPU_SIZES, [w.plain_s * s for s in w.shape], w.root_s, w.level_s)
-
+    kw = dict(PAYING, copy_rate=0.5, lookup_p=0.95, copy_p=0.97)
     for seed in (0, 2):
         world = StallsOnce(**kw)
-        _, tally = run_budget(true_curve(world), world, seed=seed)
+        _, tally = run_budget(true_costs(world), world, seed=seed)
         unstalled = World(**kw)
-        _, reference = run_budget(true_curve(unstalled), unstalled, seed=seed)
+        _, reference = run_budget(true_costs(unstalled), unstalled, seed=seed)
         assert world.stalled >= 8
         assert tally.rate(100) >= 0.95 * reference.rate(100) and tally.tree_share(100) > 0.5
 
@@ -403,14 +400,10 @@ def test_one_stalled_draft_root_does_not_turn_the_draft_off():
     """A draft that pays (a cheap head on a flat-ish curve) whose first root is stalled 20x: before, the root's cost
     was that one observation (the median of one) and the head never drafted again (0.82-0.85x the unstalled run);
     now the calibration outvotes it until a second observation agrees."""
-    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.002, level_s=0.002)
-
-    def true_curve(w: World) -> CostModel:
-        return CostModel(CPU_SIZES, [w.plain_s * s for s in w.shape], w.root_s, w.level_s)
-
+    kw = dict(PAYING, root_s=0.002, level_s=0.002)
     world, unstalled = DraftStallsOnce(**kw), World(**kw)
-    budget, tally = run_budget(true_curve(world), world)
-    _, reference = run_budget(true_curve(unstalled), unstalled)
+    budget, tally = run_budget(true_costs(world), world)
+    _, reference = run_budget(true_costs(unstalled), unstalled)
     assert world.stalled and budget.costs.draft_root_now == pytest.approx(0.002)
     assert tally.rate(100) >= 0.95 * reference.rate(100) and tally.tree_share(100) > 0.5
     dear = steep(draft_root=0.001)
@@ -448,11 +441,10 @@ def test_stalls_at_random_keep_the_trees_a_frozen_true_curve_keeps():
     """One pass in ten stalled 6x: the learning cost model keeps the trees that a cost model frozen at the true
     curve keeps (both pay for the stalls). Two stalls among the last nine tree rounds used to confirm each other
     and seal the sizes they hit (0.90x of the frozen model on this seed)."""
-    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.0003, level_s=0.0008)
-    world, frozen_world = StallsAtRandom(**kw, seed=102), StallsAtRandom(**kw, seed=102)
-    learning = CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], world.root_s, world.level_s)
-    frozen = CostModel(CPU_SIZES, [world.plain_s * s for s in world.shape], world.root_s, world.level_s, frozen=True)
-    _, tally = run_budget(learning, world, rounds=1000, seed=2)
+    world, frozen_world = StallsAtRandom(**PAYING, seed=102), StallsAtRandom(**PAYING, seed=102)
+    frozen = true_costs(frozen_world)
+    frozen.frozen = True
+    _, tally = run_budget(true_costs(world), world, rounds=1000, seed=2)
     _, reference = run_budget(frozen, frozen_world, rounds=1000, seed=2)
     assert tally.rate(100) >= 0.97 * reference.rate(100) and tally.tree_share(100) >= 0.9
 
@@ -544,12 +536,10 @@ def test_poisoned_costs_end_in_plain_steps_within_a_few_rounds(draft):
 def test_poisoned_costs_still_find_the_trees_that_pay():
     """The same poisoned start where trees do pay (sublinear verify, cheap draft): trees come back, of sizes
     the learned shape says pay, and realise what a true calibration realises."""
-    kw = dict(shape=[1, 1.3, 1.5, 1.7, 2.6, 4.5, 8, 14], plain_s=0.010, root_s=0.0003, level_s=0.0008)
-    world = World(**kw)
+    world = World(**PAYING)
     budget, tally = run_budget(CostModel(POISONED_SIZES, POISONED_VERIFY, 0.0018, 0.0063), world)
-    truth = World(**kw)
-    _, reference = run_budget(CostModel(CPU_SIZES, [truth.plain_s * s for s in truth.shape], truth.root_s,
-                                        truth.level_s), truth)
+    truth = World(**PAYING)
+    _, reference = run_budget(true_costs(truth), truth)
     assert tally.rate(100) >= 1.25 / world.plain_s and tally.rate(100) >= 0.95 * reference.rate(100)
     assert np.median(tally.sizes[-100:]) <= 12  # small trees: 60 nodes cost 14 plain steps here
     assert budget.costs.shape(32) == pytest.approx(8.0, rel=0.25)  # the learned shape, from ~1.04 calibrated
