@@ -117,3 +117,21 @@ def test_greedy_acceptance_follows_the_first_child_with_the_targets_token():
         assert got.path.tolist() == path and got.bonus == best
         deep += len(path) > 2
     assert deep > 30, "few paths went past one node: the walk was hardly tested"
+
+
+def test_reading_a_buffers_address_leaves_no_garbage():
+    """Every decode reads a few llama.cpp buffer addresses; ``ctypes.cast`` left two cyclic objects per read for
+    the garbage collector (four reads a plain step with the head: a collection every ~90 steps)."""
+    import ctypes
+    import gc
+    import struct
+
+    from eagle2_local.llamacpp.llama_ext import address
+
+    buf = (ctypes.c_float * 8)()
+    returned = struct.pack("P", ctypes.addressof(buf))  # a pointer as a C function returns it: no keep-alive
+    gc.collect()
+    for _ in range(50):
+        assert address(ctypes.POINTER(ctypes.c_float).from_buffer_copy(returned)) == ctypes.addressof(buf)
+    assert gc.collect() == 0
+    assert address(ctypes.POINTER(ctypes.c_float)()) is None  # NULL

@@ -36,19 +36,19 @@ def test_truncate_undoes_extend_exactly():
     index = rebuilt(text)
     for cut in (290, 151, 150, 3, 0):
         index.truncate(cut)
-        assert index._next == rebuilt(text[:cut])._next
+        assert index.table() == rebuilt(text[:cut]).table()
     index.extend(text)
-    assert index._next == rebuilt(text)._next
+    assert index.table() == rebuilt(text).table()
 
 
 class UncachedIndex(NgramIndex):
     """An index that ranks every followers list afresh at every use and searches the text's end afresh from
     the longest n-gram: the reference for the cached rankings and the bounded, cached tail match."""
 
-    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
-        return self._ranked(positions)
+    def ranked(self, match: tuple[int, int]) -> list[tuple[int, int]]:
+        return self._ranked(match)
 
-    def tail_match(self) -> tuple[int, list[int]] | None:
+    def tail_match(self) -> tuple[int, int] | None:
         return self.longest_match(self.text)
 
 
@@ -91,7 +91,7 @@ def test_prompt_indexed_at_once_equals_token_by_token():
         bulk.extend(text[:prompt_len + 40])  # the prompt at once, then the answer's first tokens, scored
         for tok in text[:prompt_len + 40]:
             single.extend([tok])
-        assert bulk.text == single.text and bulk._next == single._next
+        assert bulk.text == single.text and bulk.table() == single.table()
         for at in range(prompt_len + 40, prompt_len + 100, 3):
             for ix in (bulk, single):
                 ix.extend(text[at:at + 3])
@@ -100,8 +100,21 @@ def test_prompt_indexed_at_once_equals_token_by_token():
         assert np.array_equal(bulk.confidence.trials, single.confidence.trials)
     renamed = NgramIndex(max_n=4)
     renamed.extend(text[:300], score=False)
-    assert renamed._next == rebuilt(text[:300])._next
+    assert renamed.table() == rebuilt(text[:300]).table()
     assert np.array_equal(renamed.confidence.trials, NgramIndex(max_n=4).confidence.trials)  # learned nothing
+
+
+def test_the_index_holds_nothing_the_garbage_collector_tracks():
+    """A long prompt's index holds ~max_n entries per token: as lists they were scanned at every full collection
+    (and brought them sooner); its chains are numbers in max_n arrays and a dictionary, whose keys are tuples of
+    numbers, which a collection stops tracking."""
+    import gc
+
+    index = NgramIndex(max_n=8)
+    index.extend(np.random.default_rng(1).integers(0, 50, 2000).tolist())
+    gc.collect()
+    tracked = [v for v in index._last.values() if gc.is_tracked(v)] + [k for k in index._last if gc.is_tracked(k)]
+    assert not tracked and len(index._prev) == 8
 
 
 def test_longest_match_proposes_what_followed_it():
@@ -148,8 +161,8 @@ def test_confidence_tells_copying_the_prompt_from_repeating_the_answer():
     toks, probs = engine.index.continuations(prompt + prompt[10:40], 4)
     assert toks[0] == prompt[40] and probs[0] == pytest.approx(conf.rate(4, COPY))
     engine.catch_up(np.array(prompt + prompt[10:40] + prompt[10:20]))  # now it repeats its own answer
-    n, positions = engine.index.longest_match(engine.index.text)
-    assert engine.index.kind(len(engine.index.text), positions) == REPEAT
+    match = engine.index.longest_match(engine.index.text)
+    assert engine.index.kind(len(engine.index.text), match) == REPEAT
 
 
 def test_a_new_answer_keeps_the_learned_rates_at_the_priors_weight():

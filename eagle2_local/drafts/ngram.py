@@ -10,6 +10,8 @@ really came next), scaled by how often that token followed the match relative to
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 from .renames import Divergence
@@ -112,43 +114,56 @@ class MatchConfidence:
         self._rates[kind][n] = float(self.hits[kind, n] / self.trials[kind, n])
 
 
+# A match: the length n of the n-gram found and the most recent position that followed it (the rest are reached
+# through NgramIndex's chains)
+Match = tuple[int, int]
+
+
 class NgramIndex:
     """Every n-gram of the text (1 <= n <= ``max_n``) -> the positions that followed its occurrences, in order.
 
-    ``extend`` and ``truncate`` cost O(max_n) per token; ``continuations`` looks at the most recent
-    ``max_positions`` occurrences of the longest matching n-gram."""
+    Kept as chains, not lists: per n-gram its most recent follower, and per n and position the previous follower
+    of the same n-gram (-1: none). A list per n-gram (~``max_n`` new ones a token) is a container Python's garbage
+    collector tracks, so a long prompt's index was scanned at every full collection and brought them sooner; the
+    chains are numbers in ``max_n`` arrays and one dictionary. ``extend`` and ``truncate`` cost O(max_n) per
+    token; ``continuations`` looks at the most recent ``max_positions`` occurrences of the longest matching
+    n-gram."""
 
     def __init__(self, max_n: int = 8, max_positions: int = 64) -> None:
         self.max_n = max_n
         self.max_positions = max_positions
-        self.text: list[int] = []
-        self._next: dict[tuple[int, ...], list[int]] = {}
         self.confidence = MatchConfidence(max_n)
-        self.answer_from = NO_ANSWER  # the first position of the answer (all text is prompt until one begins)
-        self._ranked_of: dict[int, list[tuple[int, int]]] = {}  # id of a followers list -> its ranking
         self.last_match = 0  # match length of the last continuations() call
+        self._start_text([])
+        self.answer_from = NO_ANSWER  # the first position of the answer (all text is prompt until one begins)
         self.copy_misses: list[Divergence] = []  # long copies of the prompt that missed, since last read
+
+    def _start_text(self, text: list[int]) -> None:
+        """No text indexed (``text``: the tokens about to be, unscored)."""
+        self.text: list[int] = []
+        self._last: dict[tuple[int, ...], int] = {}  # n-gram -> the most recent position that followed it
+        self._prev = [array("q") for _ in range(self.max_n)]  # [n - 1][position] -> the previous one, or -1
+        self._ranked_of: dict[Match, list[tuple[int, int]]] = {}  # a match -> its followers ranked
         self._forget_tail()
+        if text:
+            self._index_unscored(text)
 
     def __len__(self) -> int:
         return len(self.text)
 
     def clear(self) -> None:
-        self.text = []
-        self._next = {}
-        self._ranked_of = {}
         self.confidence = MatchConfidence(self.max_n)
         self.answer_from = NO_ANSWER
         self.copy_misses = []
-        self._forget_tail()
+        self._start_text([])
 
     def _forget_tail(self, bound: int | None = None) -> None:
         """The text's end changed: its longest match is unknown (``bound``: at most this long)."""
-        self._tail: tuple[int, list[int]] | None = None
+        self._tail: Match | None = None
         self._tail_known = False
         self._tail_bound = bound
 
-    def tail_match(self) -> tuple[int, list[int]] | None:
+    def tail_match(self) -> Match | None:
         """:meth:`longest_match` of the whole text, what predicts its next token: found once per text (the
         round's evidence, its root and the next token's score all ask for it), starting at the previous
         text's match length + 1."""
@@ -156,59 +171,79 @@ class NgramIndex:
             self._tail, self._tail_known = self.longest_match(self.text, self._tail_bound), True
         return self._tail
 
-    def kind(self, at: int, positions: list[int]) -> int:
+    def kind(self, at: int, match: Match) -> int:
         """What a match predicting position ``at`` is evidence of: :data:`PROMPT` inside the prompt, else
         :data:`COPY` or :data:`REPEAT` by where its most recent occurrence lies."""
         if at < self.answer_from:
             return PROMPT
-        return REPEAT if positions[-1] >= self.answer_from else COPY
+        return REPEAT if match[1] >= self.answer_from else COPY
+
+    def followers(self, match: Match) -> list[int]:
+        """Every position that followed the match's n-gram, oldest first (what tests and readers compare)."""
+        n, p = match
+        prev, out = self._prev[n - 1], []
+        while p >= 0:
+            out.append(p)
+            p = prev[p]
+        return out[::-1]
+
+    def table(self) -> dict[tuple[int, ...], list[int]]:
+        """Every n-gram -> :meth:`followers` (an index's whole content, for comparing two)."""
+        return {key: self.followers((len(key), last)) for key, last in self._last.items()}
 
     def extend(self, tokens, score: bool = True) -> None:
         """Append committed tokens; each one first scores the prediction the index would have made for it
         (``score`` False: not, for an index that shares another's :attr:`confidence`).
 
-        Only the followers lists a token joins change their ranking: the others' cached rankings stay (a
-        position's token never changes while it is listed; :meth:`truncate` forgets every ranking)."""
+        Only the n-grams a token follows change their ranking: the others' cached rankings stay (a position's
+        token never changes while it is indexed; :meth:`truncate` forgets every ranking)."""
         tokens = [int(t) for t in tokens]
         unscored = len(tokens) if not score else (
             0 if self.answer_from == NO_ANSWER else min(len(tokens), max(self.answer_from - len(self.text), 0)))
-        if unscored >= 2:  # a prompt: indexed n by n, the same lists in a fraction of the time (NOTES.md#lookup-drafts)
+        if unscored >= 2:  # a prompt: indexed n by n, the same in a fraction of the time (NOTES.md#lookup-drafts)
             self._index_unscored(tokens[:unscored])
             self._forget_tail()
             tokens = tokens[unscored:]
+        text, last, prev, ranked_of = self.text, self._last, self._prev, self._ranked_of
         for tok in tokens:
             # a prompt position read once an answer has begun is not scored: drafts predict answer positions,
             # whose rates are the COPY and REPEAT kinds'
-            scored = score and (len(self.text) >= self.answer_from or self.answer_from == NO_ANSWER)
+            scored = score and (len(text) >= self.answer_from or self.answer_from == NO_ANSWER)
             match = self.tail_match() if scored else self._tail  # None while unknown (then no bound below)
             if scored and match is not None:
-                n, positions = match
-                kind, hit = self.kind(len(self.text), positions), self.ranked(positions)[0][0] == tok
-                self.confidence.observe(n, hit, kind)
-                if not hit and kind == COPY and n >= LONG_COPY:
-                    self.copy_misses.append(Divergence(positions[-1], len(self.text)))
+                kind, hit = self.kind(len(text), match), self.ranked(match)[0][0] == tok
+                self.confidence.observe(match[0], hit, kind)
+                if not hit and kind == COPY and match[0] >= LONG_COPY:
+                    self.copy_misses.append(Divergence(match[1], len(text)))
             bound = (match[0] + 1 if match is not None else 1) if self._tail_known else None
-            j = len(self.text)
-            self.text.append(tok)
-            for n in range(1, min(self.max_n, j) + 1):
-                positions = self._next.setdefault(tuple(self.text[j - n:j]), [])
-                positions.append(j)
-                self._ranked_of.pop(id(positions), None)
+            j = len(text)
+            text.append(tok)
+            for n in range(1, self.max_n + 1):
+                if n > j:
+                    prev[n - 1].append(-1)
+                    continue
+                key = tuple(text[j - n:j])
+                before = last.get(key, -1)
+                prev[n - 1].append(before)
+                last[key] = j
+                if before >= 0:
+                    ranked_of.pop((n, before), None)
             self._forget_tail(bound)
 
     def _index_unscored(self, tokens: list[int]) -> None:
-        """Append ``tokens`` and list their positions, one n at a time (what :meth:`extend` does token by token
-        when it scores nothing), and forget every ranking (new lists, and lists that grew)."""
+        """Append ``tokens`` and chain their positions, one n at a time (what :meth:`extend` does token by token
+        when it scores nothing), and forget every ranking (n-grams that gained a follower)."""
         j0 = len(self.text)
         self.text.extend(tokens)
-        text, follow, end = self.text, self._next, len(self.text)
+        text, last, end = self.text, self._last, len(self.text)
         for n in range(1, self.max_n + 1):
-            first = max(j0, n)
-            if first >= end:
-                break
+            prev = self._prev[n - 1]
+            first = min(max(j0, n), end)
+            prev.extend([-1] * (first - j0))  # positions with fewer than n tokens before them
             grams = zip(*(text[first - n + k:end - n + k] for k in range(n)))
             for j, key in zip(range(first, end), grams):
-                follow.setdefault(key, []).append(j)
+                prev.append(last.get(key, -1))
+                last[key] = j
         self._ranked_of.clear()
 
     def truncate(self, n_tokens: int) -> None:
@@ -217,46 +252,54 @@ class NgramIndex:
         self._ranked_of.clear()
         self._forget_tail()
         if n_tokens < len(self.text) // 2:
-            kept = self.text[:max(n_tokens, 0)]
-            self.text, self._next = [], {}
-            self._index_unscored(kept)
+            self._start_text(self.text[:max(n_tokens, 0)])
             return
-        while len(self.text) > n_tokens:
-            j = len(self.text) - 1
+        text, last, prev = self.text, self._last, self._prev
+        while len(text) > n_tokens:
+            j = len(text) - 1
             for n in range(1, min(self.max_n, j) + 1):
-                key = tuple(self.text[j - n:j])
-                positions = self._next[key]
-                positions.pop()
-                if not positions:
-                    del self._next[key]
-            self.text.pop()
+                key = tuple(text[j - n:j])
+                before = prev[n - 1][j]
+                if before < 0:
+                    del last[key]
+                else:
+                    last[key] = before
+            for chain in prev:
+                chain.pop()
+            text.pop()
 
-    def longest_match(self, context: list[int], at_most: int | None = None) -> tuple[int, list[int]] | None:
-        """The longest n whose last-n-token suffix of ``context`` occurred before with a follower, and the
-        positions of those followers (None: not even the last token did). ``at_most``: a known bound on n
-        (a context one token longer than one whose longest match was m matches at most m + 1 tokens)."""
+    def longest_match(self, context: list[int], at_most: int | None = None) -> Match | None:
+        """The longest n whose last-n-token suffix of ``context`` occurred before with a follower, and the most
+        recent of those followers (None: not even the last token did). ``at_most``: a known bound on n (a context
+        one token longer than one whose longest match was m matches at most m + 1 tokens)."""
         top = min(self.max_n, len(context)) if at_most is None else min(self.max_n, len(context), at_most)
+        last = self._last
         for n in range(top, 0, -1):
-            positions = self._next.get(tuple(context[-n:]))
-            if positions:
-                return n, positions
+            at = last.get(tuple(context[-n:]))
+            if at is not None:
+                return n, at
         return None
 
-    def ranked(self, positions: list[int]) -> list[tuple[int, int]]:
-        """:meth:`_ranked`, cached per followers list until the list changes (the same n-grams recur across a
+    def ranked(self, match: Match) -> list[tuple[int, int]]:
+        """:meth:`_ranked`, cached per match until its n-gram gains a follower (the same n-grams recur across a
         tree's nodes and across rounds)."""
-        ranked = self._ranked_of.get(id(positions))
+        ranked = self._ranked_of.get(match)
         if ranked is None:
-            ranked = self._ranked_of[id(positions)] = self._ranked(positions)
+            ranked = self._ranked_of[match] = self._ranked(match)
         return ranked
 
-    def _ranked(self, positions: list[int]) -> list[tuple[int, int]]:
+    def _ranked(self, match: Match) -> list[tuple[int, int]]:
         """Distinct follower tokens of the recent occurrences with their counts, most frequent first (ties:
         the most recent first)."""
+        n, p = match
+        prev, text = self._prev[n - 1], self.text
         counts: dict[int, int] = {}
-        for p in reversed(positions[-self.max_positions:]):
-            tok = self.text[p]
+        for _ in range(self.max_positions):
+            if p < 0:
+                break
+            tok = text[p]
             counts[tok] = counts.get(tok, 0) + 1
+            p = prev[p]
         return sorted(counts.items(), key=lambda item: -item[1])  # stable: recency breaks ties
 
     def continuations(self, context: list[int], max_branches: int,
@@ -267,15 +310,14 @@ class NgramIndex:
         found is :attr:`last_match` (0: none)."""
         return self.proposed(self.longest_match(context, at_most), max_branches)
 
-    def proposed(self, match: tuple[int, list[int]] | None, max_branches: int) -> tuple[list[int], list[float]]:
+    def proposed(self, match: Match | None, max_branches: int) -> tuple[list[int], list[float]]:
         """:meth:`continuations` of a match found already (:meth:`longest_match`, :meth:`tail_match`)."""
         self.last_match = match[0] if match is not None else 0
         if match is None:
             return [], []
-        n, positions = match
-        ranked = self.ranked(positions)[:max_branches]
+        ranked = self.ranked(match)[:max_branches]
         # a draft predicts past the committed text, so the kind is the one of the text's next position
-        top, rate = ranked[0][1], self.confidence.rate(n, self.kind(len(self.text), positions))
+        top, rate = ranked[0][1], self.confidence.rate(match[0], self.kind(len(self.text), match))
         probs = [rate * c / top for _, c in ranked]
         total = sum(probs)
         if total > 1.0:

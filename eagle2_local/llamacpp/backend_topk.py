@@ -31,6 +31,7 @@ import llama_cpp
 import numpy as np
 
 from ..errors import ModelError
+from .llama_ext import address
 from .runtime import charge_llama, host_inside_llama
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ class BackendTopK:
         t0 = time.perf_counter()
         ptr = llama_cpp.llama_get_sampled_candidates_ith(self.ctx, at)  # waits for a GPU to finish
         charge_llama(t0)
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_rows, self.carrier is None)
+        key = (address(ptr), n_rows, self.carrier is None)
         views = self._views.get(key)
         if views is None:
             pointers = (ptr, llama_cpp.llama_get_sampled_logits_ith(self.ctx, at),

@@ -65,11 +65,18 @@ def set_layer_input(ctx, layer: int, enable: bool) -> None:
 _views: dict[tuple, np.ndarray] = {}  # (address, shape, pointer type) -> a view of llama.cpp's buffer
 
 
+def address(ptr) -> int | None:
+    """The address a ctypes pointer holds (None: NULL), read from the pointer's own bytes. Not
+    ``ctypes.cast(ptr, c_void_p)``: a cast leaves a reference cycle (the result and its keep-alive dict), two
+    objects for the garbage collector at every call, and every decode reads a few of these."""
+    return ctypes.c_void_p.from_buffer(ptr).value
+
+
 def buffer_view(ptr, shape: tuple[int, ...]) -> np.ndarray:
     """A numpy view (no copy) of ``shape`` at a llama.cpp output buffer (logits, hidden states, layer inputs),
     valid until the next decode. Views are kept per address and shape: llama.cpp reuses its buffers, and making a
     view (``np.ctypeslib.as_array``, ~4 us) costs more than copying a plain step's row."""
-    key = (ctypes.cast(ptr, ctypes.c_void_p).value, shape, type(ptr))
+    key = (address(ptr), shape, type(ptr))
     view = _views.get(key)
     if view is None:
         if len(_views) > 256:
