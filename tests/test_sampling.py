@@ -59,3 +59,18 @@ def test_repeat_last_n_zero_means_off():
     logits = np.array([2.0, 1.0])
     off = SamplingParams(temperature=1, repeat_penalty=2.0, repeat_last_n=0)
     np.testing.assert_allclose(off.probs(logits, history=np.array([0])), SamplingParams(temperature=1).probs(logits))
+
+
+def test_a_steps_recent_text_penalizes_as_the_whole_text_does():
+    """A decoding step hands the penalty only the text's last repeat_last_n tokens (``recent``), not the whole
+    text: the same warped logits, with and without a penalty, with a token appended or not, short texts too."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=300).astype(np.float32)
+    for penalty, last_n in ((1.0, 64), (1.3, 64), (0.8, 5), (1.3, 0), (1.1, 1)):
+        params = SamplingParams(temperature=0.0, repeat_penalty=penalty, repeat_last_n=last_n)
+        for length in (0, 1, 4, 5, 6, 63, 64, 65, 400):
+            text = rng.integers(0, 300, length).tolist()
+            for last in (None, int(rng.integers(0, 300))):
+                whole = np.asarray(text if last is None else text + [last])
+                expected = params.penalized(logits, whole)
+                assert np.array_equal(params.penalized(logits, params.recent(text, last)), expected)

@@ -248,7 +248,7 @@ class Generator:
                rng: np.random.Generator, stats: GenerationStats,
                grammar: GrammarState | None = None) -> Iterator[Chunk]:
         history = list(self.tokens)
-        token = choose(sampling, grammar, logits, np.asarray(history), rng)
+        token = choose(sampling, grammar, logits, sampling.recent(history), rng)
         while True:
             if grammar is not None:
                 grammar.accept(token)
@@ -270,7 +270,7 @@ class Generator:
             self.tokens.append(token)
             if self.engine is not None:
                 self.backlog.extend(ver.features)  # kept for a feature-fed draft engine's next speculative call
-            token = choose(sampling, grammar, logits, np.asarray(history), rng)
+            token = choose(sampling, grammar, logits, sampling.recent(history), rng)
             step.done, step.llama_done = self.clock(), llama_seconds()
             stats.add_host(step)
 
@@ -286,7 +286,7 @@ class Generator:
             self._check_tree_fits()
         draft.begin_answer(len(self._prompt))
         self.policy.begin_answer()
-        root = choose(sampling, grammar, logits, np.asarray(self.tokens), rng)
+        root = choose(sampling, grammar, logits, sampling.recent(self.tokens), rng)
         if grammar is not None:
             grammar.accept(root)
         yield _emit(emitter, [root])
@@ -394,7 +394,7 @@ class Generator:
         ver = self.target.decode_one(root)
         times.verified = self.clock()
         self.backlog.extend(ver.features)
-        bonus = choose(sampling, grammar, ver.logits[0], np.asarray(self.tokens + [root]), rng)
+        bonus = choose(sampling, grammar, ver.logits[0], sampling.recent(self.tokens, root), rng)
         if grammar is not None:
             grammar.accept(bonus)
         times.done, times.llama_done = self.clock(), llama_seconds()

@@ -60,11 +60,13 @@ class MatchConfidence:
                  answer_weight: float = ANSWER_WEIGHT) -> None:
         n = np.arange(max_n + 1, dtype=np.float64)
         rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
-        self.weight = prior_weight * (1.0 + 3.0 * rise)  # a long match's prior takes 4x the evidence to move
-        self.trials = np.tile(self.weight, (3, 1))
-        self.hits = self.weight * _priors(max_n)
+        self.weight = (prior_weight * (1.0 + 3.0 * rise)).tolist()  # a long match's prior takes 4x the evidence
+        # per kind and n, as Python floats: observed at every scored token, where numpy's scalar indexing cost
+        # several times the arithmetic (the same float64 operations either way)
+        self._trials = [list(self.weight) for _ in range(3)]
+        self._hits = (np.asarray(self.weight) * _priors(max_n)).tolist()
         self.max_count = max_count
-        self._rates = (self.hits / self.trials).tolist()  # read per drafted node: Python floats, no numpy call
+        self._rates = [[h / t for h, t in zip(hits, trials)] for hits, trials in zip(self._hits, self._trials)]
         self.answer_weight = answer_weight
         self._new_answer_record()
 
@@ -76,11 +78,23 @@ class MatchConfidence:
         own misses outvoted them. At the prior's weight a few of the new answer's own tokens decide. The
         answer's own record (:attr:`answer_factor`) starts again."""
         for kind in (COPY, REPEAT):
-            scale = np.minimum(self.weight / self.trials[kind], 1.0)
-            self.trials[kind] *= scale
-            self.hits[kind] *= scale
-        self._rates = (self.hits / self.trials).tolist()
+            trials, hits = self._trials[kind], self._hits[kind]
+            for n, weight in enumerate(self.weight):
+                scale = min(weight / trials[n], 1.0)
+                trials[n] *= scale
+                hits[n] *= scale
+                self._rates[kind][n] = hits[n] / trials[n]
         self._new_answer_record()
+
+    @property
+    def trials(self) -> np.ndarray:
+        """Observations per kind (rows) and match length (columns), the prior's weight included (a copy)."""
+        return np.array(self._trials)
+
+    @property
+    def hits(self) -> np.ndarray:
+        """Hits per kind and match length, the prior's included (a copy)."""
+        return np.array(self._hits)
 
     def _new_answer_record(self) -> None:
         """No sure match of the answer scored yet: :attr:`answer_factor` (see the class docstring) is 1."""
@@ -105,13 +119,14 @@ class MatchConfidence:
             self._answer_hits += float(hit)
             w = self.answer_weight
             self.answer_factor = min(1.0, (w + self._answer_hits) / (w + self._answer_expected))
-        self.trials[kind, n] += 1.0
-        self.hits[kind, n] += float(hit)
-        if self.trials[kind, n] > self.max_count:
-            scale = self.max_count / self.trials[kind, n]
-            self.trials[kind, n] *= scale
-            self.hits[kind, n] *= scale
-        self._rates[kind][n] = float(self.hits[kind, n] / self.trials[kind, n])
+        trials, hits = self._trials[kind], self._hits[kind]
+        trials[n] += 1.0
+        hits[n] += float(hit)
+        if trials[n] > self.max_count:
+            scale = self.max_count / trials[n]
+            trials[n] *= scale
+            hits[n] *= scale
+        self._rates[kind][n] = hits[n] / trials[n]
 
 
 # A match: the length n of the n-gram found and the most recent position that followed it (the rest are reached

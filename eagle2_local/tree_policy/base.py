@@ -135,6 +135,16 @@ class RoundPlan:
 PLAIN_STEP = RoundPlan(drafts=False)
 
 
+def _none_of(dtype) -> np.ndarray:
+    """An empty array no reader can change: shared by every plain step's result (three arrays a step otherwise)."""
+    empty = np.zeros(0, dtype=dtype)
+    empty.flags.writeable = False
+    return empty
+
+
+NO_SCORES, NO_SOURCES, NONE_ACCEPTED = _none_of(np.float64), _none_of(np.int8), _none_of(bool)
+
+
 @dataclass
 class RoundResult:
     """What one round did: its plan and times, the drafted nodes verified (root excluded) with their scores,
@@ -143,9 +153,9 @@ class RoundResult:
     plan: RoundPlan
     times: RoundTimes
     n_emitted: int = 1
-    node_scores: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    node_sources: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
-    accepted: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    node_scores: np.ndarray = field(default_factory=lambda: NO_SCORES)
+    node_sources: np.ndarray = field(default_factory=lambda: NO_SOURCES)
+    accepted: np.ndarray = field(default_factory=lambda: NONE_ACCEPTED)
 
     @property
     def n_nodes(self) -> int:
