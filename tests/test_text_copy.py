@@ -171,32 +171,3 @@ def test_the_models_own_tokenizer_continues_a_value(smollm2_path):
         assert tokens[0][0] == model.tokenize("ula Ward lives", add_special=False)[0]
     finally:
         model.close()
-
-
-def test_the_roots_row_is_the_text_ends_row():
-    """``next_rate`` and ``catch_up`` read the root's row through ``LookupDraft._root``, a shortcut of ``_continue``
-    for the text's own end: the same row at every token of an answer that quotes the passage inside strings (the
-    text copy), and of one that renames a word of its prompt (the renamed index), at the evidence's width and a
-    tree's."""
-    from eagle2_local.drafts.lookup import ROOT
-    from eagle2_local.drafts.renames import RenameLearner
-
-    def same_rows_throughout(draft: LookupDraft, prompt: list[int], answer: list[int]) -> None:
-        draft.catch_up_rows(np.array(prompt))
-        draft.begin_answer(len(prompt))
-        for end in range(len(prompt) + 1, len(prompt) + len(answer) + 1):
-            draft.next_rate((prompt + answer)[:end])
-            for width in (1, 4):
-                rows = draft._continue([[]], [None], [ROOT], width)
-                assert draft._root(width) == (rows[0][0], rows[1][0])
-
-    w = Words()
-    quoting = LookupDraft(max_branches=4, text=TextCopy(w.piece, w.tokenize))
-    same_rows_throughout(quoting, w.tokenize(PROMPT), w.tokenize('{"name": "Ursula Ward", "city": "Leeds"}'))
-    assert quoting.text.started
-    chars = RenameLearner(lambda tokens: "".join(map(chr, tokens)), lambda text: [ord(c) for c in text])
-    renaming = LookupDraft(max_n=24, renames=chars)
-    code = "def f(check):\n    if check > 1:\n        return check + 1\n    return 0\n"
-    same_rows_throughout(renaming, [ord(c) for c in code],
-                         [ord(c) for c in "def f(last_word):\n    if last_word > 1:\n        return last_word + 1\n"])
-    assert renaming.edited is not None and chars.renames == {"check": "last_word"}

@@ -77,7 +77,8 @@ def _walk(tree: DraftTree, logits: np.ndarray, params: SamplingParams, history: 
           rng: np.random.Generator | None, grammar: GrammarState | None = None) -> Acceptance:
     """The general walk; with ``rng=None`` it is greedy under the (penalised) warpers. ``grammar`` (advanced in
     place by every accepted token and the bonus) constrains the target at each visited node."""
-    hist = np.asarray(history if history is not None else [], dtype=np.int64)
+    recent = params.recent(history) if history is not None else None  # what the penalty reads of the text
+    hist = np.asarray(recent if recent is not None else [], dtype=np.int64)
     node, path = 0, [0]
     while True:
         context = np.concatenate([hist, tree.tokens[path].astype(np.int64)])

@@ -66,7 +66,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def recent(self, tokens: list[int], last: int | None = None) -> np.ndarray | None:
+    def recent(self, tokens: list[int] | np.ndarray, last: int | None = None) -> np.ndarray | None:
         """What :meth:`penalized` reads of the text ``tokens`` (+ ``last``): its last ``repeat_last_n`` tokens as an
         array, None without a repetition penalty. A decoding step passes this, not the whole text: converting a
         3,000-token context cost ~50 us a step, for a penalty that reads 64 tokens or none."""

@@ -186,10 +186,10 @@ class LookupDraft(DraftEngine):
         round's own catch-up would index anyway. ``allowed`` (a grammar's check): a token it forbids is no
         evidence, as the round would drop it."""
         self._extend(tokens[len(self.index):])
-        toks, probs = self._root(width=1)
-        if not toks or (allowed is not None and not allowed(toks[0])):
+        toks, probs = self._continue([[]], [None], [ROOT], width=1)
+        if not toks[0] or (allowed is not None and not allowed(toks[0][0])):
             return 0.0
-        return probs[0]
+        return probs[0][0]
 
     def expand(self, cand_ids: list[int], tokens: list[int], parent_ids: list[int], level: int) -> Proposals:
         return self.proposals(*self.expand_rows(cand_ids, tokens, parent_ids, level))
@@ -198,8 +198,7 @@ class LookupDraft(DraftEngine):
         """:meth:`catch_up` as the lookup's own rows, probabilities (what :class:`~.merged.MergedDraft` weighs)."""
         self._clear_round()
         self._extend(np.asarray(tokens)[len(self.index):].tolist())
-        toks, probs = self._root(max(self.max_branches, 1))
-        return [toks], [probs]
+        return self._continue([[]], [None], [ROOT])
 
     def expand_rows(self, cand_ids: np.ndarray | list[int], tokens: np.ndarray | list[int],
                     parent_ids: np.ndarray | list[int], level: int) -> Rows:
@@ -224,26 +223,6 @@ class LookupDraft(DraftEngine):
                           *self._search(self.edited, paths, parents, cand_ids, self._edited_match, width))
         if self.text is not None and self.text.started:
             self._text_rows(tokens, probs, found, paths, width)
-        return tokens, probs
-
-    def _root(self, width: int) -> tuple[list[int], list[float]]:
-        """:meth:`_continue` of the text's own end alone (the root's row), without the per-node lists: it runs at
-        every plain step, for the round's evidence."""
-        index = self.index
-        tokens, probs = index.proposed(index.tail_match(), width)
-        found = self._match[ROOT] = index.last_match
-        if self.edited is not None:
-            edited = self.edited
-            edited_tokens, edited_probs = edited.proposed(edited.tail_match(), width)
-            n = self._edited_match[ROOT] = edited.last_match
-            if n and n >= found:
-                tokens, probs, found = edited_tokens, edited_probs, n
-        if found < TEXT_BELOW and self.text is not None and self.text.started:
-            value = self.text.value([])
-            if value is not None:
-                text_tokens, text_probs = self.text.continuations(value, width)
-                if text_tokens and (not probs or text_probs[0] > probs[0]):
-                    tokens, probs = text_tokens, text_probs
         return tokens, probs
 
     def _text_rows(self, tokens: list[list[int]], probs: list[list[float]], found: list[int],
