@@ -71,6 +71,7 @@ def freeze_time() -> None:
         setattr(cost_model.CostModel, name, lambda self, *args, **kwargs: None)
     plain = budget_mod.TreeBudget._plain
     budget_mod.TreeBudget._realised_s = _calibrated_round_s
+    budget_mod.TreeBudget._explored_s = staticmethod(lambda result, realised_s: realised_s)  # catch-ups left out
     budget_mod.TreeBudget._plain = lambda self, seconds: plain(self, float(self.costs.verify_s(1)))
     api.check_costs = lambda target, costs, params: (True, {"replay": "start-up check skipped"})
 

@@ -136,6 +136,38 @@ def test_a_round_is_judged_by_what_its_own_plan_says():
     assert budget.accounts[MODEL_ROUND].spent > 1.0  # 1 token for ~2.3 plain steps
 
 
+def test_an_exploring_round_pays_its_backlogs_catch_up():
+    """A probe of a losing model draft first ingests every token decoded plainly since the draft last ran: that
+    catch-up is what exploring costs, so the account pays it at its measured time, while the guard and the cost
+    model still judge the tree at the steady catch-up of one token."""
+    budget = TreeBudget(steep(), max_nodes=60, max_depth=6)
+    observe_plain(budget, 0.009)
+    scores = np.array([-1.5])
+    catch_up_s = 0.001 + 199 * 0.0002  # the root's cost and 0.2 ms for each of 199 backlog tokens
+    plan = budget.tree_plan(200, MODEL_ROUND, exploring=True)
+    observe_tree(budget, plan, RoundTimes(0.0, levels=[catch_up_s]), scores, np.array([False]), 0.02, 1)
+    spent = budget.accounts[MODEL_ROUND].spent
+    assert spent == pytest.approx((catch_up_s + 0.02) / 0.009 - 1, rel=0.01)  # 6.8 steps for 1 token, not 2.3
+    assert budget.guard.tree_rate() == pytest.approx(1 / (0.001 + 0.02))  # the tree, at its steady catch-up
+
+
+def test_probes_of_a_losing_head_with_a_dear_catch_up_cost_a_bounded_share():
+    """The default head on the Intel VM of 2026-12-05 (2 threads): the head's catch-up costs 3.3% of a plain step
+    per token, so a probe after k plain steps pays 0.033 k for its backlog alone, more than the 1% share earns in
+    that time. A head whose guesses do not pay (overconfident) over 20 answers of 128 tokens: its exploration,
+    catch-ups included, costs at most the allowances, the share and one round, and the answers stay at >= 0.98x
+    plain speed (charged at the steady catch-up, the probes' backlogs cost 3-4%)."""
+    world = World(plain_s=0.0126, sizes=[1, 2, 3, 4, 8, 16, 32, 60],
+                  shape=[1, 1.38, 1.75, 2.04, 3.48, 6.24, 11.9, 21.8], root_s=0.00235, level_s=0.0064,
+                  token_s=0.000414, accept_power=8.0)
+    budget = TreeBudget(true_costs(world), max_nodes=60, max_depth=6)
+    assert budget.ceiling_rate() > budget.costs.plain_rate  # a tree could pay: the head is explored
+    tally = answers(budget, world, 20, 128, prompt=40)
+    steps = sum(tally.seconds) / world.plain_s
+    assert budget.accounts[MODEL_ROUND].spent <= 20 * 0.25 + 0.01 * steps + 8.0
+    assert tally.rate() >= 0.98 / world.plain_s and sum(tally.tree_rounds) >= 5  # it did keep exploring
+
+
 def test_a_draft_that_cannot_pay_is_never_run():
     """Even accepting every drafted token cannot beat plain decoding when one level costs 5 target tokens."""
     budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6)

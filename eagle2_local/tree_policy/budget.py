@@ -23,10 +23,10 @@ lookups cost nothing where the text does not repeat, and an answer that copies d
 rounds, whatever earlier answers did: the lookup needs no exploration, and a record of looks that found nothing
 cannot keep it out. Model rounds whose rounds stop beating plain decoding steps (modelled and realised, by their
 :class:`RateGuard`) draft only while their :class:`Exploration` account allows: an allowance per answer plus a share
-of the decoding, paid by their losses, so exploring costs a bounded share of every answer however short; a losing
-model draft does not stop sure lookups, nor the reverse. The records last across answers. A round whose best tree is
-the root alone is decoded as a plain step; a drafted round that verified only forced tokens (a grammar's, free and
-certain) judges no kind.
+of the decoding, paid by their losses (a probe's catch-up over the backlog included), so exploring costs a bounded
+share of every answer however short; a losing model draft does not stop sure lookups, nor the reverse. The records
+last across answers. A round whose best tree is the root alone is decoded as a plain step; a drafted round that
+verified only forced tokens (a grammar's, free and certain) judges no kind.
 
 A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
 at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not
@@ -372,8 +372,15 @@ class TreeBudget:
         self._gain[kind] = gain if old is None else (1 - a) * old + a * gain
         steps = realised_s * self.costs.plain_rate  # the round in plain steps at today's speed
         if plan.exploring:  # rounds of a kind that wins are the guard's to judge, not exploration
-            self.accounts[kind].pay(steps - result.n_emitted)
+            self.accounts[kind].pay(self._explored_s(result, realised_s) * self.costs.plain_rate - result.n_emitted)
         self._earn(steps)
+
+    @staticmethod
+    def _explored_s(result: RoundResult, realised_s: float) -> float:
+        """What an exploring round cost the answer: its measured time, its backlog's catch-up included (a probe of
+        a losing draft first ingests every token decoded plainly since it last ran, a cost that only exploring
+        incurs), and at least the steady time ``realised_s`` that the guard judges."""
+        return max(result.times.done - result.times.start, realised_s)
 
     def _plain(self, seconds: float) -> None:
         """A plain decoding step was taken (a plain round, or a lookup round that verified only its root)."""

@@ -17,9 +17,11 @@ class Exploration:
 
     Every answer brings ``allowance`` steps (the account holds at most that much), every step of decoding earns
     ``share`` of a step, and every drafted round of the kind pays what it lost against plain decoding (its time in
-    plain steps minus its tokens) or is refunded what it won, while that kind was losing. A losing kind drafts again
-    only while the account is positive, so exploring costs at most ``allowance`` plus ``share`` of the decoding per
-    answer (and one round's loss): bounded by its cost, in the machine's own unit, however short the answer."""
+    plain steps, the draft's catch-up over the text decoded plainly since it last ran included, minus its tokens)
+    or is refunded what it won, while that kind was losing. A losing kind drafts again only while the account is
+    positive, so exploring costs at most ``allowance`` plus ``share`` of the decoding per answer (and one round's
+    loss): bounded by its cost, in the machine's own unit, however short the answer. Where a catch-up costs more
+    per token than ``share`` of a step, the allowances pay for the probes: about one every few answers."""
 
     share: float = 0.01
     allowance: float = 0.25
