@@ -63,7 +63,8 @@ def test_repeat_last_n_zero_means_off():
 
 def test_a_steps_recent_text_penalizes_as_the_whole_text_does():
     """A decoding step hands the penalty only the text's last repeat_last_n tokens (``recent``), not the whole
-    text: the same warped logits, with and without a penalty, with a token appended or not, short texts too."""
+    text: the same warped logits, with and without a penalty, with a token appended or not, short texts too, the
+    text a list or an array."""
     rng = np.random.default_rng(5)
     logits = rng.normal(size=300).astype(np.float32)
     for penalty, last_n in ((1.0, 64), (1.3, 64), (0.8, 5), (1.3, 0), (1.1, 1)):
@@ -74,3 +75,4 @@ def test_a_steps_recent_text_penalizes_as_the_whole_text_does():
                 whole = np.asarray(text if last is None else text + [last])
                 expected = params.penalized(logits, whole)
                 assert np.array_equal(params.penalized(logits, params.recent(text, last)), expected)
+                assert np.array_equal(params.penalized(logits, params.recent(np.asarray(text), last)), expected)

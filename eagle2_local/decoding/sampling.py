@@ -72,7 +72,7 @@ class SamplingParams:
         3,000-token context cost ~50 us a step, for a penalty that reads 64 tokens or none."""
         if self.repeat_penalty == 1.0 or self.repeat_last_n <= 0:
             return None
-        tail = tokens[-self.repeat_last_n:] if last is None else tokens[-self.repeat_last_n:] + [last]
+        tail = tokens[-self.repeat_last_n:] if last is None else [*tokens[-self.repeat_last_n:], last]
         return np.asarray(tail[-self.repeat_last_n:])
 
     def penalized(self, logits: np.ndarray, history: np.ndarray | None) -> np.ndarray:
