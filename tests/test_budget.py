@@ -136,6 +136,64 @@ def test_a_round_is_judged_by_what_its_own_plan_says():
     assert budget.accounts[MODEL_ROUND].spent > 1.0  # 1 token for ~2.3 plain steps
 
 
+def slower_after_trees(costs: CostModel, first: float = 0.08, second: float = 0.04) -> CostModel:
+    """``costs`` after plain steps of 10 ms, three times the first and second after a tree slower by ``first`` and
+    ``second`` of a step."""
+    for _ in range(9):
+        costs.observe_plain(0.010)
+    for _ in range(3):
+        costs.observe_plain(0.010 * (1 + first), after_tree=1)
+        costs.observe_plain(0.010 * (1 + second), after_tree=2)
+        costs.observe_plain(0.010)
+    return costs
+
+
+def test_the_plain_steps_after_a_tree_are_charged_to_the_run_of_trees_it_ends():
+    """On a CPU the first plain steps after a tree decode slower than after a plain step. The cost model learns
+    that extra time (a lone stall moves nothing), and the budget charges it to a tree that starts a run of trees,
+    not to one that continues a run; a new answer starts none."""
+    costs = steep()
+    for _ in range(9):
+        costs.observe_plain(0.010)
+    costs.observe_plain(0.050, after_tree=1)  # one stalled step after a tree: not believed alone
+    assert costs.switch_steps == 0.0
+    slower_after_trees(costs)
+    assert costs.switch_steps == pytest.approx(0.08 + 0.04, abs=0.005)
+    assert costs.summary()["switch_steps"] == pytest.approx(0.12, abs=0.005)
+
+    budget = TreeBudget(slower_after_trees(steep()), max_nodes=60, max_depth=6, free_lookup=True)
+    first = budget.tree_plan(1, LOOKUP_ROUND)
+    assert first.switch_steps == pytest.approx(0.12, abs=0.005)  # a run starts: it pays the steps after its end
+    sure = np.log(np.full(3, 0.9)).cumsum()
+    observe_tree(budget, first, RoundTimes(0.0, levels=[0.0]), sure, np.ones(3, dtype=bool), 0.02, 4)
+    assert budget.tree_plan(1, LOOKUP_ROUND).switch_steps == 0.0  # a tree after a tree: the run goes on
+    observe_plain(budget, 0.0108)
+    assert budget.tree_plan(1, LOOKUP_ROUND).switch_steps == pytest.approx(0.12, abs=0.005)
+    budget.begin_answer()
+    assert budget.tree_plan(1, LOOKUP_ROUND).switch_steps == pytest.approx(0.12, abs=0.005)
+
+
+def test_a_tree_that_gains_less_than_it_costs_the_plain_steps_after_it_is_not_drafted():
+    """A lookup chain whose gain over plain steps is smaller than what a tree costs the plain steps after it is
+    not worth starting a run for; the same chain continuing a run is. And a tree's size is chosen with that cost:
+    where it makes the chain lose, the round keeps its root alone."""
+    plain = TreeBudget(slower_after_trees(steep(), 0.0, 0.0), max_nodes=60, max_depth=6, model_draft=False)
+    rate = float(next(r for r in np.arange(0.40, 0.99, 0.005) if plain.evidence_gain(float(r)) > 1.03))
+    assert plain.sure_lookup(rate)
+    assert plain.evidence_gain(rate, 0.15) <= 1.0  # no tree of the chain beats the root alone
+    budget = TreeBudget(slower_after_trees(steep(), 0.10, 0.05), max_nodes=60, max_depth=6, model_draft=False)
+    assert budget.evidence_gain(rate) == plain.evidence_gain(rate)  # the same curve otherwise
+    assert not budget.sure_lookup(rate)
+    plan = budget.tree_plan(1, LOOKUP_ROUND)
+    chain = np.log(np.full(6, rate)).cumsum()
+    assert plan.nodes(chain, RoundTimes(0.0)) == 1  # the chain does not pay for the switch: the root alone
+    assert plain.tree_plan(1, LOOKUP_ROUND).nodes(chain, RoundTimes(0.0)) > 1
+    sure = np.log(np.full(6, 0.95)).cumsum()
+    observe_tree(budget, plan, RoundTimes(0.0, levels=[0.0]), sure, np.ones(6, dtype=bool),
+                 budget.costs.verify_s(7), 7)
+    assert budget.sure_lookup(rate)  # continuing a run costs no switch
+
+
 def test_an_exploring_round_pays_its_backlogs_catch_up():
     """A probe of a losing model draft first ingests every token decoded plainly since the draft last ran: that
     catch-up is what exploring costs, so the account pays it at its measured time, while the guard and the cost
@@ -1055,8 +1113,9 @@ def test_evidence_gain_kept_per_rate_equals_it_computed_afresh():
     rates = [0.5, 0.9, 0.97, 0.99, 0.999]
     for step in range(80):
         for rate in rates:
-            gain = budget.evidence_gain(rate)
-            assert gain == (budget._chain_gain(rate) if gain else 0.0)
+            for switch in (0.0, 0.123):
+                gain = budget.evidence_gain(rate, switch)
+                assert gain == (budget._chain_gain(rate, round(switch, 2)) if gain else 0.0)
         if step % 4 == 0:
             observe_plain(budget, 0.009 * float(rng.uniform(0.8, 1.3)))
         elif step % 4 == 1:  # the maps alone (a free round in place of a plain step teaches them so)

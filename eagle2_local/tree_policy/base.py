@@ -123,6 +123,7 @@ class RoundPlan:
     # exploration account)
     fresh_tokens: int = 1
     exploring: bool = False
+    switch_steps: float = 0.0  # plain steps charged to a tree that starts a run (CostModel.switch_steps)
     go_deeper: GoDeeperFn = _always
     size: SizeFn | None = None  # None: max_nodes
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..decoding.tree import FORCED, LOOKUP
 from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
-from .costs import CostModel
+from .costs import AFTER_TREE, CostModel
 from .guard import RateGuard
 from .schedule import Exploration, ProbeSchedule
 from .sizing import LOOKUP_FINE_BINS, SourceAcceptance, best_size, deeper_can_pay
@@ -104,11 +104,12 @@ class TreeBudget:
         self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
         self.rounds = 0
         self._can_pay: list[bool] | None = None
-        self._evidence: dict[float, float] = {}  # evidence_gain per rate, for ``_evidence_state``
+        self._evidence: dict[tuple[float, float], float] = {}  # evidence_gain per (rate, switch): _evidence_state
         self._evidence_state: tuple | None = None
         self.lookup_rounds = 0  # lookup rounds of a draft with a model part (its model draft sitting out)
         self.evidence_rounds = 0  # lookup rounds run on the lookup's sure evidence (sure_lookup)
         self.root_only_rounds = 0  # drafted rounds whose best tree was the root alone (decoded plainly)
+        self._after_tree = 0  # the next plain step's place after a run of trees (1: the last round was a tree)
 
     # ------------------------------------------------------------ state
     @property
@@ -155,16 +156,18 @@ class TreeBudget:
         (:meth:`sure_lookup`)."""
         for account in self.accounts:
             account.begin_answer()
+        self._after_tree = 0  # a prompt's evaluation came last, not a tree
         self.acceptance.begin_answer()
         self._evidence_state = None  # the map's pooled rates may move with its weights
 
-    def evidence_gain(self, rate: float) -> float:
+    def evidence_gain(self, rate: float, switch_steps: float = 0.0) -> float:
         """Tokens/s over plain steps' of the best lookup round that a match with the lookup's learned ``rate``
         per token promises on the calibrated curve (0.0 when no chain pays): a chain whose node at depth k has
         path confidence k * log(rate), valued through the lookups' acceptance map as the round's own nodes will
         be, so a round taken on this evidence drafts more than its root. A long exact match of a copied span is
         sure before any round has run, and the lookup learned that rate from this text, per kind and length of
-        match."""
+        match. ``switch_steps``: what a tree costs the plain steps after it (:meth:`_switch_steps`), kept to
+        0.01 of a step."""
         if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape_at(2):
             return 0.0  # even an endless chain at this rate would not pay for verifying one node
         # asked every round, from the few rates the lookup has learned: kept until the acceptance maps or the
@@ -173,12 +176,13 @@ class TreeBudget:
                  self.max_depth, self.max_nodes)
         if state != self._evidence_state or len(self._evidence) >= EVIDENCE_KEPT:
             self._evidence_state, self._evidence = state, {}
-        gain = self._evidence.get(rate)
+        key = (rate, round(switch_steps, 2))
+        gain = self._evidence.get(key)
         if gain is None:
-            gain = self._evidence[rate] = self._chain_gain(rate)
+            gain = self._evidence[key] = self._chain_gain(*key)
         return gain
 
-    def _chain_gain(self, rate: float) -> float:
+    def _chain_gain(self, rate: float, switch_steps: float = 0.0) -> float:
         """:meth:`evidence_gain` computed: the best round on a chain whose every token is ``rate`` sure, its
         expected tokens over its verify cost in plain steps (the shape alone: no plain rate, so a kept value
         stays exact while plain steps move the rate)."""
@@ -187,7 +191,7 @@ class TreeBudget:
         best = expected = 1.0  # the root alone
         for n, p in enumerate(chain, start=2):  # n nodes: the root and the chain's first n - 1
             expected += p
-            best = max(best, expected / self.costs.shape_at(n))
+            best = max(best, expected / (self.costs.shape_at(n) + switch_steps))
         return best
 
     def sure_lookup(self, rate: float) -> bool:
@@ -197,7 +201,7 @@ class TreeBudget:
         rounds of an answer that copies after answers that did not."""
         if not (self.free_lookup and self._kind_can_pay(LOOKUP_ROUND)):
             return False
-        gain = self.evidence_gain(rate)
+        gain = self.evidence_gain(rate, self._switch_steps())
         if gain <= 1.0:
             return False
         model = self._gain[MODEL_ROUND]
@@ -250,20 +254,27 @@ class TreeBudget:
         levels measured in this round's own times."""
         kind = self._main if kind is None else kind
         lookup = kind == LOOKUP_ROUND
+        switch = self._switch_steps()
+        switch_s = switch * self.costs.verify_s(1)
         self.schedule.round_started()
         self.lookup_rounds += lookup and self.model_draft
 
         def go_deeper(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, times: RoundTimes,
                       sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
             return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times, kind), kind,
-                                sources, frontier_sources)
+                                sources, frontier_sources, switch_s)
 
         def size(cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
-            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind)
+            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind, switch_s)
 
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=lookup,
-                         fresh_tokens=1 if lookup else fresh_tokens, exploring=exploring, go_deeper=go_deeper,
-                         size=size)
+                         fresh_tokens=1 if lookup else fresh_tokens, exploring=exploring, switch_steps=switch,
+                         go_deeper=go_deeper, size=size)
+
+    def _switch_steps(self) -> float:
+        """What a tree drafted now costs the plain steps after it (:attr:`CostModel.switch_steps`): nothing when
+        the last round was a tree, as the run it continues pays that once, when it ends."""
+        return 0.0 if self._after_tree == 1 else self.costs.switch_steps
 
     def free_plan(self) -> RoundPlan:
         """A round of free drafts where :meth:`plan` said plain (tokens a grammar forces, lookups): levels and
@@ -301,7 +312,8 @@ class TreeBudget:
         return self.acceptance.prob(scores, sources)
 
     def _deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, draft_s: float,
-                kind: int, sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
+                kind: int, sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None,
+                switch_s: float = 0.0) -> bool:
         """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself? A question:
         asking changes nothing. ``sources``: the candidates' drafters (None: all the kind's own), so each is valued
         by its own map as the round's size will be."""
@@ -313,15 +325,16 @@ class TreeBudget:
             return False
         return deeper_can_pay(p, float(frontier.sum()), draft_s, self.max_depth - levels_done, self.costs,
                               self.max_nodes, level_s=0.0 if kind == LOOKUP_ROUND else None,
-                              frontier_best=float(frontier.max()))
+                              frontier_best=float(frontier.max()), switch_s=switch_s)
 
-    def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int) -> int:
+    def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int,
+              switch_s: float = 0.0) -> int:
         """The best node count (root included) of a ``kind`` round drafted in ``draft_s``, the candidates taken in
         the tree's order (best score first), each valued by its own drafter's acceptance map."""
         scores = np.asarray(cand_scores)
         order = np.lexsort((np.arange(len(scores)), -scores))
         p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order], kind)
-        return best_size(p, draft_s, self.costs, self.max_nodes)[0]
+        return best_size(p, draft_s, self.costs, self.max_nodes, switch_s)[0]
 
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
@@ -330,6 +343,7 @@ class TreeBudget:
         if plan.unasked:  # in place of a plain step: the schedule counts that step
             self.schedule.plain_taken()
             self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
+            self._after_tree = 1 if result.n_nodes > 1 else 0
             return
         if not plan.drafts:
             self._plain(times.verify_s)
@@ -346,6 +360,7 @@ class TreeBudget:
             realised_s = float(self.costs.verify_s(1)) + max(realised_s - times.verify_s, 0.0)
         else:
             self.costs.observe_verify(result.n_nodes, times.verify_s)
+            self._after_tree = 1
         if len(result.node_sources) and (np.asarray(result.node_sources) == FORCED).all():
             # only forced tokens were verified: free and certain, like the grammar's forced-only rounds, so
             # they neither judge the round's kind nor spend its exploration account
@@ -366,7 +381,7 @@ class TreeBudget:
         levels_grown = max(len(times.levels), 1)
         # a lookup's draft time is its host time (the model's cost curve says nothing of it): measured
         draft_s = max(times.draft_s, 0.0) if kind == LOOKUP_ROUND else self.costs.draft_s(levels_grown)
-        round_s = draft_s + float(self.costs.verify_s(result.n_nodes))
+        round_s = draft_s + float(self.costs.verify_s(result.n_nodes)) + plan.switch_steps * self.costs.verify_s(1)
         gain = result.n_emitted / max(round_s, 1e-12) / self.costs.plain_rate
         a, old = self.rate_alpha, self._gain[kind]
         self._gain[kind] = gain if old is None else (1 - a) * old + a * gain
@@ -385,7 +400,9 @@ class TreeBudget:
     def _plain(self, seconds: float) -> None:
         """A plain decoding step was taken (a plain round, or a lookup round that verified only its root)."""
         self.schedule.plain_taken()
-        self.costs.observe_plain(seconds)
+        after = self._after_tree
+        self._after_tree = after + 1 if 0 < after < AFTER_TREE else 0
+        self.costs.observe_plain(seconds, after)
         self.guard.add_plain(seconds / self.costs.load)
         self.lookup_guard.add_plain(seconds / self.costs.load)
 

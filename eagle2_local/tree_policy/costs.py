@@ -40,6 +40,7 @@ CONFIRM = 3  # a cost observed dearer than calibrated counts the calibration as 
 LONG_CATCH_UP = 256  # catch-ups over this many backlog tokens in all confirm a dear per-token cost: a stall is
 # spread over their tokens
 DEAR = 1.25  # a tree round whose time over its calibrated shape exceeds this is a dear one
+AFTER_TREE = 2  # plain steps after a run of tree rounds whose extra time is charged to the run (switch_steps)
 CONTEXT_STEP = 32  # the calibrated shape follows the context in steps of this many tokens (each move re-derives
 # the shape and whatever the budget computed from it; a round's context moves every round)
 
@@ -153,6 +154,9 @@ class CostModel:
         self._level: deque[float] = deque(maxlen=self.window)
         self._token: deque[float] = deque(maxlen=self.window)
         self._token_n: deque[int] = deque(maxlen=self.window)  # the backlog tokens each of those averaged over
+        # per position after a run of trees (first, second plain step): each one's time over the plain step's
+        self._after: list[deque[float]] = [deque(maxlen=self.window) for _ in range(AFTER_TREE)]
+        self.switch_steps = 0.0
         self.n_observed = 0
         self.shape_version = 0
         self._refresh_shape()
@@ -282,13 +286,26 @@ class CostModel:
         return 1.0 / self._plain_s
 
     # ------------------------------------------------------------ online correction
-    def observe_plain(self, seconds: float) -> None:
-        """One plain decoding step actually taken: the unit every other cost is expressed in."""
+    def observe_plain(self, seconds: float, after_tree: int = 0) -> None:
+        """One plain decoding step actually taken: the unit every other cost is expressed in. ``after_tree``: it
+        is the first (1) or second (2) plain step after a run of tree rounds (0: neither), whose extra time over a
+        plain step the run is charged (:attr:`switch_steps`)."""
         self.n_observed += 1
         if self.frozen or not seconds > 0:
             return
+        if 0 < after_tree <= AFTER_TREE:
+            self._after[after_tree - 1].append(float(seconds) / self._plain_s - 1.0)
+            self._refresh_switch()
         self._plain.append(float(seconds))
         self._refresh_plain()
+
+    def _refresh_switch(self) -> None:
+        """:attr:`switch_steps`: plain steps that ending a run of tree rounds costs the plain steps after it,
+        beyond their own time. On a CPU the first plain step after a tree is measured slower than one after a plain
+        step (~8% of a step on the Intel AMX VM, the second ~3.5%: NOTES.md#a-tree-slows-the-plain-steps-after-it), a
+        cost of the tree that a curve timed size by size does not show. Believed like any dearer cost
+        (:func:`_believed` against 0: a lone stall moves nothing); a plain step measured faster counts 0."""
+        self.switch_steps = sum(max(_believed(w, 0.0), 0.0) for w in self._after if w)
 
     def observe_verify(self, n: int, seconds: float) -> None:
         """One tree of n nodes verified: a shape correction for the nearest measured size (n = 1, the root
@@ -348,7 +365,8 @@ class CostModel:
                 "draft_root_ms": round(self.draft_root_now * 1e3, 3),
                 "draft_level_ms": round(self.draft_level_now * 1e3, 3),
                 "draft_token_ms": round(self.draft_token_now * 1e3, 4), "load": round(self.load, 3),
-                "plain_steps_in_window": self.n_plain, "shape_corrections": corrections, **contexts}
+                "plain_steps_in_window": self.n_plain, "shape_corrections": corrections,
+                "switch_steps": round(self.switch_steps, 3), **contexts}
 
 
 def _sane_shape(xs: np.ndarray, shape: np.ndarray) -> np.ndarray:

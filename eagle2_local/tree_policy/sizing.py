@@ -147,23 +147,25 @@ class SourceAcceptance:
         return sum(m.n_observed for m in self.maps)
 
 
-def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes: int) -> tuple[int, float]:
+def best_size(p_sorted: np.ndarray, draft_s: float, costs: CostModel, max_nodes: int,
+              switch_s: float = 0.0) -> tuple[int, float]:
     """The node count (root included) with the highest expected tokens per second, and that rate.
 
     ``p_sorted``: acceptance probabilities of the ranked candidates, best first. n = 1 (root only, i.e. the
-    round's draft wasted) is always a choice.
+    round's draft wasted) is always a choice; it is decoded as a plain step, so only a tree (n >= 2) pays
+    ``switch_s``, the time a tree that starts a run costs the plain steps after it (:attr:`CostModel.switch_steps`).
     """
     m = min(len(p_sorted), max_nodes - 1)
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])
     n = np.arange(1, m + 2)
-    rate = expected / (draft_s + costs.verify_s(n))
+    rate = expected / (draft_s + costs.verify_s(n) + np.where(n > 1, switch_s, 0.0))
     i = int(np.argmax(rate))
     return int(n[i]), float(rate[i])
 
 
 def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, levels_left: int,
                    costs: CostModel, max_nodes: int, level_s: float | None = None,
-                   frontier_best: float | None = None) -> bool:
+                   frontier_best: float | None = None, switch_s: float = 0.0) -> bool:
     """Could one or more further levels beat the best tree available now?
 
     New nodes descend from the frontier: a node's path probability is at most its frontier ancestor's
@@ -173,19 +175,19 @@ def deeper_can_pay(p_sorted: np.ndarray, frontier_mass: float, draft_s: float, l
     levels, is compared with the best rate now: a bushy frontier of unlikely nodes (lookups' many weak
     continuations) has mass, but each of its nodes costs a verify slot for little.
     ``level_s``: a level's draft time (default: the cost model's; 0 for lookup branches, where more levels
-    cost nothing, so only the deepest bound need be checked).
+    cost nothing, so only the deepest bound need be checked). ``switch_s``: as :func:`best_size` takes it.
     """
     level_s = costs.draft_level_now if level_s is None else level_s
     best = frontier_mass if frontier_best is None else min(frontier_best, frontier_mass)
     if best <= 0.0:
         return False
-    _, now = best_size(p_sorted, draft_s, costs, max_nodes)
+    _, now = best_size(p_sorted, draft_s, costs, max_nodes, switch_s)
     m = min(len(p_sorted), max_nodes - 1)
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(p_sorted[:m])])  # the best n current nodes, n = 1..m+1
     total = np.arange(1, max_nodes + 1)  # nodes verified: n current + k new
     new = total[None, :] - np.arange(1, len(expected) + 1)[:, None]  # k, per (n, total); < 0: impossible
     new_best = np.where(new >= 0, new * best, -np.inf)
-    verify = costs.verify_s(total)
+    verify = costs.verify_s(total) + np.where(total > 1, switch_s, 0.0)
     for j in range(levels_left if level_s == 0.0 else 1, levels_left + 1):
         value = (expected[:, None] + np.minimum(new_best, j * frontier_mass)).max(axis=0)
         if float((value / (draft_s + j * level_s + verify)).max()) > now:
