@@ -194,6 +194,76 @@ def test_a_tree_that_gains_less_than_it_costs_the_plain_steps_after_it_is_not_dr
     assert budget.sure_lookup(rate)  # continuing a run costs no switch
 
 
+def sealed_merged_budget() -> TreeBudget:
+    """A head + lookup budget (the head too dear to draft) whose lookup map learned, from chains that missed,
+    that no chain pays."""
+    budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6, free_lookup=True)
+    observe_plain(budget, 0.009)
+    missed = np.linspace(-0.45, -0.05, 40)
+    budget.acceptance.observe(missed, np.full(40, LOOKUP, dtype=np.int8), np.zeros(40, dtype=bool))
+    budget.begin_answer()
+    assert budget.sealed() and not budget.sure_lookup(0.95)
+    return budget
+
+
+def observe_lookup_chain(budget: TreeBudget, plan: RoundPlan, scores: np.ndarray, accepted: np.ndarray) -> None:
+    """A lookup round verifying a chain of lookup nodes in its calibrated time."""
+    n = len(scores) + 1
+    times = RoundTimes(0.0, levels=[0.0])
+    times.drafted = 0.0
+    times.verified = times.done = float(budget.costs.verify_s(n))
+    emitted = int(np.cumprod(accepted).sum()) + 1
+    budget.observe(RoundResult(plan, times, emitted, scores, np.full(n - 1, LOOKUP, dtype=np.int8),
+                               np.asarray(accepted)))
+
+
+def test_a_sealed_lookup_map_is_probed_from_its_account_and_a_copying_chain_unseals_it():
+    """Prose answers whose chains missed can teach the lookups' map that no chain pays; then no lookup round runs
+    on evidence and none could correct it (a code edit later in the process drafted nothing). Where the map is
+    sealed, sure-looking evidence runs a probe sized as EAGLE-2 values nodes, paid from the lookups' exploration
+    account; a chain that is accepted unseals the map. With the account spent, no probe."""
+    budget = sealed_merged_budget()
+    assert not budget.plan(1, 0.3).drafts  # evidence that would not pay even on the prior: no probe
+    plan = budget.plan(1, 0.95)
+    assert plan.drafts and plan.free_only and plan.exploring and budget.sealed_probes == 1
+    copied = np.log(np.full(6, 0.95)).cumsum()
+    times = RoundTimes(0.0)
+    assert plan.nodes(copied, times) > 2  # sized on the prior: the sealed map would keep the root alone
+    assert budget.tree_plan(1, LOOKUP_ROUND).nodes(copied, times) == 1
+    for chains in range(1, 5):  # chains that copy win: the account pays for the next probe at once
+        observe_lookup_chain(budget, plan, copied, np.ones(6, dtype=bool))
+        if not budget.sealed():
+            break
+        plan = budget.plan(1, 0.95)
+        assert plan.exploring
+    assert chains <= 3 and budget.sure_lookup(0.95)
+
+    spent = sealed_merged_budget()
+    spent.accounts[LOOKUP_ROUND].pay(1.0)
+    assert not spent.plan(1, 0.95).drafts
+
+
+def test_probing_a_sealed_lookup_map_costs_prose_a_bounded_share():
+    """Where the lookups never hit, probes of a sealed map cost no more than the account's bound: its allowance
+    per answer, its share of the decoding, and one round's overshoot."""
+    budget = sealed_merged_budget()
+    steps = probes = 0
+    for _ in range(20):
+        budget.begin_answer()
+        for step in range(100):
+            plan = budget.plan(1, 0.95 if step % 10 == 0 else 0.0)
+            if plan.drafts:
+                probes += 1
+                n = plan.nodes(np.log(np.full(6, 0.95)).cumsum(), RoundTimes(0.0))
+                observe_lookup_chain(budget, plan, np.log(np.full(n - 1, 0.95)).cumsum(), np.zeros(n - 1, dtype=bool))
+            else:
+                observe_plain(budget, 0.009)
+            steps += 1
+    account = budget.accounts[LOOKUP_ROUND]
+    assert probes > 0 and budget.sealed()
+    assert account.spent <= 0.25 * 21 + 0.01 * steps + float(budget.costs.verify_s(7)) / 0.009
+
+
 def test_an_exploring_round_pays_its_backlogs_catch_up():
     """A probe of a losing model draft first ingests every token decoded plainly since the draft last ran: that
     catch-up is what exploring costs, so the account pays it at its measured time, while the guard and the cost

@@ -20,13 +20,15 @@ the lookup says how sure it is of the root's next token (its rate learned from t
 match, which costs a few dictionary lookups); a lookup round runs exactly when a chain at that rate, valued through
 the lookups' acceptance map, beats plain steps on the calibrated curve (and the model rounds where those win). So
 lookups cost nothing where the text does not repeat, and an answer that copies drafts its sure spans from its first
-rounds, whatever earlier answers did: the lookup needs no exploration, and a record of looks that found nothing
-cannot keep it out. Model rounds whose rounds stop beating plain decoding steps (modelled and realised, by their
-:class:`RateGuard`) draft only while their :class:`Exploration` account allows: an allowance per answer plus a share
-of the decoding, paid by their losses (a probe's catch-up over the backlog included), so exploring costs a bounded
-share of every answer however short; a losing model draft does not stop sure lookups, nor the reverse. The records
-last across answers. A round whose best tree is the root alone is decoded as a plain step; a drafted round that
-verified only forced tokens (a grammar's, free and certain) judges no kind.
+rounds, whatever earlier answers did: a record of looks that found nothing cannot keep it out. That record lives in
+the lookups' acceptance map, and where chains that missed have sealed it (not even a sure chain would pay through
+it, so no round would ever correct it), evidence that would pay on the map's prior runs a probe, sized on that prior
+and paid from the lookups' exploration account. Model rounds whose rounds stop beating plain decoding steps
+(modelled and realised, by their :class:`RateGuard`) draft only while their :class:`Exploration` account allows: an
+allowance per answer plus a share of the decoding, paid by their losses (a probe's catch-up over the backlog
+included), so exploring costs a bounded share of every answer however short; a losing model draft does not stop sure
+lookups, nor the reverse. The records last across answers. A round whose best tree is the root alone is decoded as
+a plain step; a drafted round that verified only forced tokens (a grammar's, free and certain) judges no kind.
 
 A draft that could not beat plain decoding even if every drafted token were accepted (a chain of L tokens emits
 at most L + 1 per round) is never run at all: probing it would only pay its catch-up. And while trees are not
@@ -108,6 +110,7 @@ class TreeBudget:
         self._evidence_state: tuple | None = None
         self.lookup_rounds = 0  # lookup rounds of a draft with a model part (its model draft sitting out)
         self.evidence_rounds = 0  # lookup rounds run on the lookup's sure evidence (sure_lookup)
+        self.sealed_probes = 0  # lookup rounds that probed a sealed acceptance map (probe_sealed_lookup)
         self.root_only_rounds = 0  # drafted rounds whose best tree was the root alone (decoded plainly)
         self._after_tree = 0  # the next plain step's place after a run of trees (1: the last round was a tree)
 
@@ -182,12 +185,14 @@ class TreeBudget:
             gain = self._evidence[key] = self._chain_gain(*key)
         return gain
 
-    def _chain_gain(self, rate: float, switch_steps: float = 0.0) -> float:
+    def _chain_gain(self, rate: float, switch_steps: float = 0.0, prior: bool = False) -> float:
         """:meth:`evidence_gain` computed: the best round on a chain whose every token is ``rate`` sure, its
         expected tokens over its verify cost in plain steps (the shape alone: no plain rate, so a kept value
-        stays exact while plain steps move the rate)."""
+        stays exact while plain steps move the rate). ``prior``: each node valued at its path confidence instead
+        of through the map (what the map starts from)."""
         m = min(self.max_depth, self.max_nodes - 1)
-        chain = self.acceptance.maps[LOOKUP].prob(np.log(rate) * np.arange(1, m + 1)).tolist()
+        scores = np.log(rate) * np.arange(1, m + 1)
+        chain = (np.exp(scores) if prior else self.acceptance.maps[LOOKUP].prob(scores)).tolist()
         best = expected = 1.0  # the root alone
         for n, p in enumerate(chain, start=2):  # n nodes: the root and the chain's first n - 1
             expected += p
@@ -204,8 +209,31 @@ class TreeBudget:
         gain = self.evidence_gain(rate, self._switch_steps())
         if gain <= 1.0:
             return False
+        return self._lookup_beats_model(gain)
+
+    def _lookup_beats_model(self, gain: float) -> bool:
+        """Would a lookup round promising ``gain`` over plain steps beat the model rounds (where those win)?"""
         model = self._gain[MODEL_ROUND]
         return not self.model_draft or model is None or self.losing(MODEL_ROUND) or gain > model
+
+    def sealed(self) -> bool:
+        """Has the lookups' acceptance map sealed them off: would not even a chain of 0.999-sure tokens pay
+        through it? Then no lookup round runs on evidence, so none corrects the map: a few prose answers whose
+        chains missed (a merged draft's model trees add lookup children that miss at every depth) would keep
+        lookups out of every later answer of the process, a code edit's included."""
+        return self.evidence_gain(0.999) <= 1.0
+
+    def probe_sealed_lookup(self, rate: float) -> bool:
+        """Where the map is :meth:`sealed`, does this round's evidence (the lookup's learned ``rate``) make a
+        chain pay as EAGLE-2 values a node (its path confidence, the map's prior), and may the lookups' exploration
+        account pay for finding out? Such a round is sized on that prior and paid from the account, so a sealed map
+        costs prose a bounded share and a later answer that copies unseals it with its first chain."""
+        if not (self.free_lookup and self._kind_can_pay(LOOKUP_ROUND) and self.accounts[LOOKUP_ROUND].open):
+            return False
+        if not self.sealed():
+            return False
+        gain = self._chain_gain(rate, self._switch_steps(), prior=True)
+        return gain > 1.0 and self._lookup_beats_model(gain)
 
     # ------------------------------------------------------------ the plan
     def _kind_can_pay(self, kind: int) -> bool:
@@ -235,6 +263,9 @@ class TreeBudget:
                 return PLAIN_STEP
             self.evidence_rounds += 1
             return self.tree_plan(fresh_tokens, LOOKUP_ROUND)
+        if lookup_rate > 0.0 and self.probe_sealed_lookup(lookup_rate):
+            self.sealed_probes += 1
+            return self.tree_plan(fresh_tokens, LOOKUP_ROUND, exploring=True)
         if not self._kind_can_pay(MODEL_ROUND):
             return PLAIN_STEP
         losing = self.losing(MODEL_ROUND)
@@ -254,6 +285,7 @@ class TreeBudget:
         levels measured in this round's own times."""
         kind = self._main if kind is None else kind
         lookup = kind == LOOKUP_ROUND
+        prior = lookup and exploring  # a probe of a sealed lookup map values its nodes as the map's prior does
         switch = self._switch_steps()
         switch_s = switch * self.costs.verify_s(1)
         self.schedule.round_started()
@@ -262,10 +294,10 @@ class TreeBudget:
         def go_deeper(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, times: RoundTimes,
                       sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
             return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times, kind), kind,
-                                sources, frontier_sources, switch_s)
+                                sources, frontier_sources, switch_s, prior)
 
         def size(cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
-            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind, switch_s)
+            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind, switch_s, prior)
 
         return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=lookup,
                          fresh_tokens=1 if lookup else fresh_tokens, exploring=exploring, switch_steps=switch,
@@ -304,23 +336,26 @@ class TreeBudget:
         return self._root_s(kind) + times.deeper_s
 
     # ------------------------------------------------------------ while drafting (the plan's callables)
-    def _probs(self, scores: np.ndarray, sources: np.ndarray | None, kind: int) -> np.ndarray:
-        """Acceptance probabilities of nodes (``sources`` None: all from ``kind``'s own drafter)."""
+    def _probs(self, scores: np.ndarray, sources: np.ndarray | None, kind: int, prior: bool = False) -> np.ndarray:
+        """Acceptance probabilities of nodes (``sources`` None: all from ``kind``'s own drafter; ``prior``: their
+        path confidences, what every map starts from)."""
         scores = np.asarray(scores)
+        if prior:
+            return np.exp(np.minimum(scores, 0.0))
         if sources is None or len(sources) != len(scores):
             sources = np.full(len(scores), kind, dtype=np.int8)
         return self.acceptance.prob(scores, sources)
 
     def _deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, draft_s: float,
                 kind: int, sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None,
-                switch_s: float = 0.0) -> bool:
+                switch_s: float = 0.0, prior: bool = False) -> bool:
         """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself? A question:
         asking changes nothing. ``sources``: the candidates' drafters (None: all the kind's own), so each is valued
         by its own map as the round's size will be."""
         if levels_done >= self.max_depth:
             return False
-        p = np.sort(self._probs(cand_scores, sources, kind))[::-1]
-        frontier = self._probs(frontier_scores, frontier_sources, kind)
+        p = np.sort(self._probs(cand_scores, sources, kind, prior))[::-1]
+        frontier = self._probs(frontier_scores, frontier_sources, kind, prior)
         if not len(frontier):
             return False
         return deeper_can_pay(p, float(frontier.sum()), draft_s, self.max_depth - levels_done, self.costs,
@@ -328,12 +363,12 @@ class TreeBudget:
                               frontier_best=float(frontier.max()), switch_s=switch_s)
 
     def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int,
-              switch_s: float = 0.0) -> int:
+              switch_s: float = 0.0, prior: bool = False) -> int:
         """The best node count (root included) of a ``kind`` round drafted in ``draft_s``, the candidates taken in
         the tree's order (best score first), each valued by its own drafter's acceptance map."""
         scores = np.asarray(cand_scores)
         order = np.lexsort((np.arange(len(scores)), -scores))
-        p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order], kind)
+        p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order], kind, prior)
         return best_size(p, draft_s, self.costs, self.max_nodes, switch_s)[0]
 
     # ------------------------------------------------------------ what the round did
@@ -450,7 +485,7 @@ class TreeBudget:
                 "tree_tokens_per_s": round(tree_rate, 2) if tree_rate is not None else None,
                 "realised": self.guard.summary(), "kinds": kinds, "plain_probes": self.plain_probes,
                 "lookup_rounds": self.lookup_rounds, "root_only_rounds": self.root_only_rounds,
-                "evidence_rounds": self.evidence_rounds,
+                "evidence_rounds": self.evidence_rounds, "sealed_probes": self.sealed_probes,
                 "catch_up_postponed": self.catch_up_postponed,
                 "acceptance_by_score": {f"{e:.2f}": round(float(r), 3)
                                         for e, r in zip(main.edges, main.rates()[1:])},
