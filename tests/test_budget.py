@@ -194,13 +194,14 @@ def test_a_tree_that_gains_less_than_it_costs_the_plain_steps_after_it_is_not_dr
     assert budget.sure_lookup(rate)  # continuing a run costs no switch
 
 
-def sealed_merged_budget() -> TreeBudget:
-    """A head + lookup budget (the head too dear to draft) whose lookup map learned, from chains that missed,
-    that no chain pays."""
-    budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6, free_lookup=True)
+def sealed_merged_budget(model_draft: bool = True) -> TreeBudget:
+    """A head + lookup budget (the head too dear to draft; ``model_draft`` False: the lookup alone) whose lookup
+    map learned, from chains that missed, that no chain pays."""
+    budget = TreeBudget(steep(draft_root=0.009, draft_level=0.045), max_nodes=60, max_depth=6, free_lookup=True,
+                        model_draft=model_draft)
     observe_plain(budget, 0.009)
-    missed = np.linspace(-0.45, -0.05, 40)
-    budget.acceptance.observe(missed, np.full(40, LOOKUP, dtype=np.int8), np.zeros(40, dtype=bool))
+    missed = np.linspace(-0.99, -0.0001, 200)
+    budget.acceptance.observe(missed, np.full(200, LOOKUP, dtype=np.int8), np.zeros(200, dtype=bool))
     budget.begin_answer()
     assert budget.sealed() and not budget.sure_lookup(0.95)
     return budget
@@ -217,12 +218,13 @@ def observe_lookup_chain(budget: TreeBudget, plan: RoundPlan, scores: np.ndarray
                                np.asarray(accepted)))
 
 
-def test_a_sealed_lookup_map_is_probed_from_its_account_and_a_copying_chain_unseals_it():
+@pytest.mark.parametrize("model_draft", [True, False])
+def test_a_sealed_lookup_map_is_probed_from_its_account_and_a_copying_chain_unseals_it(model_draft):
     """Prose answers whose chains missed can teach the lookups' map that no chain pays; then no lookup round runs
     on evidence and none could correct it (a code edit later in the process drafted nothing). Where the map is
     sealed, sure-looking evidence runs a probe sized as EAGLE-2 values nodes, paid from the lookups' exploration
     account; a chain that is accepted unseals the map. With the account spent, no probe."""
-    budget = sealed_merged_budget()
+    budget = sealed_merged_budget(model_draft)
     assert not budget.plan(1, 0.3).drafts  # evidence that would not pay even on the prior: no probe
     plan = budget.plan(1, 0.95)
     assert plan.drafts and plan.free_only and plan.exploring and budget.sealed_probes == 1
@@ -238,7 +240,7 @@ def test_a_sealed_lookup_map_is_probed_from_its_account_and_a_copying_chain_unse
         assert plan.exploring
     assert chains <= 3 and budget.sure_lookup(0.95)
 
-    spent = sealed_merged_budget()
+    spent = sealed_merged_budget(model_draft)
     spent.accounts[LOOKUP_ROUND].pay(1.0)
     assert not spent.plan(1, 0.95).drafts
 
