@@ -1185,9 +1185,9 @@ def test_evidence_gain_kept_per_rate_equals_it_computed_afresh():
     rates = [0.5, 0.9, 0.97, 0.99, 0.999]
     for step in range(80):
         for rate in rates:
-            for switch in (0.0, 0.123):
-                gain = budget.evidence_gain(rate, switch)
-                assert gain == (budget._chain_gain(rate, round(switch, 2)) if gain else 0.0)
+            for switch, prior in ((0.0, False), (0.123, False), (0.123, True)):
+                gain = budget.evidence_gain(rate, switch, prior)
+                assert gain == (budget._chain_gain(rate, round(switch, 2), prior) if gain else 0.0)
         if step % 4 == 0:
             observe_plain(budget, 0.009 * float(rng.uniform(0.8, 1.3)))
         elif step % 4 == 1:  # the maps alone (a free round in place of a plain step teaches them so)

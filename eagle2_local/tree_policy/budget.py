@@ -106,7 +106,7 @@ class TreeBudget:
         self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
         self.rounds = 0
         self._can_pay: list[bool] | None = None
-        self._evidence: dict[tuple[float, float], float] = {}  # evidence_gain per (rate, switch): _evidence_state
+        self._evidence: dict[tuple, float] = {}  # evidence_gain per (rate, switch, prior), for _evidence_state
         self._evidence_state: tuple | None = None
         self.lookup_rounds = 0  # lookup rounds of a draft with a model part (its model draft sitting out)
         self.evidence_rounds = 0  # lookup rounds run on the lookup's sure evidence (sure_lookup)
@@ -163,14 +163,14 @@ class TreeBudget:
         self.acceptance.begin_answer()
         self._evidence_state = None  # the map's pooled rates may move with its weights
 
-    def evidence_gain(self, rate: float, switch_steps: float = 0.0) -> float:
+    def evidence_gain(self, rate: float, switch_steps: float = 0.0, prior: bool = False) -> float:
         """Tokens/s over plain steps' of the best lookup round that a match with the lookup's learned ``rate``
         per token promises on the calibrated curve (0.0 when no chain pays): a chain whose node at depth k has
         path confidence k * log(rate), valued through the lookups' acceptance map as the round's own nodes will
         be, so a round taken on this evidence drafts more than its root. A long exact match of a copied span is
         sure before any round has run, and the lookup learned that rate from this text, per kind and length of
         match. ``switch_steps``: what a tree costs the plain steps after it (:meth:`_switch_steps`), kept to
-        0.01 of a step."""
+        0.01 of a step; ``prior``: the chain valued at its path confidence instead (:meth:`_chain_gain`)."""
         if rate <= 0.0 or 1.0 / (1.0 - min(rate, 0.999)) <= self.costs.shape_at(2):
             return 0.0  # even an endless chain at this rate would not pay for verifying one node
         # asked every round, from the few rates the lookup has learned: kept until the acceptance maps or the
@@ -179,7 +179,7 @@ class TreeBudget:
                  self.max_depth, self.max_nodes)
         if state != self._evidence_state or len(self._evidence) >= EVIDENCE_KEPT:
             self._evidence_state, self._evidence = state, {}
-        key = (rate, round(switch_steps, 2))
+        key = (rate, round(switch_steps, 2), prior)
         gain = self._evidence.get(key)
         if gain is None:
             gain = self._evidence[key] = self._chain_gain(*key)
@@ -232,7 +232,7 @@ class TreeBudget:
             return False
         if not self.sealed():
             return False
-        gain = self._chain_gain(rate, self._switch_steps(), prior=True)
+        gain = self.evidence_gain(rate, self._switch_steps(), prior=True)
         return gain > 1.0 and self._lookup_beats_model(gain)
 
     # ------------------------------------------------------------ the plan
