@@ -279,7 +279,9 @@ class TreeBudget:
     def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None, exploring: bool = False) -> RoundPlan:
         """The plan of a drafted round of ``kind`` (default: the main kind) whose catch-up ingests
         ``fresh_tokens`` (what :meth:`plan` returns when it drafts; called alone, a round forced whatever the
-        schedule says). ``exploring``: drafted while that kind loses, so its loss is paid from its account.
+        schedule says). ``exploring``: drafted while that kind loses, so its loss is paid from its account; a
+        lookup round that explores is a probe of a sealed map (:meth:`probe_sealed_lookup`), its nodes valued at
+        their path confidence, not through the map.
 
         Its callables value nodes for a round of that kind, drafted so far in the calibrated root cost plus the
         levels measured in this round's own times."""
