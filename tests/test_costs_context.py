@@ -152,7 +152,8 @@ def test_the_budget_reads_the_costs_at_the_targets_context():
 
 def test_the_long_context_fits_the_context_and_the_prefill_budget():
     cal = Calibration({1: PLAIN, 60: 60 * 0.004}, PLAIN, {1: 0.0, 60: 0.0})  # 4 ms a prompt token
-    assert long_context(cal, 4096, 60) == 1024
+    assert long_context(cal, 4096, 60) == 2048
+    assert long_context(cal, 2048, 60) == 1984  # the largest tree still fits
     assert long_context(cal, 1024, 60) == 960  # the largest tree still fits
     assert long_context(cal, 1024, 60, limit_s=2.0) == 512  # 64 + 2 s / 4 ms = 564 tokens, in steps of 64
     assert long_context(cal, 300, 60) is None and long_context(cal, 4096, 60, limit_s=0.5) is None

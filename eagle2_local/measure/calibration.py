@@ -15,7 +15,7 @@ A calibration that fails is measured once more; if that fails too, its problems 
 does not cache it.
 
 The curve is timed at a short context (64 tokens) and, where the machine can afford it, again at a long one
-(:func:`long_context`, at most 1,024 tokens): every node attends over the whole KV cache, so on a small model a
+(:func:`long_context`, at most 2,048 tokens): every node attends over the whole KV cache, so on a small model a
 tree's cost in plain steps moves with the prompt's length, up or down by machine
 (NOTES.md#the-cost-model-at-two-contexts-and-the-long-context-sets-benched), and the budget reads the curve at each
 round's context (costs.py). Reaching the long context costs a prefill, so its length is bounded by what that prefill
@@ -45,7 +45,10 @@ CALIBRATION_SIZES = (*range(1, 17), 24, 32, 48, 60)
 # the long context's sizes: where CPU trees are chosen (teeth included) and the largest (flat GPU-like curves);
 # about a third of the short curve's plain steps per round
 LONG_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
-LONG_CONTEXT = 1024  # the long context, at most: as long as the prompts whose trees the short curve misprices
+# the long context, at most: as long as the prompts whose trees the short curve misprices (past it the shape is
+# extrapolated, and how c(n) moves past 1k tokens differs by machine:
+# NOTES.md#the-long-anchor-at-2k-tokens-a-trees-cost-past-1k-tokens-moves-by-machine)
+LONG_CONTEXT = 2048
 MIN_LONG_CONTEXT = 256  # a shorter "long" context moves the shape by little more than the timing noise: skipped
 LONG_PREFILL_S = 8.0  # the prefill that reaches the long context may be predicted to take this long, at most
 LONG_ROUNDS = 3  # interleaved rounds at the long context (the short curve takes 5)

@@ -25,10 +25,11 @@ except ImportError:  # Windows: no flock, so two simultaneous starts each calibr
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 5  # 2: calibrations checked for disturbance (version-1 caches may hold a poisoned curve);
+CACHE_VERSION = 6  # 2: calibrations checked for disturbance (version-1 caches may hold a poisoned curve);
 # 3: the draft's catch-up cost per backlog token is measured (version-2 caches lack it); 4: every size up to 16
 # is measured (version-3 curves skip 5, 7, 9-15 and could not show the cheap multiples of four); 5: the curve is
-# also timed at a long context (version-4 curves know 64 tokens only, and misprice trees on long prompts)
+# also timed at a long context (version-4 curves know 64 tokens only, and misprice trees on long prompts); 6: the
+# long context reaches 2,048 tokens (version-5 curves stop at 1,024 and price small trees too cheap past 2k)
 
 
 # ---------------------------------------------------------------- disk cache
