@@ -222,27 +222,44 @@ def observe_lookup_chain(budget: TreeBudget, plan: RoundPlan, scores: np.ndarray
 def test_a_sealed_lookup_map_is_probed_from_its_account_and_a_copying_chain_unseals_it(model_draft):
     """Prose answers whose chains missed can teach the lookups' map that no chain pays; then no lookup round runs
     on evidence and none could correct it (a code edit later in the process drafted nothing). Where the map is
-    sealed, sure-looking evidence runs a probe sized as EAGLE-2 values nodes, paid from the lookups' exploration
-    account; a chain that is accepted unseals the map. With the account spent, no probe."""
+    sealed, sure-looking evidence runs a probe sized as EAGLE-2 values nodes, at most what two plain steps verify,
+    paid from the lookups' exploration account; chains that are accepted unseal the map. With the account spent,
+    no probe."""
     budget = sealed_merged_budget(model_draft)
     assert not budget.plan(1, 0.3).drafts  # evidence that would not pay even on the prior: no probe
     plan = budget.plan(1, 0.95)
     assert plan.drafts and plan.free_only and plan.exploring and budget.sealed_probes == 1
     copied = np.log(np.full(6, 0.95)).cumsum()
     times = RoundTimes(0.0)
-    assert plan.nodes(copied, times) > 2  # sized on the prior: the sealed map would keep the root alone
+    # sized on the prior, within the probe's cap (c(2) 1.77, c(3) 2.25 on this curve); the sealed map would keep
+    # the root alone
+    assert plan.nodes(copied, times) == budget.probe_nodes() == 2 and plan.max_depth == 1
     assert budget.tree_plan(1, LOOKUP_ROUND).nodes(copied, times) == 1
-    for chains in range(1, 5):  # chains that copy win: the account pays for the next probe at once
-        observe_lookup_chain(budget, plan, copied, np.ones(6, dtype=bool))
+    for chains in range(1, 20):  # chains that copy win: the account pays for the next probe at once
+        n = plan.nodes(copied, times)
+        observe_lookup_chain(budget, plan, copied[:n - 1], np.ones(n - 1, dtype=bool))
         if not budget.sealed():
             break
         plan = budget.plan(1, 0.95)
         assert plan.exploring
-    assert chains <= 3 and budget.sure_lookup(0.95)
+    assert chains <= 15 and budget.sure_lookup(0.99)
 
     spent = sealed_merged_budget(model_draft)
     spent.accounts[LOOKUP_ROUND].pay(1.0)
     assert not spent.plan(1, 0.95).drafts
+
+
+def test_a_probe_of_a_sealed_lookup_map_verifies_what_two_plain_steps_cost():
+    """A probe bets against a map that says lookups lose, so a miss may cost no more than its first node's hit
+    wins: the largest tree that costs at most two plain steps (the switch after it included), never less than one
+    node below the root. On a curve where verifying is nearly free that is the whole tree."""
+    assert sealed_merged_budget().probe_nodes() == 2  # steep: c(2) 1.77, c(3) 2.25
+    assert sealed_merged_budget().probe_nodes(switch_steps=0.5) == 2  # c(2) + 0.5 > 2, yet one node is drafted
+    free = TreeBudget(flat(), max_nodes=60, max_depth=6, free_lookup=True)
+    assert free.probe_nodes() == 60
+    mid = TreeBudget(CostModel(SIZES, [0.01 * n ** 0.5 for n in SIZES], 0.0, 0.0), max_nodes=60, max_depth=6,
+                     free_lookup=True)
+    assert mid.probe_nodes() == 4  # c(n) = sqrt(n): c(4) = 2
 
 
 def test_probing_a_sealed_lookup_map_costs_prose_a_bounded_share():

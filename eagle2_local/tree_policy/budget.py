@@ -190,7 +190,7 @@ class TreeBudget:
         expected tokens over its verify cost in plain steps (the shape alone: no plain rate, so a kept value
         stays exact while plain steps move the rate). ``prior``: each node valued at its path confidence instead
         of through the map (what the map starts from)."""
-        m = min(self.max_depth, self.max_nodes - 1)
+        m = min(self.max_depth, (self.probe_nodes(switch_steps) if prior else self.max_nodes) - 1)
         scores = np.log(rate) * np.arange(1, m + 1)
         chain = (np.exp(scores) if prior else self.acceptance.maps[LOOKUP].prob(scores)).tolist()
         best = expected = 1.0  # the root alone
@@ -222,6 +222,16 @@ class TreeBudget:
         chains missed (a merged draft's model trees add lookup children that miss at every depth) would keep
         lookups out of every later answer of the process, a code edit's included."""
         return self.evidence_gain(0.999) <= 1.0
+
+    def probe_nodes(self, switch_steps: float = 0.0) -> int:
+        """The most nodes a probe of a sealed lookup map verifies: the largest n whose cost, with what a tree costs
+        the plain steps after it, is at most two plain steps (at least 2). A probe bets on a map that says lookups
+        lose, so a miss may cost no more than its first node's hit wins; on a steep curve or a long context a
+        prior-sized chain missed at its first node for several steps."""
+        n = 2
+        while n < self.max_nodes and self.costs.shape_at(n + 1) + switch_steps <= 2.0:
+            n += 1
+        return n
 
     def probe_sealed_lookup(self, rate: float) -> bool:
         """Where the map is :meth:`sealed`, does this round's evidence (the lookup's learned ``rate``) make a
@@ -292,16 +302,18 @@ class TreeBudget:
         switch_s = switch * self.costs.verify_s(1)
         self.schedule.round_started()
         self.lookup_rounds += lookup and self.model_draft
+        cap = self.probe_nodes(switch) if prior else None  # a probe bets little (probe_nodes)
 
         def go_deeper(cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, times: RoundTimes,
                       sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None) -> bool:
             return self._deeper(cand_scores, frontier_scores, levels_done, self._draft_so_far(times, kind), kind,
-                                sources, frontier_sources, switch_s, prior)
+                                sources, frontier_sources, switch_s, prior, cap)
 
         def size(cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
-            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind, switch_s, prior)
+            return self._size(cand_scores, sources, self._draft_so_far(times, kind), kind, switch_s, prior, cap)
 
-        return RoundPlan(drafts=True, max_nodes=self.max_nodes, max_depth=self.max_depth, free_only=lookup,
+        return RoundPlan(drafts=True, max_nodes=self.max_nodes if cap is None else cap,
+                         max_depth=self.max_depth if cap is None else min(self.max_depth, cap - 1), free_only=lookup,
                          fresh_tokens=1 if lookup else fresh_tokens, exploring=exploring, switch_steps=switch,
                          go_deeper=go_deeper, size=size)
 
@@ -350,28 +362,31 @@ class TreeBudget:
 
     def _deeper(self, cand_scores: np.ndarray, frontier_scores: np.ndarray, levels_done: int, draft_s: float,
                 kind: int, sources: np.ndarray | None = None, frontier_sources: np.ndarray | None = None,
-                switch_s: float = 0.0, prior: bool = False) -> bool:
+                switch_s: float = 0.0, prior: bool = False, max_nodes: int | None = None) -> bool:
         """Could another level of a ``kind`` round, drafted so far in ``draft_s``, pay for itself? A question:
         asking changes nothing. ``sources``: the candidates' drafters (None: all the kind's own), so each is valued
-        by its own map as the round's size will be."""
-        if levels_done >= self.max_depth:
+        by its own map as the round's size will be; ``max_nodes``: the round's cap (default: the budget's)."""
+        depth = self.max_depth if max_nodes is None else min(self.max_depth, max_nodes - 1)
+        max_nodes = self.max_nodes if max_nodes is None else max_nodes
+        if levels_done >= depth:
             return False
         p = np.sort(self._probs(cand_scores, sources, kind, prior))[::-1]
         frontier = self._probs(frontier_scores, frontier_sources, kind, prior)
         if not len(frontier):
             return False
-        return deeper_can_pay(p, float(frontier.sum()), draft_s, self.max_depth - levels_done, self.costs,
-                              self.max_nodes, level_s=0.0 if kind == LOOKUP_ROUND else None,
+        return deeper_can_pay(p, float(frontier.sum()), draft_s, depth - levels_done, self.costs,
+                              max_nodes, level_s=0.0 if kind == LOOKUP_ROUND else None,
                               frontier_best=float(frontier.max()), switch_s=switch_s)
 
     def _size(self, cand_scores: np.ndarray, sources: np.ndarray | None, draft_s: float, kind: int,
-              switch_s: float = 0.0, prior: bool = False) -> int:
+              switch_s: float = 0.0, prior: bool = False, max_nodes: int | None = None) -> int:
         """The best node count (root included) of a ``kind`` round drafted in ``draft_s``, the candidates taken in
-        the tree's order (best score first), each valued by its own drafter's acceptance map."""
+        the tree's order (best score first), each valued by its own drafter's acceptance map; at most ``max_nodes``
+        (default: the budget's)."""
         scores = np.asarray(cand_scores)
         order = np.lexsort((np.arange(len(scores)), -scores))
         p = self._probs(scores[order], None if sources is None else np.asarray(sources)[order], kind, prior)
-        return best_size(p, draft_s, self.costs, self.max_nodes, switch_s)[0]
+        return best_size(p, draft_s, self.costs, self.max_nodes if max_nodes is None else max_nodes, switch_s)[0]
 
     # ------------------------------------------------------------ what the round did
     def observe(self, result: RoundResult) -> None:
