@@ -173,6 +173,23 @@ def test_the_plain_steps_after_a_tree_are_charged_to_the_run_of_trees_it_ends():
     assert budget.tree_plan(1, LOOKUP_ROUND).switch_steps == pytest.approx(0.12, abs=0.005)
 
 
+def test_an_unasked_round_that_keeps_its_root_alone_counts_as_a_plain_step_after_a_tree():
+    """A round of the free drafts that verified only its root decoded one plain step: the plain step after it is
+    the second after the tree, sampled as such, not a step after plain steps."""
+    budget = TreeBudget(slower_after_trees(steep()), max_nodes=60, max_depth=6, free_lookup=True)
+    places = []
+    observe_plain_step = budget.costs.observe_plain
+    budget.costs.observe_plain = lambda seconds, after_tree=0: (places.append(after_tree),
+                                                                observe_plain_step(seconds, after_tree))
+    sure = np.log(np.full(3, 0.9)).cumsum()
+    observe_tree(budget, budget.tree_plan(1, LOOKUP_ROUND), RoundTimes(0.0, levels=[0.0]), sure,
+                 np.ones(3, dtype=bool), 0.02, 4)
+    observe_tree(budget, budget.free_plan(), RoundTimes(0.0), sure[:0], np.zeros(0, dtype=bool), 0.0101, 1)
+    observe_plain(budget, 0.0104)
+    observe_plain(budget, 0.0100)
+    assert places == [2, 0]
+
+
 def test_a_tree_that_gains_less_than_it_costs_the_plain_steps_after_it_is_not_drafted():
     """A lookup chain whose gain over plain steps is smaller than what a tree costs the plain steps after it is
     not worth starting a run for; the same chain continuing a run is. And a tree's size is chosen with that cost:

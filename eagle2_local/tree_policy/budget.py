@@ -395,7 +395,7 @@ class TreeBudget:
         if plan.unasked:  # in place of a plain step: the schedule counts that step
             self.schedule.plain_taken()
             self.acceptance.observe(result.node_scores, result.node_sources, result.accepted)
-            self._after_tree = 1 if result.n_nodes > 1 else 0
+            self._after_tree = 1 if result.n_nodes > 1 else self._next_after_tree()
             return
         if not plan.drafts:
             self._plain(times.verify_s)
@@ -453,10 +453,16 @@ class TreeBudget:
         """A plain decoding step was taken (a plain round, or a lookup round that verified only its root)."""
         self.schedule.plain_taken()
         after = self._after_tree
-        self._after_tree = after + 1 if 0 < after < AFTER_TREE else 0
+        self._after_tree = self._next_after_tree()
         self.costs.observe_plain(seconds, after)
         self.guard.add_plain(seconds / self.costs.load)
         self.lookup_guard.add_plain(seconds / self.costs.load)
+
+    def _next_after_tree(self) -> int:
+        """The after-tree place of the step after a plain one (its root alone, whether planned or unasked): one
+        further from the run of trees, 0 once past the steps a run is charged for."""
+        after = self._after_tree
+        return after + 1 if 0 < after < AFTER_TREE else 0
 
     def _earn(self, steps: float) -> None:
         for account in self.accounts:
