@@ -106,6 +106,7 @@ class TreeBudget:
         self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
         self.rounds = 0
         self._can_pay: list[bool] | None = None
+        self._can_pay_shape = -1  # the cost model's shape_version that _can_pay was computed on
         self._evidence: dict[tuple, float] = {}  # evidence_gain per (rate, switch, prior), for _evidence_state
         self._evidence_state: tuple | None = None
         self.lookup_rounds = 0  # lookup rounds of a draft with a model part (its model draft sitting out)
@@ -248,10 +249,12 @@ class TreeBudget:
     # ------------------------------------------------------------ the plan
     def _kind_can_pay(self, kind: int) -> bool:
         """Could rounds of this kind beat plain steps at all (every drafted token accepted)?"""
-        if self._can_pay is None:  # the plain step is the unit: recomputed only when the shape changes
+        if self._can_pay is None or self._can_pay_shape != self.costs.shape_version:
+            # the plain step is the unit: recomputed only when the shape changes (a recheck changes it at a plain step)
             rate = self.costs.plain_rate
             self._can_pay = [self.model_draft and self.ceiling_rate() >= rate,
                              self.free_lookup and self.ceiling_rate(lookup=True) >= rate]
+            self._can_pay_shape = self.costs.shape_version
         return self._can_pay[kind]
 
     def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:

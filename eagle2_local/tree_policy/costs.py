@@ -26,6 +26,8 @@ got wrong about the machine, not about the context).
 
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,7 +42,9 @@ CONFIRM = 3  # a cost observed dearer than calibrated counts the calibration as 
 LONG_CATCH_UP = 256  # catch-ups over this many backlog tokens in all confirm a dear per-token cost: a stall is
 # spread over their tokens
 DEAR = 1.25  # a tree round whose time over its calibrated shape exceeds this is a dear one
+LOG_DEAR = math.log(DEAR)
 AFTER_TREE = 2  # plain steps after a run of tree rounds whose extra time is charged to the run (switch_steps)
+RECHECK_STEPS = 128  # plain steps after which costs believed dearer than calibrated are rechecked (CostModel._recheck)
 CONTEXT_STEP = 32  # the calibrated shape follows the context in steps of this many tokens (each move re-derives
 # the shape and whatever the budget computed from it; a round's context moves every round)
 
@@ -158,6 +162,11 @@ class CostModel:
         self._after: list[deque[float]] = [deque(maxlen=self.window) for _ in range(AFTER_TREE)]
         self.switch_steps = 0.0
         self.n_observed = 0
+        self._plain_steps = 0  # plain steps observed in all (the recheck's clock)
+        self._recheck_every = RECHECK_STEPS
+        self._recheck_at = math.inf  # the plain step at which dear costs are rechecked (inf: none is dear)
+        self._stalls = 0  # plain steps since the recheck was scheduled that took over DEAR times the plain step
+        self._rechecked: set[int] = set()  # the sizes the last recheck forgot, not yet timed again
         self.shape_version = 0
         self._refresh_shape()
 
@@ -170,6 +179,8 @@ class CostModel:
             known_x = np.concatenate([[self._log_xs[0]], self._log_xs[seen]])
             known_c = np.concatenate([[0.0], [np.log(self._correction(self._knot[i])) for i in seen]])
             log_c = np.interp(self._log_xs, known_x, known_c)  # past the last observed size: its correction
+        if float(log_c.max()) > LOG_DEAR:
+            self._schedule_recheck()
         self._shape = _sane_shape(self._xs, self._shape_cal * np.exp(log_c))
         tail = (self._shape[-1] - self._shape[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
         self._slope = max(float(tail), 0.0)
@@ -297,7 +308,33 @@ class CostModel:
             self._after[after_tree - 1].append(float(seconds) / self._plain_s - 1.0)
             self._refresh_switch()
         self._plain.append(float(seconds))
+        self._plain_steps += 1
+        if seconds > DEAR * self._plain_s:
+            self._stalls += 1
+        if self._plain_steps >= self._recheck_at:
+            self._recheck()
         self._refresh_plain()
+
+    def _recheck(self) -> None:
+        """Forget the costs believed dear (a tree size over DEAR times its calibrated shape, the plain steps after a
+        tree over DEAR - 1 of a step dearer than a plain step) if plain steps stalled since they were: stalls then
+        explain them as well as a dear curve does. A cost believed dear is never paid again, so nothing else would
+        correct it, and on a machine that stalls one pass in five a size's short window turns dear by chance sooner
+        or later (and through the interpolation its neighbours). With no stalled plain step the belief stands (a
+        wrong calibration stays corrected). Each recheck waits twice as long as the last, until a size it forgot is
+        timed cheap again, so a truly dearer cost is paid again a few times per doubling."""
+        if self._stalls:
+            self._rechecked = {i for i, knot in enumerate(self._knot)
+                               if i > 0 and knot and self._correction(knot) > DEAR}
+            for i in self._rechecked:
+                self._knot[i].clear()
+            for after in self._after:
+                if after and _believed(after, 0.0) > DEAR - 1.0:
+                    after.clear()
+            self._refresh_switch()
+        self._recheck_every *= 2
+        self._recheck_at = math.inf
+        self._refresh_shape()  # re-schedules a recheck while a cost is still believed dear
 
     def _refresh_switch(self) -> None:
         """:attr:`switch_steps`: plain steps that ending a run of tree rounds costs the plain steps after it,
@@ -306,6 +343,14 @@ class CostModel:
         cost of the tree that a curve timed size by size does not show. Believed like any dearer cost
         (:func:`_believed` against 0: a lone stall moves nothing); a plain step measured faster counts 0."""
         self.switch_steps = sum(max(_believed(w, 0.0), 0.0) for w in self._after if w)
+        if self.switch_steps > DEAR - 1.0:
+            self._schedule_recheck()
+
+    def _schedule_recheck(self) -> None:
+        """A cost is believed dear: :meth:`_recheck` looks at it again ``_recheck_every`` plain steps from now."""
+        if self._recheck_at == math.inf:
+            self._recheck_at = self._plain_steps + self._recheck_every
+            self._stalls = 0
 
     def observe_verify(self, n: int, seconds: float) -> None:
         """One tree of n nodes verified: a shape correction for the nearest measured size (n = 1, the root
@@ -319,6 +364,10 @@ class CostModel:
         ratio = seconds / self._plain_s / float(np.interp(n, self._xs, self._shape_cal))
         self._knot[k].append(ratio)
         self._dear.append(ratio > DEAR)
+        if k in self._rechecked:  # the first time a forgotten size is timed again: was forgetting it right?
+            self._rechecked.discard(k)
+            if ratio <= DEAR:
+                self._recheck_every = RECHECK_STEPS
         self._refresh_shape()
 
     def observe_draft(self, root_s: float, level_s: list[float]) -> None:
