@@ -665,8 +665,9 @@ def test_a_size_sealed_on_a_stalling_machine_is_timed_again():
     too, the stalls explain its dear window as well as a dear curve does, and it is forgotten after
     RECHECK_STEPS plain steps. Where no plain step stalled, the belief stands: a wrong calibration stays
     corrected."""
-    assert sealed_by_two_stalls(stalled_plain_steps=3).shape(4) == pytest.approx(steep().shape(4))
-    assert sealed_by_two_stalls(stalled_plain_steps=0).shape(4) > 1.4 * steep().shape(4)
+    rechecked, kept = sealed_by_two_stalls(stalled_plain_steps=3), sealed_by_two_stalls(stalled_plain_steps=0)
+    assert rechecked.shape(4) == pytest.approx(steep().shape(4)) and rechecked.summary()["dear_rechecks"] == 1
+    assert kept.shape(4) > 1.4 * steep().shape(4) and kept.summary()["dear_rechecks"] == 0
 
 
 def test_stalls_at_random_one_pass_in_five_do_not_seal_the_trees():

@@ -167,6 +167,7 @@ class CostModel:
         self._recheck_at = math.inf  # the plain step at which dear costs are rechecked (inf: none is dear)
         self._stalls = 0  # plain steps since the recheck was scheduled that took over DEAR times the plain step
         self._rechecked: set[int] = set()  # the sizes the last recheck forgot, not yet timed again
+        self.rechecks = 0  # rechecks that forgot dear costs
         self.shape_version = 0
         self._refresh_shape()
 
@@ -324,6 +325,7 @@ class CostModel:
         wrong calibration stays corrected). Each recheck waits twice as long as the last, until a size it forgot is
         timed cheap again, so a truly dearer cost is paid again a few times per doubling."""
         if self._stalls:
+            self.rechecks += 1
             self._rechecked = {i for i, knot in enumerate(self._knot)
                                if i > 0 and knot and self._correction(knot) > DEAR}
             for i in self._rechecked:
@@ -415,7 +417,7 @@ class CostModel:
                 "draft_level_ms": round(self.draft_level_now * 1e3, 3),
                 "draft_token_ms": round(self.draft_token_now * 1e3, 4), "load": round(self.load, 3),
                 "plain_steps_in_window": self.n_plain, "shape_corrections": corrections,
-                "switch_steps": round(self.switch_steps, 3), **contexts}
+                "switch_steps": round(self.switch_steps, 3), "dear_rechecks": self.rechecks, **contexts}
 
 
 def _sane_shape(xs: np.ndarray, shape: np.ndarray) -> np.ndarray:
