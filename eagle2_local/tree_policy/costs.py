@@ -42,9 +42,11 @@ CONFIRM = 3  # a cost observed dearer than calibrated counts the calibration as 
 LONG_CATCH_UP = 256  # catch-ups over this many backlog tokens in all confirm a dear per-token cost: a stall is
 # spread over their tokens
 DEAR = 1.25  # a tree round whose time over its calibrated shape exceeds this is a dear one
-LOG_DEAR = math.log(DEAR)
+SEALING = 2.0  # a tree size believed this many times its calibrated cost, or plain steps after a tree believed
+# SEALING - 1 plain steps dearer, is rechecked (CostModel._recheck): such a belief stops trees
+LOG_SEALING = math.log(SEALING)
 AFTER_TREE = 2  # plain steps after a run of tree rounds whose extra time is charged to the run (switch_steps)
-RECHECK_STEPS = 128  # plain steps after which costs believed dearer than calibrated are rechecked (CostModel._recheck)
+RECHECK_STEPS = 128  # plain steps after which costs believed dear enough to stop trees are rechecked (SEALING)
 CONTEXT_STEP = 32  # the calibrated shape follows the context in steps of this many tokens (each move re-derives
 # the shape and whatever the budget computed from it; a round's context moves every round)
 
@@ -180,7 +182,7 @@ class CostModel:
             known_x = np.concatenate([[self._log_xs[0]], self._log_xs[seen]])
             known_c = np.concatenate([[0.0], [np.log(self._correction(self._knot[i])) for i in seen]])
             log_c = np.interp(self._log_xs, known_x, known_c)  # past the last observed size: its correction
-        if float(log_c.max()) > LOG_DEAR:
+        if float(log_c.max()) > LOG_SEALING:
             self._schedule_recheck()
         self._shape = _sane_shape(self._xs, self._shape_cal * np.exp(log_c))
         tail = (self._shape[-1] - self._shape[-2]) / (self._xs[-1] - self._xs[-2]) if len(self._xs) > 1 else 0.0
@@ -317,21 +319,22 @@ class CostModel:
         self._refresh_plain()
 
     def _recheck(self) -> None:
-        """Forget the costs believed dear (a tree size over DEAR times its calibrated shape, the plain steps after a
-        tree over DEAR - 1 of a step dearer than a plain step) if plain steps stalled since they were: stalls then
-        explain them as well as a dear curve does. A cost believed dear is never paid again, so nothing else would
-        correct it, and on a machine that stalls one pass in five a size's short window turns dear by chance sooner
-        or later (and through the interpolation its neighbours). With no stalled plain step the belief stands (a
-        wrong calibration stays corrected). Each recheck waits twice as long as the last, until a size it forgot is
-        timed cheap again, so a truly dearer cost is paid again a few times per doubling."""
+        """Forget the costs believed dear enough to stop trees (a tree size over SEALING times its calibrated shape,
+        the plain steps after a tree over SEALING - 1 plain steps dearer than plain ones) if plain steps stalled (over
+        DEAR times the plain step) since they were: stalls then explain them as well as a dear curve does. Such a cost
+        is never paid again, so nothing else would correct it, and on a machine that stalls one pass in five a size's
+        short window turns dear by chance sooner or later (and through the interpolation its neighbours). With no
+        stalled plain step the belief stands (a wrong calibration stays corrected). Each recheck waits twice as long
+        as the last, until a size it forgot is timed cheap again, so a truly dearer cost is paid again a few times per
+        doubling."""
         if self._stalls:
             self.rechecks += 1
             self._rechecked = {i for i, knot in enumerate(self._knot)
-                               if i > 0 and knot and self._correction(knot) > DEAR}
+                               if i > 0 and knot and self._correction(knot) > SEALING}
             for i in self._rechecked:
                 self._knot[i].clear()
             for after in self._after:
-                if after and _believed(after, 0.0) > DEAR - 1.0:
+                if after and _believed(after, 0.0) > SEALING - 1.0:
                     after.clear()
             self._refresh_switch()
         self._recheck_every *= 2
@@ -345,11 +348,12 @@ class CostModel:
         cost of the tree that a curve timed size by size does not show. Believed like any dearer cost
         (:func:`_believed` against 0: a lone stall moves nothing); a plain step measured faster counts 0."""
         self.switch_steps = sum(max(_believed(w, 0.0), 0.0) for w in self._after if w)
-        if self.switch_steps > DEAR - 1.0:
+        if self.switch_steps > SEALING - 1.0:
             self._schedule_recheck()
 
     def _schedule_recheck(self) -> None:
-        """A cost is believed dear: :meth:`_recheck` looks at it again ``_recheck_every`` plain steps from now."""
+        """A cost is believed dear enough to stop trees: :meth:`_recheck` looks at it again ``_recheck_every`` plain
+        steps from now."""
         if self._recheck_at == math.inf:
             self._recheck_at = self._plain_steps + self._recheck_every
             self._stalls = 0
