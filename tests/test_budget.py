@@ -14,7 +14,7 @@ from eagle2_local.measure.calibration import Limits, adopt_cached, calibrate, co
 from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_costs, save_costs
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
                                       RoundTimes, SourceAcceptance, TreeBudget, best_size, deeper_can_pay)
-from eagle2_local.tree_policy.budget import LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
+from eagle2_local.tree_policy.budget import EXPLORED_AT_MOST, LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
 from eagle2_local.tree_policy.costs import RECHECK_STEPS
 from tests.support.budget_helpers import set_tree_rate
 from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
@@ -135,6 +135,21 @@ def test_a_round_is_judged_by_what_its_own_plan_says():
     assert budget.accounts[MODEL_ROUND].spent == 0.0
     observe_tree(budget, exploring, RoundTimes(0.0, levels=[0.001]), scores, np.array([False]), 0.02, 1)
     assert budget.accounts[MODEL_ROUND].spent > 1.0  # 1 token for ~2.3 plain steps
+
+
+def test_a_stalled_probe_is_charged_at_most_twice_its_modelled_cost():
+    """An exploring round pays its measured time from its kind's account, its catch-up included, but a pass
+    stalled by another process costs plain steps as much: charged in full, one stalled probe overdrew the account
+    for hundreds of steps. What it pays is capped at EXPLORED_AT_MOST times its modelled cost."""
+    charged = []
+    for stall in (1.0, 6.0):
+        budget = TreeBudget(steep(), max_nodes=60, max_depth=6)
+        plan = budget.tree_plan(1, MODEL_ROUND, exploring=True)
+        scores = np.array([-1.5, -2.0])
+        observe_tree(budget, plan, RoundTimes(0.0, levels=[0.001]), scores, np.array([False, False]),
+                     stall * budget.costs.verify_s(3), 1)
+        charged.append(budget.accounts[MODEL_ROUND].spent + 1)  # plain steps, the emitted token's back
+    assert charged[0] > 1.0 and charged[1] <= EXPLORED_AT_MOST * charged[0] + 1e-9
 
 
 def slower_after_trees(costs: CostModel, first: float = 0.08, second: float = 0.04) -> CostModel:
@@ -670,19 +685,22 @@ def test_a_size_sealed_on_a_stalling_machine_is_timed_again():
     assert kept.shape(4) > 1.4 * steep().shape(4) and kept.summary()["dear_rechecks"] == 0
 
 
-def test_stalls_at_random_one_pass_in_five_do_not_seal_the_trees():
-    """One pass in five stalled 6x, eight seeds: sizes and the steps after a tree, made dear by chance, used to stay
-    dear for the rest of the run (0.73x of a cost model frozen at the true curve on average, 0.61 at worst); rechecked
-    after plain steps that stalled too, most runs keep their trees."""
+@pytest.mark.parametrize("p, mean, worst", [(0.2, 0.86, 0.70), (0.1, 0.97, 0.90)])
+def test_stalls_at_random_do_not_seal_the_trees(p, mean, worst):
+    """One pass in five (or ten) stalled 6x, eight seeds each, against a cost model frozen at the true curve. Sizes
+    and the steps after a tree, made dear by chance, used to stay dear for the rest of the run (one in five: 0.73 of
+    the frozen model on average, 0.61 at worst), and one stalled probe overdrew the exploration account for ~900
+    steps (one in ten: 0.67). Now dear beliefs are rechecked after plain steps that stalled too, and a probe is
+    charged at most EXPLORED_AT_MOST times its modelled cost."""
     shares = []
     for seed in range(100, 108):
-        world, frozen_world = StallsAtRandom(**PAYING, p=0.2, seed=seed), StallsAtRandom(**PAYING, p=0.2, seed=seed)
+        world, frozen_world = StallsAtRandom(**PAYING, p=p, seed=seed), StallsAtRandom(**PAYING, p=p, seed=seed)
         frozen = true_costs(frozen_world)
         frozen.frozen = True
         _, tally = run_budget(true_costs(world), world, rounds=1000, seed=2)
         _, reference = run_budget(frozen, frozen_world, rounds=1000, seed=2)
         shares.append(tally.rate(100) / reference.rate(100))
-    assert np.mean(shares) >= 0.83 and sorted(shares)[1] >= 0.8
+    assert np.mean(shares) >= mean and min(shares) >= worst
 
 
 def test_poisoned_calibration_fails_its_checks_and_is_not_cached(tmp_path):

@@ -63,6 +63,7 @@ EVIDENCE_KEPT = 256
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
 ROUND_KINDS = ("model", "lookup")  # their names in the summary
 LOOKUP_MIN_ROUNDS = 8  # lookup rounds the guard needs before it may find lookups losing
+EXPLORED_AT_MOST = 2.0  # an exploring round is charged at most this many times its modelled cost (a stall's share)
 
 
 @dataclass
@@ -442,7 +443,11 @@ class TreeBudget:
         self._gain[kind] = gain if old is None else (1 - a) * old + a * gain
         steps = realised_s * self.costs.plain_rate  # the round in plain steps at today's speed
         if plan.exploring:  # rounds of a kind that wins are the guard's to judge, not exploration
-            self.accounts[kind].pay(self._explored_s(result, realised_s) * self.costs.plain_rate - result.n_emitted)
+            # a stalled pass costs plain steps as much: charged in full, one stalled probe overdrew the account for
+            # hundreds of steps, so at most EXPLORED_AT_MOST times its modelled cost, its catch-up included
+            modelled_s = round_s + self.costs.catch_up_steps(plan.fresh_tokens) * self.costs.verify_s(1)
+            explored_s = min(self._explored_s(result, realised_s), EXPLORED_AT_MOST * modelled_s)
+            self.accounts[kind].pay(explored_s * self.costs.plain_rate - result.n_emitted)
         self._earn(steps)
 
     @staticmethod

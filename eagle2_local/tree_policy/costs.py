@@ -333,6 +333,7 @@ class CostModel:
                                if i > 0 and knot and self._correction(knot) > SEALING}
             for i in self._rechecked:
                 self._knot[i].clear()
+            self._dear.clear()  # the same rounds: they must not confirm the next dear one at once
             for after in self._after:
                 if after and _believed(after, 0.0) > SEALING - 1.0:
                     after.clear()
