@@ -27,7 +27,6 @@ got wrong about the machine, not about the context).
 from __future__ import annotations
 
 import math
-
 from collections import deque
 from dataclasses import dataclass, field
 
