@@ -106,8 +106,8 @@ class TreeBudget:
         self._gain: list[float | None] = [None, None]  # EMA of modelled rounds' tokens/s over the plain rate
         self.accounts: list[Exploration] = [self.schedule.account(), self.schedule.account()]
         self.rounds = 0
-        self._can_pay: list[bool] | None = None
-        self._can_pay_shape = -1  # the cost model's shape_version that _can_pay was computed on
+        self._can_pay = [False, False]  # per kind: could its rounds beat plain steps at all (_kind_can_pay)
+        self._can_pay_state: tuple | None = None  # what _can_pay was computed on (the cost model and its shape)
         self._evidence: dict[tuple, float] = {}  # evidence_gain per (rate, switch, prior), for _evidence_state
         self._evidence_state: tuple | None = None
         self.lookup_rounds = 0  # lookup rounds of a draft with a model part (its model draft sitting out)
@@ -250,12 +250,13 @@ class TreeBudget:
     # ------------------------------------------------------------ the plan
     def _kind_can_pay(self, kind: int) -> bool:
         """Could rounds of this kind beat plain steps at all (every drafted token accepted)?"""
-        if self._can_pay is None or self._can_pay_shape != self.costs.shape_version:
-            # the plain step is the unit: recomputed only when the shape changes (a recheck changes it at a plain step)
+        # the plain step is the unit: recomputed only when the shape moves (a tree's costs, the context, a recheck)
+        state = (id(self.costs), self.costs.shape_version, self.max_depth)
+        if state != self._can_pay_state:
             rate = self.costs.plain_rate
             self._can_pay = [self.model_draft and self.ceiling_rate() >= rate,
                              self.free_lookup and self.ceiling_rate(lookup=True) >= rate]
-            self._can_pay_shape = self.costs.shape_version
+            self._can_pay_state = state
         return self._can_pay[kind]
 
     def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
@@ -269,8 +270,8 @@ class TreeBudget:
         first have to catch up on. While that backlog is long (a new prompt, many plain steps) and no model
         round has proved it wins, the model draft waits for :meth:`ProbeSchedule.catch_up_too_dear`."""
         self.rounds += 1
-        if self.context_of is not None and self.costs.at_context(self.context_of()):
-            self._can_pay = None  # the shape moved with the context
+        if self.context_of is not None:
+            self.costs.at_context(self.context_of())  # the shape follows the context (shape_version moves)
         self.schedule.note_backlog(fresh_tokens)
         if self.sure_lookup(lookup_rate):
             if self.schedule.plain_probe_due(self.costs):
@@ -430,7 +431,6 @@ class TreeBudget:
                 self.costs.observe_draft(times.catch_up_s, times.level_s)
             else:
                 self.costs.observe_catch_up(plan.fresh_tokens, times.catch_up_s)
-        self._can_pay = None  # the learned shape moved
         # steady-state rate: the tokens really emitted over the round's modelled cost, which the lines above just
         # pulled towards this round's timings (modelled, so a backlog catch-up or one slow pass does not count);
         # kept relative to the plain rate, so a change of load between rounds does not skew the comparison
