@@ -4,7 +4,7 @@ model learns from observed timings and is cached on disk under its key."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -649,15 +649,22 @@ class StallsAtRandom(World):
         return super().catch_up_time(fresh) * self._stall()
 
 
+def learning_and_frozen(world: StallsAtRandom, rounds: int = 1000) -> tuple[Tally, Tally]:
+    """``rounds`` rounds on ``world`` with a cost model that learns, and on a twin of it (the same stalls) with a
+    cost model frozen at the true curve: both calibrated true, both paying for the stalls."""
+    frozen_world = replace(world)
+    frozen = true_costs(frozen_world)
+    frozen.frozen = True
+    _, tally = run_budget(true_costs(world), world, rounds=rounds, seed=2)
+    _, reference = run_budget(frozen, frozen_world, rounds=rounds, seed=2)
+    return tally, reference
+
+
 def test_stalls_at_random_keep_the_trees_a_frozen_true_curve_keeps():
     """One pass in ten stalled 6x: the learning cost model keeps the trees that a cost model frozen at the true
     curve keeps (both pay for the stalls). Two stalls among the last nine tree rounds used to confirm each other
     and seal the sizes they hit (0.90x of the frozen model on this seed)."""
-    world, frozen_world = StallsAtRandom(**PAYING, seed=102), StallsAtRandom(**PAYING, seed=102)
-    frozen = true_costs(frozen_world)
-    frozen.frozen = True
-    _, tally = run_budget(true_costs(world), world, rounds=1000, seed=2)
-    _, reference = run_budget(frozen, frozen_world, rounds=1000, seed=2)
+    tally, reference = learning_and_frozen(StallsAtRandom(**PAYING, seed=102))
     assert tally.rate(100) >= 0.97 * reference.rate(100) and tally.tree_share(100) >= 0.9
 
 
@@ -694,11 +701,7 @@ def test_stalls_at_random_do_not_seal_the_trees(p, mean, worst):
     charged at most EXPLORED_AT_MOST times its modelled cost."""
     shares = []
     for seed in range(100, 108):
-        world, frozen_world = StallsAtRandom(**PAYING, p=p, seed=seed), StallsAtRandom(**PAYING, p=p, seed=seed)
-        frozen = true_costs(frozen_world)
-        frozen.frozen = True
-        _, tally = run_budget(true_costs(world), world, rounds=1000, seed=2)
-        _, reference = run_budget(frozen, frozen_world, rounds=1000, seed=2)
+        tally, reference = learning_and_frozen(StallsAtRandom(**PAYING, p=p, seed=seed))
         shares.append(tally.rate(100) / reference.rate(100))
     assert np.mean(shares) >= mean and min(shares) >= worst
 
