@@ -64,6 +64,16 @@ def wants_tree(budget: TreeBudget, fresh_tokens: int = 1) -> bool:
     return budget.plan(fresh_tokens).drafts
 
 
+def wants_tree_within(budget: TreeBudget, fresh_tokens: int, rounds: int, plain_s: float = 0.009) -> bool:
+    """Does a tree come within ``rounds`` rounds as the loop runs them from a backlog of ``fresh_tokens``: each
+    plan, and where it says plain, a plain step of ``plain_s`` observed and one more token of backlog?"""
+    for i in range(rounds):
+        if wants_tree(budget, fresh_tokens + i):
+            return True
+        observe_plain(budget, plain_s)
+    return False
+
+
 def test_flat_curve_picks_large_trees_and_steep_small_ones():
     picks = []
     for seed in range(10):
@@ -987,8 +997,54 @@ def test_a_lookup_probe_ignores_a_long_backlog_it_ingests_for_free():
         budget.guard.add_tree(1, 0.05)
         return budget
     lookup, head = losing_budget(token_s=0.000001), losing_budget(token_s=0.0009)
-    assert any(wants_tree(lookup, fresh_tokens=500 + i) for i in range(10))
-    assert not any(wants_tree(head, fresh_tokens=500 + i) for i in range(10))
+    assert wants_tree_within(lookup, 500, 10)
+    assert not wants_tree_within(head, 500, 10)
+
+
+# ------------------------------------------------------------------ plain runs (the loop's decision paid once)
+def test_a_plain_run_is_as_long_as_makes_the_decision_cheap_and_grows_only_after_plain_steps():
+    """A run pays one decision for k steps: k brings the decision's median under ``deciding_share`` of the steps,
+    within ``max_plain_run``, and at most a ``run_growth``-th of the plain steps since the last drafted round (a
+    copy that resumes after a few edited tokens is looked for at every step)."""
+    schedule = ProbeSchedule()
+    assert schedule.plain_run(0.010) == 1  # no decision timed yet
+    for _ in range(80):
+        schedule.plain_taken(0.00019)  # 0.19 ms to decide a 10 ms step: 1.9%
+    assert schedule.plain_run(0.010) == 8  # the fewest steps that bring it under 0.25%
+    assert schedule.plain_run(0.080) == 1  # a large model's step: under 0.25% already
+    assert schedule.plain_run(0.001) == schedule.max_plain_run  # a GPU's: as long as allowed
+    schedule.round_started()  # a drafted round: runs start again one step at a time
+    runs = []
+    for _ in range(12):
+        schedule.plain_taken(None)  # a run's later steps carry no decision
+        runs.append(schedule.plain_run(0.001))
+    assert runs == [1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3]
+    schedule.begin_answer()
+    assert schedule.plain_run(0.001) == 1  # a new answer may copy from its first token
+
+
+def test_where_no_tree_pays_the_budget_plans_plain_runs_and_hears_each_of_their_steps():
+    """Where no round of either kind can pay (every node costs a plain step), the budget plans plain runs, longer as
+    the plain steps go by; every step still reaches the cost model and the schedule."""
+    costs = CostModel(SIZES, [0.010 * n for n in SIZES], 0.001, 0.002)
+    budget = TreeBudget(costs, max_nodes=60, max_depth=6, free_lookup=True)
+    budget.begin_answer()
+    runs = []
+    while sum(runs) < 300:
+        plan = budget.plan(1, lookup_rate=0.9)
+        assert not plan.drafts
+        runs.append(plan.steps)
+        for step in range(plan.steps):
+            times = RoundTimes(0.0, drafted=0.0, verified=0.010, done=0.010, asked=-0.0004 if step == 0 else None)
+            budget.observe(RoundResult(plan, times))
+    assert runs[:4] == [1, 1, 1, 1] and max(runs) == budget.schedule.max_plain_run
+    assert runs == sorted(runs)
+    assert budget.schedule.plain_steps == sum(runs) and budget.costs.n_plain > 0
+    cheap = TreeBudget(CostModel(SIZES, [0.010 * n for n in SIZES], 0.001, 0.002), max_nodes=60, max_depth=6)
+    for _ in range(100):
+        assert cheap.plan(1).steps == 1
+        cheap.observe(RoundResult(PLAIN_STEP, RoundTimes(0.0, drafted=0.0, verified=0.010, done=0.010,
+                                                         asked=-0.00001)))
 
 
 # ------------------------------------------------------------------ a long prompt's catch-up (the catch-up rule)

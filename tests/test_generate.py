@@ -242,6 +242,20 @@ def test_lossless_greedy_with_budget_synthetic(synth_q8, synth_q8_weak):
     assert len(sizes) >= 4 and plain_steps > 0, (sizes, plain_steps)
 
 
+class FeatureCheckingEngine(DraftModelEngine):
+    """A draft model that checks it is handed the features of every token it catches up on, and keeps the length
+    of each catch-up's text."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.caught_up: list[int] = []
+
+    def catch_up(self, tokens, features=None, features_from=0):
+        self.caught_up.append(len(tokens))
+        assert features is not None and len(features) == len(tokens) - 1 - features_from
+        return super().catch_up(tokens, features, features_from)
+
+
 def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
     """Engines that read target features (EAGLE heads) must get every committed position's features, also
     those of plain steps taken while the draft was not run."""
@@ -250,13 +264,6 @@ def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
     settings = replace(ONE_THREAD, embeddings=True)
     model = LlamaModel(synth_q8)
     params = TreeParams(24, 6, 4)
-    seen = []
-
-    class FeatureCheckingEngine(DraftModelEngine):
-        def catch_up(self, tokens, features=None, features_from=0):
-            seen.append(len(tokens))
-            assert features is not None and len(features) == len(tokens) - 1 - features_from
-            return super().catch_up(tokens, features, features_from)
 
     class EveryEighth(FixedTree):
         """Plain steps, a tree every eighth round: the draft sits out seven rounds in eight."""
@@ -270,8 +277,55 @@ def test_budget_plain_steps_keep_features_for_the_next_catch_up(synth_q8):
     weak = FeatureCheckingEngine(model, ONE_THREAD, params.top_k, params.depth)
     spec = Generator(Target(model, settings), weak, params, policy=EveryEighth(24))
     run(spec, [1, 50, 60, 70], 60)
-    assert spec.last_stats.plain_steps > 20 and len(seen) >= 2
-    assert max(np.diff(seen)) > params.depth + 1  # some catch-up came after plain steps
+    assert spec.last_stats.plain_steps > 20 and len(weak.caught_up) >= 2
+    assert max(np.diff(weak.caught_up)) > params.depth + 1  # some catch-up came after plain steps
+
+
+def test_a_plain_run_is_lossless_and_each_of_its_steps_is_observed_and_counted(synth_q8):
+    """A plan of ``steps`` plain steps runs them without asking again: the answer is plain decoding's, the policy
+    and the statistics hear of every step in order (a run's later steps carry no decision time), a feature-fed
+    draft still gets every step's features, and a stream closed inside a run still reports the steps taken."""
+    from dataclasses import replace
+
+    settings = replace(ONE_THREAD, embeddings=True)
+    model = LlamaModel(synth_q8)
+    params = TreeParams(24, 6, 4)
+
+    class RunsOfFive(FixedTree):
+        """Plain runs of five steps, a tree at every fourth ask."""
+
+        def __init__(self, max_nodes: int) -> None:
+            super().__init__(max_nodes)
+            self.asked, self.heard = 0, []
+
+        def plan(self, fresh_tokens: int = 1, lookup_rate: float = 0.0) -> RoundPlan:
+            self.asked += 1
+            return super().plan(fresh_tokens) if self.asked % 4 == 0 else replace(PLAIN_STEP, steps=5)
+
+        def observe(self, result) -> None:
+            self.heard.append(result)
+
+    plain = make(model, None, params, settings)
+    policy = RunsOfFive(24)
+    engine = FeatureCheckingEngine(model, settings, params.top_k, params.depth)
+    spec = Generator(Target(model, settings), engine, params, policy=policy)
+    for i, prompt in enumerate(random_prompts(model, 3, seed=5)):
+        policy.asked, policy.heard = 0, []
+        assert_lossless(plain, spec, prompt, 80, i)
+        stats = spec.last_stats
+        assert len(policy.heard) == stats.target_passes and stats.plain_steps >= 4 * (stats.target_passes // 8)
+        starts = [r.times.start for r in policy.heard]
+        assert starts == sorted(starts)  # in the order they ran
+        decided = [r.times.decide_s for r in policy.heard]
+        # every round the policy planned was decided, and so were the last ones, which only fit the root
+        assert policy.asked <= sum(d is not None for d in decided) < len(decided)
+        assert all(d is None or d >= 0.0 for d in decided)
+    assert max(np.diff(engine.caught_up)) > 5  # a catch-up after a run's plain steps, with all their features
+    policy.asked, policy.heard = 0, []
+    stream = spec.generate(random_prompts(model, 1, seed=6)[0], 80, GREEDY)
+    emitted = [next(stream) for _ in range(3)]  # the root, the run's first step, one step inside the run
+    stream.close()
+    assert len(policy.heard) == spec.last_stats.target_passes == len(emitted) - 1 == 2
 
 
 # ------------------------------------------------------------------ host time

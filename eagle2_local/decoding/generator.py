@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import typing
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
@@ -301,6 +302,7 @@ class Generator:
             left = emitter.max_tokens - len(emitter.tokens)
             # A plain step (the draft not run) when only the root fits or the policy finds that no tree beats
             # plain decoding now; the engine catches up on those tokens (and their features) next round.
+            asked = self.clock()
             read = draft.n_read  # None: forced tokens alone, which read nothing
             fresh = 1 if read is None else len(self.tokens) + 1 - read  # text the draft has not read, root included
             # the lookup's evidence for the root's next token: a sure copied span may be drafted at once
@@ -319,6 +321,7 @@ class Generator:
                 result, accepted, bonus = self._plain_step(root, sampling, rng, grammar)
                 if can_draft:
                     draft.target_chose(bonus)  # the target's pick where has_free_round just looked
+            result.times.asked = asked
             self.policy.observe(result)
             stats.add_round(result)
             if self.timer is not None and plan.drafts and not free_round:
@@ -328,6 +331,32 @@ class Generator:
             self.tokens.extend([root] + accepted)
             yield _emit(emitter, accepted + [bonus])
             root = bonus
+            if plan.steps > 1 and grammar is None and not emitter.done:
+                root = yield from self._plain_run(root, plan.steps - 1, emitter, sampling, rng, stats)
+
+    def _plain_run(self, root: int, steps: int, emitter: TokenEmitter, sampling: SamplingParams,
+                   rng: np.random.Generator, stats: GenerationStats) -> typing.Generator[Chunk, None, int]:
+        """Up to ``steps`` plain steps decided with the one before them (a plain run, ``RoundPlan.steps``): the
+        plain loop's calls alone, no evidence and no plan between them; the policy and the statistics hear of each
+        step when the run ends, in order. Returns the next root. Ends early at the end of the answer or the
+        context."""
+        results = []
+        try:
+            for _ in range(steps):
+                if self.target.n_past + 1 > self.target.n_ctx:  # the rounds' loop finishes the answer
+                    break
+                result, _, bonus = self._plain_step(root, sampling, rng)
+                results.append(result)
+                self.tokens.append(root)
+                yield _emit(emitter, [bonus])
+                root = bonus
+                if emitter.done:
+                    break
+        finally:  # also when the stream is closed inside the run
+            for result in results:
+                self.policy.observe(result)
+                stats.add_round(result)
+        return root
 
     def _tree_round(self, plan: RoundPlan, draft: DraftEngine, root: int, room: int, left: int,
                     sampling: SamplingParams, rng: np.random.Generator,

@@ -3,7 +3,8 @@
 Every round the loop asks its :class:`TreePolicy` for one :class:`RoundPlan` and, once the round is over, hands
 it one :class:`RoundResult`:
 
-* a plain step (``plan.drafts`` False): the target decodes the root alone; the draft does not run;
+* a plain step (``plan.drafts`` False): the target decodes the root alone; the draft does not run; a plan may let
+  the loop take ``plan.steps`` of them before it asks again (a *plain run*), each step still handed back alone;
 * a drafted round: the draft (only its free part when ``plan.free_only``) grows at most ``plan.max_depth``
   levels, ``plan.go_deeper`` deciding before each deeper one, and ``plan.size`` picks how many of the ranked
   candidates (root included) to verify, at most ``plan.max_nodes``.
@@ -49,6 +50,14 @@ class RoundTimes:
     llama_start: float = 0.0
     llama_drafted: float = 0.0
     llama_done: float = 0.0
+    # when the loop began deciding the round (the lookup's evidence, the plan); None for the later steps of a plain
+    # run, which were decided with its first
+    asked: float | None = None
+
+    @property
+    def decide_s(self) -> float | None:
+        """Seconds the loop spent deciding the round before it started (None: decided with an earlier one)."""
+        return None if self.asked is None else self.start - self.asked
 
     @property
     def catch_up_s(self) -> float:
@@ -126,6 +135,9 @@ class RoundPlan:
     switch_steps: float = 0.0  # plain steps charged to a tree that starts a run (CostModel.switch_steps)
     go_deeper: GoDeeperFn = _always
     size: SizeFn | None = None  # None: max_nodes
+    # a plain step: how many the loop may take before it asks again (a plain run; without a grammar, whose forced
+    # tokens are looked for at every step)
+    steps: int = 1
 
     def nodes(self, cand_scores: np.ndarray, times: RoundTimes, sources: np.ndarray | None = None) -> int:
         """Nodes to verify (root included) among the ranked candidates, within ``max_nodes``; ``sources``: which

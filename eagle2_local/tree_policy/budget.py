@@ -45,7 +45,7 @@ realised-rate guard in guard.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -115,6 +115,7 @@ class TreeBudget:
         self.sealed_probes = 0  # lookup rounds that probed a sealed acceptance map (probe_sealed_lookup)
         self.root_only_rounds = 0  # drafted rounds whose best tree was the root alone (decoded plainly)
         self._after_tree = 0  # the next plain step's place after a run of trees (1: the last round was a tree)
+        self._run_plans: dict[int, RoundPlan] = {}  # the plan of a plain run, per length
 
     # ------------------------------------------------------------ state
     @property
@@ -162,6 +163,7 @@ class TreeBudget:
         for account in self.accounts:
             account.begin_answer()
         self._after_tree = 0  # a prompt's evaluation came last, not a tree
+        self.schedule.begin_answer()
         self.acceptance.begin_answer()
         self._evidence_state = None  # the map's pooled rates may move with its weights
 
@@ -282,14 +284,25 @@ class TreeBudget:
             self.sealed_probes += 1
             return self.tree_plan(fresh_tokens, LOOKUP_ROUND, exploring=True)
         if not self._kind_can_pay(MODEL_ROUND):
-            return PLAIN_STEP
+            return self._plain_run()
         losing = self.losing(MODEL_ROUND)
         if self.schedule.draft_now(fresh_tokens, self.costs, losing, self._gain[MODEL_ROUND] is not None, False,
                                    self.max_depth + 1, self.accounts[MODEL_ROUND]):
             if self.schedule.plain_probe_due(self.costs):
                 return PLAIN_STEP
             return self.tree_plan(fresh_tokens, MODEL_ROUND, exploring=losing)
-        return PLAIN_STEP
+        return self._plain_run()
+
+    def _plain_run(self) -> RoundPlan:
+        """A plain step where no round would draft now, with the plain steps after it that the loop may take
+        before asking again (:meth:`ProbeSchedule.plain_run`)."""
+        steps = self.schedule.plain_run(self.costs.verify_s(1))
+        if steps == 1:
+            return PLAIN_STEP
+        plan = self._run_plans.get(steps)
+        if plan is None:
+            plan = self._run_plans[steps] = replace(PLAIN_STEP, steps=steps)
+        return plan
 
     def tree_plan(self, fresh_tokens: int = 1, kind: int | None = None, exploring: bool = False) -> RoundPlan:
         """The plan of a drafted round of ``kind`` (default: the main kind) whose catch-up ingests
@@ -403,7 +416,7 @@ class TreeBudget:
             self._after_tree = 1 if result.n_nodes > 1 else self._next_after_tree()
             return
         if not plan.drafts:
-            self._plain(times.verify_s)
+            self._plain(times.verify_s, times.decide_s)
             self._earn(1.0)
             return
         kind = LOOKUP_ROUND if plan.free_only else MODEL_ROUND
@@ -457,9 +470,10 @@ class TreeBudget:
         incurs), and at least the steady time ``realised_s`` that the guard judges."""
         return max(result.times.done - result.times.start, realised_s)
 
-    def _plain(self, seconds: float) -> None:
-        """A plain decoding step was taken (a plain round, or a lookup round that verified only its root)."""
-        self.schedule.plain_taken()
+    def _plain(self, seconds: float, decide_s: float | None = None) -> None:
+        """A plain decoding step was taken (a plain round, or a lookup round that verified only its root);
+        ``decide_s``: what deciding a planned plain step cost the loop."""
+        self.schedule.plain_taken(decide_s)
         after = self._after_tree
         self._after_tree = self._next_after_tree()
         self.costs.observe_plain(seconds, after)

@@ -60,13 +60,13 @@ def _believed(observed, calibrated: float, confirmed: bool = False) -> float:
     trees off for the rest of the process. So a higher cost is believed only when confirmed (``confirmed``, or
     :data:`CONFIRM` observations of its own); until then the calibration fills the missing votes, so a second
     dear observation outvotes it and a lone stall never does."""
-    median = _median(observed)
-    if median <= calibrated or confirmed or len(observed) >= CONFIRM:
-        return median
-    return _median(list(observed) + [calibrated] * (CONFIRM - len(observed)))
+    middle = median(observed)
+    if middle <= calibrated or confirmed or len(observed) >= CONFIRM:
+        return middle
+    return median(list(observed) + [calibrated] * (CONFIRM - len(observed)))
 
 
-def _median(values) -> float:
+def median(values) -> float:
     """Median of a short sequence (plain Python: this runs at every plain step, numpy would cost more)."""
     s = sorted(values)
     m = len(s) // 2
@@ -204,7 +204,7 @@ class CostModel:
         return _believed(observed, 1.0, confirmed=dear >= 2 and 2 * dear > len(self._dear))
 
     def _refresh_plain(self) -> None:
-        self._plain_s = _median(self._plain) if self._plain else self.plain_cal
+        self._plain_s = median(self._plain) if self._plain else self.plain_cal
 
     @property
     def n_plain(self) -> int:

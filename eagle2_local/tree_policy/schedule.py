@@ -1,14 +1,17 @@
 """When the auto budget drafts at all: periodic plain steps while trees win, exploration paid from an account while
-they lose, and postponement while the draft's first catch-up would cost more than it can win back.
+they lose, postponement while the draft's first catch-up would cost more than it can win back, and plain runs that
+spare the loop its decision where nothing has drafted for a while.
 
 Pure state over round counts and plain steps; the costs it weighs come in as arguments.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
 
-from .costs import CostModel
+from .costs import CostModel, median
 
 
 @dataclass
@@ -64,10 +67,16 @@ class ProbeSchedule:
     plain_probe_every: int = 16
     catch_up_share: float = 0.02  # unproven trees wait until a long backlog's catch-up costs at most this share
     # of the plain decoding done since the backlog began
+    deciding_share: float = 0.0025  # a plain run's decision may cost at most this share of its plain steps
+    max_plain_run: int = 16  # the most plain steps taken on one decision
+    run_growth: int = 4  # a plain run is at most this fraction of the plain steps since the answer's last tree
 
     def __post_init__(self) -> None:
         self._since_plain = 0
         self._since_probe = 0  # plain steps since the last losing probe (its backlog is not the prompt's)
+        self._since_tree = 0  # plain steps since the last drafted round or the answer's start
+        self._since_note = 0  # plain steps since the last note_backlog
+        self._decided: deque[float] = deque(maxlen=16)  # seconds the loop took to decide its recent plain steps
         self._last_fresh: int | None = None  # the previous round's backlog, when it was a plain step
         self._backlog_start = 1  # the backlog when its plain steps began (a new prompt: the prompt)
         self.plain_steps = 0
@@ -79,10 +88,12 @@ class ProbeSchedule:
         return Exploration(self.probe_share, self.explore_allowance)
 
     def note_backlog(self, fresh_tokens: int) -> None:
-        """Every round, first: how much text the draft would catch up on (one more after each plain step)."""
-        if self._last_fresh is None or fresh_tokens != self._last_fresh + 1:  # not one plain step later
+        """Every planned round, first: how much text the draft would catch up on (one more after each plain
+        step)."""
+        if self._last_fresh is None or fresh_tokens != self._last_fresh + self._since_note:  # not plain steps later
             self._backlog_start = fresh_tokens
         self._last_fresh = fresh_tokens
+        self._since_note = 0
 
     def plain_probe_due(self, costs: CostModel) -> bool:
         """Is this round a plain step to keep the plain rate measured (counted as a plain probe)?"""
@@ -107,11 +118,35 @@ class ProbeSchedule:
         self._last_fresh = None  # the next round's backlog starts anew
         self._since_plain += 1
         self._since_probe = 0
+        self._since_tree = 0
 
-    def plain_taken(self) -> None:
+    def plain_taken(self, decide_s: float | None = None) -> None:
+        """A plain step was taken; ``decide_s``: what deciding it cost the loop (None: decided with a plain run)."""
         self.plain_steps += 1
         self._since_plain = 0
         self._since_probe += 1
+        self._since_tree += 1
+        self._since_note += 1
+        if decide_s is not None:
+            self._decided.append(decide_s)
+
+    def begin_answer(self) -> None:
+        """A new answer: its first steps are decided one by one (it may copy from its start)."""
+        self._since_tree = 0
+
+    def plain_run(self, plain_s: float) -> int:
+        """Plain steps to take on the decision of a plain step (1: ask again at the next one), where nothing has
+        drafted for a while. Deciding a round (the lookup's evidence, the plan) costs the loop about a tenth of a
+        millisecond, which a plain step of a small model or a GPU pays as a percent or more; a run of k steps pays
+        it once, so k is the fewest steps that bring the decision under ``deciding_share`` of them at ``plain_s``
+        seconds a step. The price is evidence read late: a copy that begins inside the run is drafted at most
+        k - 1 steps after it could have been. So k is at most a ``run_growth``-th of the plain steps since the
+        answer's last drafted round (a copy that resumes after a few edited tokens is still found at once) and
+        ``max_plain_run``."""
+        if not self._decided or plain_s <= 0.0:
+            return 1
+        wanted = math.ceil(median(self._decided) / (self.deciding_share * plain_s))
+        return max(1, min(wanted, self._since_tree // self.run_growth, self.max_plain_run))
 
     def _backlog_too_long(self, fresh_tokens: int, costs: CostModel, free: bool) -> bool:
         """A probe waits while the draft would first ingest more than ``probe_backlog`` tokens beyond the plain
