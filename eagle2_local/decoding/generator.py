@@ -280,7 +280,8 @@ class Generator:
                      rng: np.random.Generator, stats: GenerationStats, draft: DraftEngine,
                      grammar: GrammarState | None = None) -> Iterator[Chunk]:
         """Rounds until done: ask the policy for the round's plan, run it (a plain step or draft → verify →
-        accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens.
+        accept → commit), tell the policy, the statistics and the draft timer what it did, emit its tokens; a plain
+        step's plan may add a plain run (:meth:`_plain_run`).
         ``draft``: the generation's (:meth:`_draft_for`); ``grammar``: the committed text's state (the root's
         included), advanced by every round."""
         if self.engine is None:  # forced tokens alone: checked here, as a draft engine is when attached
