@@ -292,6 +292,29 @@ def test_a_sealed_lookup_map_is_probed_from_its_account_and_a_copying_chain_unse
     assert not spent.plan(1, 0.95).drafts
 
 
+def test_a_lookup_map_whose_chains_pay_only_without_the_switch_is_sealed_too():
+    """A map through which a sure chain pays, but not once what a tree costs the plain steps after it is added (a
+    switch learned at a slow moment), runs no round on evidence; and with no tree, neither the map nor the switch is
+    ever measured again. Such a map is sealed as well: evidence that pays on the prior probes it."""
+    budget = TreeBudget(CostModel(SIZES, [0.01 * n ** 0.5 for n in SIZES], 0.009, 0.045), max_nodes=60,
+                        max_depth=6, free_lookup=True)  # a head too dear to draft, and its lookups
+    observe_plain(budget, 0.01)
+    scores = np.linspace(-0.99, -0.0001, 200)
+    budget.acceptance.observe(scores, np.full(200, LOOKUP, dtype=np.int8), np.arange(200) % 4 == 0)  # a quarter hit
+    budget.begin_answer()
+    assert not budget.sealed() and budget.sure_lookup(0.999)
+    for _ in range(9):  # the first two plain steps after trees measured 15% slower than the others
+        for after in (1, 2):
+            budget.costs.observe_plain(0.0115, after_tree=after)
+            budget.costs.observe_plain(0.01)
+            budget.costs.observe_plain(0.01)
+    assert budget.costs.switch_steps == pytest.approx(0.3)
+    assert budget.evidence_gain(0.999) > 1.0 >= budget.evidence_gain(0.999, budget.costs.switch_steps)
+    assert budget.sealed() and not budget.sure_lookup(0.999)
+    plan = budget.plan(1, 0.95)
+    assert plan.drafts and plan.exploring and budget.sealed_probes == 1
+
+
 def test_a_probe_of_a_sealed_lookup_map_verifies_what_two_plain_steps_cost():
     """A probe bets against a map that says lookups lose, so a miss may cost no more than its first node's hit
     wins: the largest tree that costs at most two plain steps (the switch after it included), never less than one

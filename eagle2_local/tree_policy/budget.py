@@ -222,10 +222,11 @@ class TreeBudget:
 
     def sealed(self) -> bool:
         """Has the lookups' acceptance map sealed them off: would not even a chain of 0.999-sure tokens pay
-        through it? Then no lookup round runs on evidence, so none corrects the map: a few prose answers whose
-        chains missed (a merged draft's model trees add lookup children that miss at every depth) would keep
-        lookups out of every later answer of the process, a code edit's included."""
-        return self.evidence_gain(0.999) <= 1.0
+        through it, with what a tree costs the plain steps after it? Then no lookup round runs on evidence, so none
+        corrects the map or that cost: a few prose answers whose chains missed (a merged draft's model trees add
+        lookup children that miss at every depth), or a switch measured at a slow moment, would keep lookups out of
+        every later answer of the process, a code edit's included."""
+        return self.evidence_gain(0.999, self._switch_steps()) <= 1.0
 
     def probe_nodes(self, switch_steps: float = 0.0) -> int:
         """The most nodes a probe of a sealed lookup map verifies: the largest n whose cost, with what a tree costs
