@@ -305,6 +305,9 @@ def test_a_plain_run_is_lossless_and_each_of_its_steps_is_observed_and_counted(s
         def observe(self, result) -> None:
             self.heard.append(result)
 
+        def summary(self) -> dict:
+            return {"heard": len(self.heard)}
+
     plain = make(model, None, params, settings)
     policy = RunsOfFive(24)
     engine = FeatureCheckingEngine(model, settings, params.top_k, params.depth)
@@ -326,6 +329,7 @@ def test_a_plain_run_is_lossless_and_each_of_its_steps_is_observed_and_counted(s
     emitted = [next(stream) for _ in range(3)]  # the root, the run's first step, one step inside the run
     stream.close()
     assert len(policy.heard) == spec.last_stats.target_passes == len(emitted) - 1 == 2
+    assert spec.last_stats.budget == {"heard": 2}  # the policy heard the run's step before its summary was read
 
 
 # ------------------------------------------------------------------ host time

@@ -171,6 +171,7 @@ class Generator:
                 if self._active is not call:
                     raise Eagle2Error("a newer generation started on this model; an older stream cannot go on")
         finally:
+            chunks.close()  # first: a plain run closed inside hands its steps to the policy and the statistics
             if self._active is call:  # an abandoned older stream must not touch the newer call's cache
                 self._settle(emitter)
             stats.n_tokens = len(emitter.tokens)
