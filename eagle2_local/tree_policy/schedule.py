@@ -73,9 +73,9 @@ class ProbeSchedule:
 
     def __post_init__(self) -> None:
         self._since_plain = 0
-        self._since_probe = 0  # plain steps since the last losing probe (its backlog is not the prompt's)
-        self._since_tree = 0  # plain steps since the last drafted round or the answer's start
-        self._since_note = 0  # plain steps since the last note_backlog
+        self._since_probe = 0  # plain steps since the last drafted round (a losing probe's backlog is not the prompt's)
+        self._answer_at = 0  # plain_steps when the answer began
+        self._noted_at = 0  # plain_steps at the last note_backlog
         self._decided: deque[float] = deque(maxlen=16)  # seconds the loop took to decide its recent plain steps
         self._last_fresh: int | None = None  # the previous round's backlog, when it was a plain step
         self._backlog_start = 1  # the backlog when its plain steps began (a new prompt: the prompt)
@@ -90,10 +90,11 @@ class ProbeSchedule:
     def note_backlog(self, fresh_tokens: int) -> None:
         """Every planned round, first: how much text the draft would catch up on (one more after each plain
         step)."""
-        if self._last_fresh is None or fresh_tokens != self._last_fresh + self._since_note:  # not plain steps later
+        plain_since = self.plain_steps - self._noted_at
+        if self._last_fresh is None or fresh_tokens != self._last_fresh + plain_since:  # not plain steps later
             self._backlog_start = fresh_tokens
         self._last_fresh = fresh_tokens
-        self._since_note = 0
+        self._noted_at = self.plain_steps
 
     def plain_probe_due(self, costs: CostModel) -> bool:
         """Is this round a plain step to keep the plain rate measured (counted as a plain probe)?"""
@@ -118,21 +119,18 @@ class ProbeSchedule:
         self._last_fresh = None  # the next round's backlog starts anew
         self._since_plain += 1
         self._since_probe = 0
-        self._since_tree = 0
 
     def plain_taken(self, decide_s: float | None = None) -> None:
         """A plain step was taken; ``decide_s``: what deciding it cost the loop (None: decided with a plain run)."""
         self.plain_steps += 1
         self._since_plain = 0
         self._since_probe += 1
-        self._since_tree += 1
-        self._since_note += 1
         if decide_s is not None:
             self._decided.append(decide_s)
 
     def begin_answer(self) -> None:
         """A new answer: its first steps are decided one by one (it may copy from its start)."""
-        self._since_tree = 0
+        self._answer_at = self.plain_steps
 
     def plain_run(self, plain_s: float) -> int:
         """Plain steps to take on the decision of a plain step (1: ask again at the next one), where nothing has
@@ -146,7 +144,8 @@ class ProbeSchedule:
         if not self._decided or plain_s <= 0.0:
             return 1
         wanted = math.ceil(median(self._decided) / (self.deciding_share * plain_s))
-        return max(1, min(wanted, self._since_tree // self.run_growth, self.max_plain_run))
+        since_tree = min(self._since_probe, self.plain_steps - self._answer_at)  # or since the answer began
+        return max(1, min(wanted, since_tree // self.run_growth, self.max_plain_run))
 
     def _backlog_too_long(self, fresh_tokens: int, costs: CostModel, free: bool) -> bool:
         """A probe waits while the draft would first ingest more than ``probe_backlog`` tokens beyond the plain
