@@ -28,6 +28,10 @@ verification, plus the model draft's root and levels (the curve's drafting costs
 node; lookup and forced nodes draft free, and a backlog catch-up's extra cost is left out on both sides. The
 speeds are reported per record and per set (tokens over cost, pooled), with the budget's share of the oracle's.
 
+``--fresh`` answers each record after ``Eagle2.reset()``, as ``bench`` runs them: the lookup's learned rates then
+start at its priors in every answer (without it the records of a set follow each other in one conversation's
+object, as a server's requests do, and the rates carry from answer to answer at the priors' weight).
+
 ``--depth`` other than the calibrated one reuses the calibration made at ``--calibrated-depth`` (a lookup's costs
 do not depend on its depth); with no calibration cached for these settings one is made first (minutes).
 """
@@ -72,7 +76,9 @@ def freeze_time() -> None:
     plain = budget_mod.TreeBudget._plain
     budget_mod.TreeBudget._realised_s = _calibrated_round_s
     budget_mod.TreeBudget._explored_s = staticmethod(lambda result, realised_s: realised_s)  # catch-ups left out
-    budget_mod.TreeBudget._plain = lambda self, seconds: plain(self, float(self.costs.verify_s(1)))
+    # a plain step at its calibrated cost; what deciding it took is the generator's clock's (--counter-clock: a
+    # tenth of a ms a reading), so plain runs are planned as the live loop plans them
+    budget_mod.TreeBudget._plain = lambda self, seconds, *rest: plain(self, float(self.costs.verify_s(1)), *rest)
     api.check_costs = lambda target, costs, params: (True, {"replay": "start-up check skipped"})
 
 
@@ -377,6 +383,8 @@ def main() -> None:
     ap.add_argument("--curve", action="append", default=[],
                     help="a curve of benchmarks/curves.json (repeatable; 'all': the model's; default: calibrated)")
     ap.add_argument("--oracle", action="store_true", help="judge the budget against the best schedule in hindsight")
+    ap.add_argument("--fresh", action="store_true",
+                    help="each record after Eagle2.reset(), as bench runs them (lookup rates start at the priors)")
     ap.add_argument("--json", help="write the per-record and per-set results here")
     ap.add_argument("--counter-clock", action="store_true",
                     help="the generator's clock advances 0.1 ms a reading: decisions that depend on the answers alone")
@@ -401,7 +409,10 @@ def main() -> None:
         probes = []
         if args.oracle:  # the probe replaces the policy: a fixed tree's, which needs no calibration
             with Eagle2(args.model, **{**opened, "budget": "fixed"}) as llm:
-                probes = [probe(llm, recorder, m, g, args.max_tokens) for m, g in chats]
+                for m, g in chats:
+                    if args.fresh:
+                        llm.reset()
+                    probes.append(probe(llm, recorder, m, g, args.max_tokens))
         fitted = hindsight_acceptance([t for probed, _ in probes for t in probed.tables])
         for curve in curves:
             use_costs(calibrated, curve)
@@ -413,6 +424,8 @@ def main() -> None:
                 llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
                 costs, max_nodes = llm.generator.policy.costs, llm.tree_params.total_tokens
                 for k, (messages, grammar) in enumerate(chats):
+                    if args.fresh:
+                        llm.reset()
                     done = replay(llm, recorder, messages, grammar, args.max_tokens)
                     texts.append(done.text)
                     cost = done.cost(costs)
