@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,6 +14,8 @@ from eagle2_local.decoding.tree import LOOKUP, MODEL, DraftTree
 from eagle2_local.tree_policy.oracle import (SizeTable, accepted_length, best_schedule, confidence_schedule,
                                              hindsight_acceptance, hindsight_history_acceptance, on_accepted_path,
                                              recent_hits, size_table)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def brute_force(acc: np.ndarray, cost: np.ndarray, draft: np.ndarray) -> float:
@@ -182,3 +189,28 @@ def test_a_rule_reading_the_drafts_record_drafts_in_runs_of_hits_and_stays_withi
     reading = confidence_schedule(tables, by_record, verify, draft)
     assert reading.cost < pooled.cost and 2 in reading.sizes
     assert reading.cost >= best_schedule(np.array([t.accepted for t in tables]), verify, draft).cost - 1e-9
+
+
+
+def test_the_replays_frozen_clock_takes_every_call_the_budget_makes_to_it():
+    """``benchmarks/budget_replay.py`` freezes time by replacing the cost model's observers and the budget's plain-step
+    hook; when that hook gained an argument (a plain step's decision time) every replay failed at its first plain
+    step, and no test ran one. Here a frozen budget hears decided plain steps and a tree; in a child process, as the
+    replacements last for the process."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, "benchmarks")
+        import numpy as np
+        import budget_replay
+        from eagle2_local.tree_policy import PLAIN_STEP, RoundResult, RoundTimes, TreeBudget
+        from tests.test_budget import flat, observe_tree
+        budget_replay.freeze_time()
+        budget = TreeBudget(flat(), max_nodes=60, max_depth=6)
+        for _ in range(3):
+            budget.observe(RoundResult(PLAIN_STEP, RoundTimes(0.0, drafted=0.0, verified=0.01, done=0.01, asked=-1e-4)))
+        plan = budget.plan(1)
+        assert plan.drafts, plan
+        observe_tree(budget, plan, RoundTimes(0.0, levels=[0.001]), np.log([0.9, 0.8]), [True, False], 0.011, 2)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
