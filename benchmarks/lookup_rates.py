@@ -79,9 +79,9 @@ def main() -> None:
                 prompt = llm.chat_tokens([{"role": "user", "content": prompts.prompts[i]}])
                 grammar = prompts.grammar(i) if args.grammar else None
                 llm.reset()
-                list(llm.generate(prompt, temp=0.0, max_tokens=args.max_tokens, speculative=False, stop=[],
-                                  grammar=grammar))
-                tally_answer(prompt, llm.generator.tokens[len(prompt):], args.max_n, counts)
+                answer = list(llm.generate(prompt, temp=0.0, max_tokens=args.max_tokens, speculative=False, stop=[],
+                                           grammar=grammar))
+                tally_answer(prompt, answer, args.max_n, counts)
             for key, (h, t) in counts.items():
                 pooled[key][0] += h
                 pooled[key][1] += t

@@ -191,7 +191,6 @@ def test_a_rule_reading_the_drafts_record_drafts_in_runs_of_hits_and_stays_withi
     assert reading.cost >= best_schedule(np.array([t.accepted for t in tables]), verify, draft).cost - 1e-9
 
 
-
 def test_the_replays_frozen_clock_takes_every_call_the_budget_makes_to_it():
     """``benchmarks/budget_replay.py`` freezes time by replacing the cost model's observers and the budget's plain-step
     hook; when that hook gained an argument (a plain step's decision time) every replay failed at its first plain
