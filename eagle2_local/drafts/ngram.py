@@ -37,7 +37,8 @@ def _priors(max_n: int) -> np.ndarray:
     0.80-0.86 at n = 4-7 and 0.94 at n = 8, prose lowest (NOTES.md#lookup-drafts). Priors taken from reference
     answers (0.81 at n = 2, 0.91 at n = 3) sent every answer's first short matches into chains that a paraphrasing
     answer missed. The answer repeating itself, or a prompt repeating itself, says less at short n (those priors
-    err low, which costs at most a few of an answer's first chains)."""
+    err low, which costs at most a few of an answer's first chains; a REPEAT row fitted to the same answers lost
+    in frozen replays, NOTES.md#lookup-drafts)."""
     n = np.arange(max_n + 1, dtype=np.float64)
     rise = np.clip((n - 1) / max(max_n - 1, 1), 0.0, 1.0)
     steps = np.maximum(n - 1, 0)
