@@ -32,6 +32,9 @@ speeds are reported per record and per set (tokens over cost, pooled), with the 
 start at its priors in every answer (without it the records of a set follow each other in one conversation's
 object, as a server's requests do, and the rates carry from answer to answer at the priors' weight).
 
+``--turns all`` replays every user turn of a multi-turn record (mt_bench's second turns, long_chat), each after
+the mode's own earlier answers as ``bench`` runs a chat; by default only the first turn, as reports before it did.
+
 ``--depth`` other than the calibrated one reuses the calibration made at ``--calibrated-depth`` (a lookup's costs
 do not depend on its depth); with no calibration cached for these settings one is made first (minutes).
 """
@@ -65,6 +68,8 @@ from eagle2_local.tree_policy.oracle import (HistoryAcceptance, Schedule, SizeTa
 from eagle2_local.tree_policy.sizing import SourceAcceptance
 
 from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
+
+TURN_JOIN = "\x00"  # between a chat's answers in a replayed record's text (and the set's answers hash)
 
 
 def freeze_time() -> None:
@@ -270,6 +275,21 @@ def probe(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_to
     return Probed(n_tokens, tables), out["choices"][0]["message"]["content"]
 
 
+def probe_chat(llm: Eagle2, recorder: Recorder, turns: list[str], grammar,
+               max_tokens: int) -> tuple[list[Probed], str]:
+    """:func:`probe` each user turn after the probe's own earlier answers (plain decoding's, as bench's plain mode
+    answers a chat); the answers joined as :func:`replay_chat` joins its own."""
+    messages: list[dict] = []
+    probed, texts = [], []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        one, text = probe(llm, recorder, messages, grammar, max_tokens)
+        probed.append(one)
+        texts.append(text)
+        messages.append({"role": "assistant", "content": text})
+    return probed, TURN_JOIN.join(texts)
+
+
 def replay(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_tokens: int) -> Replayed:
     """One answer under the auto budget, its rounds recorded."""
     recorder.clear()
@@ -277,6 +297,26 @@ def replay(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_t
     rounds = [(r.n_nodes if r.plan.drafts else 1, r.n_emitted, len(r.times.levels),
                r.plan.drafts and not r.plan.free_only) for r in recorder.rounds]
     return Replayed(rounds, out["choices"][0]["message"]["content"])
+
+
+def replay_chat(llm: Eagle2, recorder: Recorder, turns: list[str], grammar, max_tokens: int) -> Replayed:
+    """Every user turn under the auto budget, each after its own earlier answers (as bench's speculative mode
+    answers a chat): the turns' rounds in order and their answers joined."""
+    messages: list[dict] = []
+    rounds, texts = [], []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        done = replay(llm, recorder, messages, grammar, max_tokens)
+        rounds.extend(done.rounds)
+        texts.append(done.text)
+        messages.append({"role": "assistant", "content": done.text})
+    return Replayed(rounds, TURN_JOIN.join(texts))
+
+
+def joined(schedules: list[Schedule]) -> Schedule:
+    """The schedules of a chat's answers as one: their tokens and costs added, their rounds in order."""
+    return Schedule(sum(s.tokens for s in schedules), sum(s.cost for s in schedules),
+                    tuple(n for s in schedules for n in s.sizes))
 
 
 def calibrate_once(look_up):
@@ -380,6 +420,9 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=None, help="draft levels (default: the API's default)")
     ap.add_argument("--calibrated-depth", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--turns", default="first", choices=["first", "all"],
+                    help="a multi-turn record's first user turn only (default), or every turn after the mode's own "
+                         "earlier answers, as bench runs them (each answer at most --max-tokens)")
     ap.add_argument("--curve", action="append", default=[],
                     help="a curve of benchmarks/curves.json (repeatable; 'all': the model's; default: calibrated)")
     ap.add_argument("--oracle", action="store_true", help="judge the budget against the best schedule in hindsight")
@@ -405,15 +448,16 @@ def main() -> None:
     results: dict = {}
     for prompts in load_prompt_sets(args.prompts, last, args.split):
         indices = list(range(first, min(last, len(prompts.prompts))))
-        chats = [([{"role": "user", "content": prompts.prompts[i]}], prompts.grammar(i)) for i in indices]
+        chats = [(prompts.turns(i) if args.turns == "all" else prompts.turns(i)[:1], prompts.grammar(i))
+                 for i in indices]
         probes = []
         if args.oracle:  # the probe replaces the policy: a fixed tree's, which needs no calibration
             with Eagle2(args.model, **{**opened, "budget": "fixed"}) as llm:
-                for m, g in chats:
+                for turns, g in chats:
                     if args.fresh:
                         llm.reset()
-                    probes.append(probe(llm, recorder, m, g, args.max_tokens))
-        fitted = hindsight_acceptance([t for probed, _ in probes for t in probed.tables])
+                    probes.append(probe_chat(llm, recorder, turns, g, args.max_tokens))
+        fitted = hindsight_acceptance([t for probed, _ in probes for one in probed for t in one.tables])
         for curve in curves:
             use_costs(calibrated, curve)
             name = "calibrated" if curve is None else curve.name
@@ -423,10 +467,10 @@ def main() -> None:
                     llm.generator.clock = counter_clock()
                 llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
                 costs, max_nodes = llm.generator.policy.costs, llm.tree_params.total_tokens
-                for k, (messages, grammar) in enumerate(chats):
+                for k, (turns, grammar) in enumerate(chats):
                     if args.fresh:
                         llm.reset()
-                    done = replay(llm, recorder, messages, grammar, args.max_tokens)
+                    done = replay_chat(llm, recorder, turns, grammar, args.max_tokens)
                     texts.append(done.text)
                     cost = done.cost(costs)
                     rec = {"record": indices[k], "tokens": done.tokens, "budget_cost": round(cost, 4),
@@ -436,12 +480,12 @@ def main() -> None:
                            "kinds": done.by_kind(costs)}
                     if probes:
                         probed, plain_text = probes[k]
-                        best = probed.oracle(costs, max_nodes)
+                        best = joined([one.oracle(costs, max_nodes) for one in probed])
                         rec.update(oracle_tokens=best.tokens, oracle_cost=round(best.cost, 4),
                                    oracle=speed(best.tokens, best.cost), oracle_trees=best.drafted_rounds,
                                    oracle_sizes=_counts(best.sizes), same_answer=done.text == plain_text)
                         rec["share"] = round(rec["budget"] / rec["oracle"], 4)
-                        ref = probed.confidence(costs, max_nodes, fitted)
+                        ref = joined([one.confidence(costs, max_nodes, fitted) for one in probed])
                         rec.update(confidence_tokens=ref.tokens, confidence_cost=round(ref.cost, 4),
                                    confidence=speed(ref.tokens, ref.cost), confidence_trees=ref.drafted_rounds,
                                    confidence_share=round(rec["budget"] / speed(ref.tokens, ref.cost), 4))
@@ -455,6 +499,7 @@ def main() -> None:
     if args.json:
         report = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "model": model_file,
                   "draft": args.draft, "threads": args.threads, "max_tokens": args.max_tokens, "split": args.split,
+                  "turns": args.turns,
                   "records": args.records, "machine": {"cpu": platform.processor() or platform.machine()},
                   "curves": {c.name: {"machine": c.machine, "context": c.context, "source": c.source}
                              for c in curves if c is not None},

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from eagle2_local.decoding.tree import LOOKUP, MODEL, DraftTree
-from eagle2_local.tree_policy.oracle import (SizeTable, accepted_length, best_schedule, confidence_schedule,
+from eagle2_local.tree_policy.oracle import (Schedule, SizeTable, accepted_length, best_schedule, confidence_schedule,
                                              hindsight_acceptance, hindsight_history_acceptance, on_accepted_path,
                                              recent_hits, size_table)
 
@@ -213,3 +213,17 @@ def test_the_replays_frozen_clock_takes_every_call_the_budget_makes_to_it():
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_chats_schedules_join_into_one(monkeypatch):
+    """``budget_replay.py --turns all`` prices a chat as its answers' schedules added up: tokens and costs summed,
+    rounds kept in order, so a record's speed is its every turn's tokens over their cost (as bench adds turns)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import budget_replay
+
+    first, second = Schedule(3, 2.5, (1, 4)), Schedule(2, 2.0, (1, 1))
+    both = budget_replay.joined([first, second])
+    assert (both.tokens, both.cost, both.sizes) == (5, 4.5, (1, 4, 1, 1))
+    assert both.drafted_rounds == 1
+    assert abs(both.speedup - 5 / 4.5) < 1e-12
+    assert budget_replay.joined([first]) == first
