@@ -51,6 +51,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -69,6 +70,7 @@ from eagle2_local.tree_policy.sizing import SourceAcceptance
 
 from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
 
+T = TypeVar("T")
 TURN_JOIN = "\x00"  # between a chat's answers in a replayed record's text (and the set's answers hash)
 
 
@@ -275,19 +277,24 @@ def probe(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_to
     return Probed(n_tokens, tables), out["choices"][0]["message"]["content"]
 
 
-def probe_chat(llm: Eagle2, recorder: Recorder, turns: list[str], grammar,
-               max_tokens: int) -> tuple[list[Probed], str]:
-    """:func:`probe` each user turn after the probe's own earlier answers (plain decoding's, as bench's plain mode
-    answers a chat); the answers joined as :func:`replay_chat` joins its own."""
+def each_turn(turns: list[str], answer: Callable[[list[dict]], tuple[T, str]]) -> tuple[list[T], str]:
+    """Answer a chat's user turns in order, each after the earlier answers (``answer(messages)`` -> its result and
+    text, as bench's modes answer a chat): the results, and the answers joined by :data:`TURN_JOIN`."""
     messages: list[dict] = []
-    probed, texts = [], []
+    results, texts = [], []
     for turn in turns:
         messages.append({"role": "user", "content": turn})
-        one, text = probe(llm, recorder, messages, grammar, max_tokens)
-        probed.append(one)
+        result, text = answer(messages)
+        results.append(result)
         texts.append(text)
         messages.append({"role": "assistant", "content": text})
-    return probed, TURN_JOIN.join(texts)
+    return results, TURN_JOIN.join(texts)
+
+
+def probe_chat(llm: Eagle2, recorder: Recorder, turns: list[str], grammar,
+               max_tokens: int) -> tuple[list[Probed], str]:
+    """:func:`probe` each user turn after the probe's own earlier answers (plain decoding's)."""
+    return each_turn(turns, lambda messages: probe(llm, recorder, messages, grammar, max_tokens))
 
 
 def replay(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_tokens: int) -> Replayed:
@@ -300,17 +307,15 @@ def replay(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_t
 
 
 def replay_chat(llm: Eagle2, recorder: Recorder, turns: list[str], grammar, max_tokens: int) -> Replayed:
-    """Every user turn under the auto budget, each after its own earlier answers (as bench's speculative mode
-    answers a chat): the turns' rounds in order and their answers joined."""
-    messages: list[dict] = []
-    rounds, texts = [], []
-    for turn in turns:
-        messages.append({"role": "user", "content": turn})
+    """Every user turn under the auto budget, each after its own earlier answers: the turns' rounds in order and
+    their answers joined."""
+
+    def answer(messages: list[dict]) -> tuple[Replayed, str]:
         done = replay(llm, recorder, messages, grammar, max_tokens)
-        rounds.extend(done.rounds)
-        texts.append(done.text)
-        messages.append({"role": "assistant", "content": done.text})
-    return Replayed(rounds, TURN_JOIN.join(texts))
+        return done, done.text
+
+    done, text = each_turn(turns, answer)
+    return Replayed([r for one in done for r in one.rounds], text)
 
 
 def joined(schedules: list[Schedule]) -> Schedule:
