@@ -41,6 +41,9 @@ from .tree_policy import TreeBudget
 log = logging.getLogger(__name__)
 
 LOOKUP_DEPTH = 16  # default draft levels of a lookup draft alone (a model draft's: 6): NOTES.md#lookup-drafts
+# Tokens a recurrent / hybrid model's state keeps snapshots of (llama.cpp's n_rs_seq): the draft tokens of the
+# longest chain it verifies. Each costs one more copy of the recurrent state (docs/design.md "Recurrent and hybrid models").
+CHAIN_TOKENS = 8
 
 
 class Eagle2:
@@ -95,11 +98,15 @@ class Eagle2:
         self.model = LlamaModel(self.model_path, **offload)
         target = engine = None
         try:
+            if self.model.recurrent or self.model.hybrid:
+                self._fit_recurrent(plain)
             prepared = None
             if spec is not None and not plain:
                 prepared = prepare_draft(spec, self.model, self.settings, **offload)
                 self.settings = prepared.settings
             self.target = target = Target(self.model, self.settings)
+            if target.chain_only:
+                spec, prepared = self._chains_or_plain(target, spec, prepared)
             engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
             if engine is not None and lookup is not False:
                 engine = with_lookup(engine, self.tree_params, self.model)
@@ -115,6 +122,28 @@ class Eagle2:
         self.seed = seed
         self.cache_prompt = cache_prompt
         self.chat_template = chat_template or self.model.info.chat_template
+
+    def _fit_recurrent(self, plain: bool) -> None:
+        """Context and tree for a recurrent / hybrid model: one sequence (its memory holds a state per sequence),
+        snapshots of the last CHAIN_TOKENS tokens so that a rejected draft is taken back, chains of top-1
+        proposals."""
+        from dataclasses import replace
+
+        self.settings = replace(self.settings, n_seq_max=1, n_rs_seq=0 if plain else CHAIN_TOKENS)
+        p = self.tree_params
+        self.tree_params = TreeParams(total_tokens=min(p.total_tokens, CHAIN_TOKENS + 1),
+                                      depth=min(p.depth, CHAIN_TOKENS), top_k=1)
+
+    def _chains_or_plain(self, target: Target, spec: DraftSpec | None, prepared):
+        """Keep the draft where llama.cpp granted the state snapshots a chain needs; else plain decoding (not even
+        a grammar's forced tokens are verified ahead), logged once."""
+        if self.plain or target.max_tree_nodes >= 2:
+            return spec, prepared
+        log.warning("%s: llama.cpp keeps no snapshots of a '%s' model's recurrent state (n_rs_seq 0), so a "
+                    "rejected draft token could not be taken back: plain decoding", self.model_path.name,
+                    self.model.architecture)
+        self.plain = True
+        return None, None
 
     def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,
                      progress: Callable[[str], None] | None) -> TreeBudget:

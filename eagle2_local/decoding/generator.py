@@ -27,7 +27,7 @@ from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import TokenEmitter
 from .target import PROMPT_CHUNK, Target, TargetSnapshot
-from .tree import TreeParams, grow_candidates, select_tree
+from .tree import TreeParams, grow_candidates, main_chain, select_tree
 
 log = logging.getLogger(__name__)
 
@@ -212,14 +212,15 @@ class Generator:
                 keep = self.backlog.reusable(keep, self.engine.n_features)
                 if exact:  # the draft holds what precedes the (earlier) aligned start: one pass settles it
                     keep = self._exact_keep(keep)
-        self.target.rollback(keep)
+        keep = self.target.rollback(keep)  # less where a recurrent state cannot be cut there
         self.tokens = list(prompt[:keep])
         stats.prompt_tokens_reused = keep
         try:
             ver = self.target.prefill(prompt[keep:], aligned=exact, cancelled=cancelled)
         except BaseException:  # cancelled, failed or interrupted: back to the kept text (tokens, target and draft
             # agree, the backlog covers it)
-            self.target.rollback(keep)
+            keep = self.target.rollback(keep)
+            self.tokens = list(prompt[:keep])
             if self.engine is not None:
                 self.engine.rollback(keep)
             raise
@@ -239,8 +240,7 @@ class Generator:
         self.target.abort_tree()  # only does something if interrupted between verify and commit
         full = self._prompt + emitter.tokens
         self.transcript = full
-        keep = min(self.target.n_past, len(full))
-        self.target.rollback(keep)
+        keep = self.target.rollback(min(self.target.n_past, len(full)))
         if self.engine is not None:
             self.engine.rollback(keep)
         self.tokens = full[:keep]
@@ -391,6 +391,8 @@ class Generator:
                                 level_done=level_done, final_tokens=self.stop_tokens)
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
+        if self.target.chain_only:  # one recurrent state: the best path alone (decoding/target.py)
+            tree = main_chain(tree, self.target.max_tree_nodes)
         times.drafted, times.llama_drafted = self.clock(), llama_seconds()
         # verify every node in one target pass; the root alone is a plain step (cheaper than a one-node tree)
         one_pass = len(tree) > 1

@@ -14,6 +14,14 @@ layout changes the float summation order and later logits drift from plain decod
   (through a scratch sequence, only those cells), all tree cells are freed, and the rows are restored into the
   first free cells. Only the accepted rows are copied, never the prefix.
 
+Recurrent and hybrid models (``Target.chain_only``; docs/design.md "Recurrent and hybrid models"). Their memory
+holds one recurrent state per sequence, which cannot keep a tree's branches apart, and a token is taken back only
+through llama.cpp's per-token snapshots (``n_rs_seq``): once before the next decode, and at most one token fewer
+than the last decode wrote (llama.cpp does not check the second rule: it would take back a wrong state). So they
+verify *chains*: the nodes go straight into sequence 0 at consecutive positions, and ``commit`` takes the rejected
+tail back with one ``seq_rm``. ``_rewindable`` counts what may be taken back now; any other cut empties the memory
+(:meth:`Target.rollback` says how much it kept: nothing).
+
 Reproducible prompts. A cell's K/V, and so every later logit, depends on the shape of the batch that computed it
 (this CPU build switches flash-attention kernels at 64 tokens; multi-threaded single-token decodes split long KV
 ranges; GPU kernels vary more). A cached prefix is therefore reused only as far as it is *exact*: bit for bit
@@ -32,9 +40,10 @@ from typing import Callable
 import llama_cpp
 import numpy as np
 
-from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError
+from ..errors import (ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError,
+                      UnsupportedModelError)
 from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
-from .tree import DraftTree, verify_layout
+from .tree import DraftTree, is_chain, verify_layout
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +70,23 @@ class Target:
     """Owns the target's llama.cpp context and the committed KV sequence."""
 
     def __init__(self, model: LlamaModel, settings: ContextSettings) -> None:
-        if settings.n_seq_max < 3:
+        model.check_generative()
+        self.chain_only = model.recurrent or model.hybrid
+        if settings.n_seq_max < 3 and not self.chain_only:
             raise TreeError("the target needs n_seq_max >= 3 (committed, leaves, scratch)")
         self.model = model
         self.ctx = LlamaContext(model, settings)
+        if not self.ctx.mem:
+            self.ctx.close()
+            raise UnsupportedModelError(f"{model.path.name}: architecture '{model.architecture}' keeps no memory of "
+                                        "earlier tokens (an embedding model); llama.cpp cannot generate with it")
         self.scratch = self.ctx.n_seq_max - 1  # used only inside commit()
-        self.max_leaves = self.ctx.n_seq_max - 2
+        self.max_leaves = 1 if self.chain_only else self.ctx.n_seq_max - 2
         self.n_past = 0  # committed tokens in sequence 0 (= used KV cells outside a pending tree)
         self.n_exact = 0  # leading committed cells equal to a fresh aligned evaluation of their text (<= n_past)
         self.batch_invariant = self._batch_invariant(settings)
         self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
+        self._rewindable = 0  # chain_only: last tokens of sequence 0 its recurrent state can take back now
         self._tree_leaf_of = np.zeros(0, dtype=np.int64)  # per node of the pending tree: index of a leaf below it
         self._verified = 0  # nodes of the tree verified last (rows of llama.cpp's feature buffers)
 
@@ -81,7 +97,17 @@ class Target:
 
     @property
     def max_tree_nodes(self) -> int:
+        """Nodes one verification may hold: a batch, or on a recurrent / hybrid model the tokens its state can take
+        back (1 where llama.cpp grants no rollback: no speculation)."""
+        if self.chain_only:
+            return min(self.ctx.n_batch, self.ctx.n_rs_seq + 1)  # all but the root may be taken back
         return self.ctx.n_batch
+
+    @property
+    def rollback_tokens(self) -> int | None:
+        """How many of the last decode's tokens a recurrent / hybrid model's state can take back (llama.cpp's
+        ``n_rs_seq`` as granted); None for attention-only models, which take back any committed suffix."""
+        return self.ctx.n_rs_seq if self.chain_only else None
 
     @property
     def has_features(self) -> bool:
@@ -99,7 +125,7 @@ class Target:
         """Whether any batch of fewer than 64 tokens computes a token exactly as decoding it alone would, so that
         decoded and tree-verified cells are as reusable as prompt cells. Measured only for a CPU-only build at one
         thread with Q4_1 / Q8_0 weights (more threads split long KV ranges differently for a single token)."""
-        return (settings.threads() == 1 and not llama_cpp.llama_supports_gpu_offload() and not self.model.rpc_servers
+        return (settings.threads() == 1 and not self.chain_only and not llama_cpp.llama_supports_gpu_offload() and not self.model.rpc_servers
                 and int(llama_cpp.llama_model_ftype(self.model.ptr)) in INVARIANT_FTYPES)
 
     def _mark_written(self, start: int, n: int, full_chunk: bool, batch_tokens: int) -> None:
@@ -148,6 +174,7 @@ class Target:
             if self.ctx.embeddings:
                 outputs[:] = 1  # llama.cpp outputs every token when embeddings are on
             self.ctx.decode(chunk, pos, outputs, seq=0)
+            self._decoded(n)
             self._mark_written(self.n_past, n, aligned and n == PROMPT_CHUNK and self.n_past % PROMPT_CHUNK == 0, n)
             self.n_past += n
             n_out = int(outputs.sum())
@@ -157,6 +184,11 @@ class Target:
                 last_logits = self.ctx.logits(n_out, copy=False)[-1].copy()  # only the row we return
         features = np.concatenate(feats) if feats else None
         return Pass(logits=last_logits[None, :], features=features)
+
+    def _decoded(self, n: int) -> None:
+        """Sequence 0 has just been extended by one decode of ``n`` tokens: a recurrent state can now take back
+        up to ``n - 1`` of them (the snapshots that decode wrote), within ``n_rs_seq``."""
+        self._rewindable = min(n - 1, self.ctx.n_rs_seq)
 
     def decode_one(self, token: int) -> Pass:
         """Plain decoding step: append one token to sequence 0 and return its logits (and feature)."""
@@ -174,6 +206,8 @@ class Target:
         tokens, parents = tree.tokens, tree.parents  # a DraftTree's parents were validated when it was made
         n = len(tokens)
         self._check_no_pending()
+        if self.chain_only:
+            return self._verify_chain(tree, copy, features)
         if n > self.ctx.n_batch:
             raise TreeError(f"tree of {n} nodes exceeds the batch size {self.ctx.n_batch}")
         if np.any((tokens < 0) | (tokens >= self.model.n_vocab)):
@@ -199,6 +233,41 @@ class Target:
         self._verified = n
         return Pass(logits=logits, features=feats)
 
+    def _verify_chain(self, tree: DraftTree, copy: bool, features: bool) -> Pass:
+        """:meth:`verify` on a recurrent / hybrid model: the chain's nodes go into sequence 0, one state."""
+        n = len(tree)
+        if not is_chain(tree.parents):
+            raise TreeError(f"a {self.model.memory_kind} model verifies chains only (one recurrent state a sequence)")
+        if n > self.max_tree_nodes:
+            raise TreeError(f"a chain of {n} nodes exceeds the {self.max_tree_nodes} tokens this "
+                            f"{self.model.memory_kind} model's state can take back (n_rs_seq)")
+        if np.any((tree.tokens < 0) | (tree.tokens >= self.model.n_vocab)):
+            raise TreeError(f"tree holds a token id outside the vocabulary 0..{self.model.n_vocab - 1}")
+        self._ensure_room(n)
+        self._tree_leaf_of = np.zeros(n, dtype=np.int64)
+        try:
+            self.ctx.decode(tree.tokens, np.arange(self.n_past, self.n_past + n, dtype=np.int32),
+                            np.ones(n, dtype=np.int8), seq=0)
+        except Exception:
+            self.reset()  # what a failed decode left of the state is unknown
+            raise
+        self._decoded(n)
+        self._pending = (n, 1)
+        self._verified = n
+        logits = self.ctx.logits(n, copy=copy)
+        feats = self._features(n) if self.has_features and features else None
+        return Pass(logits=logits, features=feats)
+
+    def _take_back(self, n: int) -> bool:
+        """Take the last ``n`` tokens of sequence 0 out of a recurrent state, where its snapshots allow it."""
+        if n == 0:
+            return True
+        if n > self._rewindable or not self.ctx.seq_rm(0, self.n_past - n, -1):
+            return False
+        self._rewindable = 0  # one take-back before the next decode
+        self.n_past -= n
+        return True
+
     def verified_features(self, nodes: np.ndarray) -> np.ndarray | None:
         """Features of ``nodes`` of the tree verified last (None without features): a copy of those rows only,
         read from llama.cpp's buffers, so before the next decode on this target (a commit does not decode)."""
@@ -214,6 +283,17 @@ class Target:
         k1 = len(path)
         base = self.n_past
         n_nodes, _ = self._pending
+        if self.chain_only:
+            if not np.array_equal(path, np.arange(k1)):
+                raise TreeError("an accepted path of a chain is its first nodes")
+            self._pending = None
+            self.n_past = base + n_nodes
+            if not self._take_back(n_nodes - k1):  # cannot happen: a chain is at most n_rs_seq + 1 nodes
+                self.reset()
+                raise TreeError(f"llama.cpp could not take back {n_nodes - k1} tokens of this "
+                                f"{self.model.memory_kind} model's state (n_rs_seq={self.ctx.n_rs_seq})")
+            self._mark_written(base, k1, False, n_nodes)
+            return
         leaf_seq = int(self._tree_leaf_of[path[-1]]) + 1
         if np.array_equal(path, np.arange(k1)):
             # the accepted nodes are the tree's first cells: already contiguous after the committed text
@@ -241,23 +321,36 @@ class Target:
     def abort_tree(self) -> None:
         """Drop a verified but uncommitted tree (e.g. after an interrupt); nothing is accepted."""
         if self._pending is not None:
-            self._drop_tree_cells()
+            if self.chain_only:  # the root stays: a decode's first token is never taken back
+                self.commit([0])
+            else:
+                self._drop_tree_cells()
 
     def _check_no_pending(self) -> None:
         if self._pending is not None:
             raise TreeError("the previous tree was verified but not committed")
 
     # ------------------------------------------------------------ housekeeping
-    def rollback(self, n_past: int) -> None:
-        """Forget committed tokens from position ``n_past`` on (their cells are the last ones, so no hole)."""
+    def rollback(self, n_past: int) -> int:
+        """Forget committed tokens from position ``n_past`` on (their cells are the last ones, so no hole), and
+        return how many stay committed: ``n_past``, or 0 where a recurrent state cannot be cut there (the
+        memory is then emptied, and the caller evaluates its text again)."""
         if not 0 <= n_past <= self.n_past:
             raise Eagle2Error(f"cannot roll back to {n_past}: {self.n_past} tokens are committed")
         self._check_no_pending()
-        # unconditional: also clears rows a commit interrupted by Ctrl-C may have left past n_past
-        self.ctx.seq_rm(0, n_past, -1)
-        self.ctx.seq_rm(self.scratch)
+        if self.chain_only:
+            if not self._take_back(self.n_past - n_past):
+                log.debug("the %s state cannot be cut at %d of %d tokens: emptied", self.model.memory_kind,
+                          n_past, self.n_past)
+                self.reset()
+                return 0
+        else:
+            # unconditional: also clears rows a commit interrupted by Ctrl-C may have left past n_past
+            self.ctx.seq_rm(0, n_past, -1)
+            self.ctx.seq_rm(self.scratch)
         self.n_past = n_past
         self.n_exact = min(self.n_exact, n_past)
+        return n_past
 
     def snapshot(self) -> TargetSnapshot:
         """The committed text's KV cells and bookkeeping, to be put back by :meth:`restore` (no tree pending)."""
@@ -275,6 +368,7 @@ class Target:
     def reset(self) -> None:
         """Empty the KV cache."""
         self.ctx.clear()
+        self._rewindable = 0
         self.n_past = 0
         self.n_exact = 0
         self._pending = None

@@ -184,6 +184,26 @@ class DraftTree:
         return kids[np.argsort(-self.scores[kids], kind="stable")]
 
 
+def is_chain(parents: np.ndarray) -> bool:
+    """Whether every node's parent is the node before it (one path, no branches)."""
+    parents = np.asarray(parents)
+    return bool(np.array_equal(parents, np.arange(-1, len(parents) - 1)))
+
+
+def main_chain(tree: DraftTree, max_nodes: int | None = None) -> DraftTree:
+    """The tree's best path from the root: at every node its best-scoring child, at most ``max_nodes`` nodes.
+    What a model whose memory holds one state per sequence (recurrent and hybrid models) can verify in one pass."""
+    limit = len(tree) if max_nodes is None else max_nodes
+    path = [0]
+    has_child = np.zeros(len(tree), dtype=bool)
+    has_child[tree.parents[1:]] = True
+    while len(path) < limit and has_child[path[-1]]:
+        path.append(int(tree.children(path[-1])[0]))
+    keep = np.asarray(path)
+    return DraftTree(tree.tokens[keep], np.arange(-1, len(keep) - 1), tree.scores[keep], tree.cand_ids[keep],
+                     tree.sources[keep])
+
+
 def validate_parents(parents: np.ndarray) -> None:
     """A tree in decode order: node 0 is the only root and every parent precedes its child."""
     n = len(parents)

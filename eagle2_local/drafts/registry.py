@@ -98,6 +98,9 @@ def _prepare_draft_model(spec: DraftSpec, model: LlamaModel, settings: ContextSe
     draft = LlamaModel(path, **offload) if own else model
     try:
         check_same_vocab(model, draft)
+        if draft.recurrent or draft.hybrid:  # its context holds a tree's branches as sequences, one state each
+            raise Eagle2Error(f"{path.name} is a {draft.memory_kind} model ('{draft.architecture}'): a draft model "
+                              "grows trees in its own context, which needs attention layers only; use --draft lookup")
     except Exception:
         if own:
             draft.close()

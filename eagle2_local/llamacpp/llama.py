@@ -19,8 +19,8 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from ..errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError
-from ..formats.models import GGUFInfo, check_tree_capable, read_gguf_info
+from ..errors import ContextFullError, DecodeError, Eagle2Error, ModelError, TreeError, UnsupportedModelError
+from ..formats.models import GGUFInfo, read_gguf_info
 from . import llama_ext, rpc
 from .batch import Batch, batch_entries
 from .runtime import charge_llama, ensure_backend, error_mark, errors_since, last_llama_errors
@@ -39,7 +39,6 @@ class LlamaModel:
         ensure_backend(verbose)
         self.path = Path(path)
         self.info = info or read_gguf_info(self.path)
-        check_tree_capable(self.info)
         self.rpc_servers = rpc.parse_servers(list(rpc_servers)) if rpc_servers else ()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = (-1 if self.rpc_servers else 0) if n_gpu_layers is None else n_gpu_layers
@@ -66,7 +65,30 @@ class LlamaModel:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)) \
             if self.n_vocab <= 300_000 else frozenset({self.eos})
+        # What llama.cpp says of the architecture's memory: a recurrent state (Mamba, RWKV) or attention layers
+        # beside recurrent ones (hybrids: Qwen3.5, LFM2, Nemotron-H, ...). Such a state cannot hold a tree's
+        # branches side by side; docs/design.md "Recurrent and hybrid models".
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model))
+        self.hybrid = bool(llama_cpp.llama_model_is_hybrid(self._model))
         self._closed = False
+
+    def check_generative(self) -> None:
+        """Refuse, in one line, a target that llama.cpp cannot decode token by token: an encoder-decoder, an
+        encoder alone or a diffusion model (an embedding model is found when its context has no memory). Draft
+        heads are not asked: an EAGLE-3 head is an encoder to llama.cpp."""
+        why = None
+        if llama_cpp.llama_model_has_encoder(self._model) or not llama_cpp.llama_model_has_decoder(self._model):
+            why = "has an encoder (eagle2-local drives decoder-only models)"
+        elif llama_cpp.llama_model_is_diffusion(self._model):
+            why = "is a diffusion model (it does not generate token by token)"
+        if why is not None:
+            raise UnsupportedModelError(f"{self.path.name}: architecture '{self.architecture}' {why}; "
+                                        "llama.cpp cannot generate with it here")
+
+    @property
+    def memory_kind(self) -> str:
+        """``"attention"``, ``"recurrent"`` or ``"hybrid"``, as llama.cpp classifies the architecture."""
+        return "hybrid" if self.hybrid else "recurrent" if self.recurrent else "attention"
 
     @property
     def ptr(self):
@@ -147,6 +169,10 @@ class ContextSettings:
     # independent sequences (batched generation) want False: each then attends over its own n_ctx/n_seq_max
     # cells instead of over every sequence's cells.
     kv_unified: bool = True
+    # Recurrent-state snapshots per sequence (llama.cpp's n_rs_seq): how many of the last tokens of a recurrent or
+    # hybrid model's state can be taken back. llama.cpp ignores it for attention-only models and clamps it to 0
+    # for architectures that cannot roll back.
+    n_rs_seq: int = 0
 
     def threads(self) -> int:
         """``n_threads``, else every CPU this process may run on."""
@@ -189,6 +215,7 @@ class LlamaContext:
         p.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         p.no_perf = True
         p.flash_attn_type = FLASH_ATTN[settings.flash_attn]
+        p.n_rs_seq = settings.n_rs_seq
         if ctx_other is not None:  # e.g. an eagle3 head borrowing the target's token embedding / LM head
             p.ctx_other = ctx_other.ptr
         self.other = ctx_other  # keep the borrowed context alive as long as this one
@@ -198,7 +225,8 @@ class LlamaContext:
             raise ModelError(f"cannot create a llama.cpp context for {model.path.name}: {last_llama_errors()}")
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = settings.n_seq_max
-        self.mem = llama_cpp.llama_get_memory(self._ctx)
+        self.mem = llama_cpp.llama_get_memory(self._ctx)  # None for embedding models, which keep no memory
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx))  # what llama.cpp granted of settings.n_rs_seq
         self.batch = Batch(self.n_batch, settings.n_seq_max)
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd

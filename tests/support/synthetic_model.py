@@ -6,53 +6,15 @@ tokenizes and decodes it exactly as it would any llama model.
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# the vocabulary and templates live beside the multi-architecture writer (benchmarks/ cannot import tests/)
+from benchmarks.synthetic_model import CHATML, CHATML_WITH_BOS, WORDS, vocab
 
-# Llama-3 / Gemma style: the template itself writes BOS, so the tokenizer must not add another one.
-CHATML_WITH_BOS = "{{ bos_token }}" + CHATML
-
-WORDS = ["the", "a", "and", "to", "of", "in", "is", "it", "you", "that", "for", "on", "with", "as", "was", "he",
-         "be", "at", "by", "this", "have", "from", "or", "one", "had", "not", "but", "what", "all", "were", "when",
-         "we", "there", "can", "an", "your", "which", "their", "said", "if", "do", "will", "each", "about", "how",
-         "up", "out", "them", "then", "she", "many", "some", "so", "these", "would", "other", "into", "has", "more",
-         "her", "two", "like", "him", "see", "time", "could", "no", "make", "than", "first", "been", "its", "who",
-         "now", "people", "my", "made", "over", "did", "down", "only", "way", "find", "use", "may", "water", "long",
-         "little", "very", "after", "words", "called", "just", "where", "most", "know", "code", "def", "return"]
-
-
-def vocab(rename: dict[int, str] | None = None) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of a SentencePiece ('llama') vocabulary with byte fallback.
-
-    ``rename`` replaces the text of some token ids (to build an incompatible vocabulary in tests)."""
-    T = gguf.TokenType
-    tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    types = [T.UNKNOWN, T.CONTROL, T.CONTROL, T.CONTROL, T.CONTROL]
-    for b in range(256):
-        tokens.append(f"<0x{b:02X}>")
-        types.append(T.BYTE)
-    pieces = ["\u2581"] + list(string.ascii_letters + string.digits + string.punctuation)
-    pieces += ["\u2581" + c for c in string.ascii_letters]
-    pieces += ["\u2581" + w for w in WORDS] + WORDS
-    seen = set(tokens)
-    for p in pieces:
-        if p not in seen:
-            seen.add(p)
-            tokens.append(p)
-            types.append(T.NORMAL)
-    # SentencePiece BPE merges by score: longer pieces win
-    for tok_id, text in (rename or {}).items():
-        tokens[tok_id] = text
-    scores = [0.0 if t != T.NORMAL else float(len(tok)) - i * 1e-4 for i, (tok, t) in enumerate(zip(tokens, types))]
-    return tokens, scores, [int(t) for t in types]
+__all__ = ["CHATML", "CHATML_WITH_BOS", "WORDS", "vocab", "write_model"]
 
 
 def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
