@@ -14,7 +14,7 @@ class ModelError(Eagle2Error):
 
 
 class UnsupportedModelError(ModelError):
-    """The model's architecture cannot be used for tree verification (e.g. recurrent state)."""
+    """A model llama.cpp cannot generate with token by token (an encoder, a diffusion or an embedding model)."""
 
 
 class IncompatibleDraftError(Eagle2Error):
