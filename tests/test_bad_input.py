@@ -67,13 +67,14 @@ def test_unknown_architecture(tmp_path):
         LlamaModel(p)
 
 
-@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "arch"])
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "arch", "diffusion"])
 def test_cli_bad_model(case, tmp_path, not_gguf, truncated):
     path, needle = {
         "missing": (tmp_path / "nope.gguf", "not found"),
         "not_gguf": (not_gguf, "not a GGUF"),
         "truncated": (truncated, "truncated"),
         "arch": (write_model(tmp_path / "m.gguf", arch="mamba"), "mamba.ssm.conv_kernel"),
+        "diffusion": (write_model(tmp_path / "d.gguf", arch="dream"), "diffusion model"),
     }[case]
     proc = run_cli("generate", "--model", str(path), "--prompt", "hi", "--plain", "-n", "4")
     assert_one_line_error(proc, needle)

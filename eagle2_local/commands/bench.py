@@ -154,14 +154,21 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
 
     ns = _tree_sizes(sizes)
     path = resolve_model(model)
-    target = Target(LlamaModel(path, n_gpu_layers=n_gpu_layers, rpc_servers=parse_servers(rpc)),
-                    ContextSettings(n_ctx=max(512, context_tokens + max(ns) + 8), n_batch=max(64, max(ns)),
-                                    n_seq_max=min(MAX_SEQ, max(ns) + 2), n_threads=threads))
+    loaded = LlamaModel(path, n_gpu_layers=n_gpu_layers, rpc_servers=parse_servers(rpc))
+    chain = loaded.recurrent or loaded.hybrid  # verifies chains, each taken back to its root by n_rs_seq
+    grows = len(ns) * (repeats + 1) if chain else 0  # a chain's root stays: the context grows a token a timing
+    target = Target(loaded, ContextSettings(n_ctx=max(512, context_tokens + max(ns) + 8 + grows),
+                                            n_batch=max(64, max(ns)), n_seq_max=1 if chain else min(MAX_SEQ, max(ns) + 2),
+                                            n_threads=threads, n_rs_seq=max(ns) - 1 if chain else 0))
+    if chain and target.max_tree_nodes < max(ns):
+        fail(f"llama.cpp cannot take back a '{loaded.architecture}' model's state (n_rs_seq "
+             f"{target.ctx.n_rs_seq}): it decodes plain only, no chain to time")
     cost = verify_cost(target, ns, context_tokens, repeats)
     one = cost.get(1) or next(iter(cost.values()))
     if as_json:
         click.echo(json.dumps({"command": "eagle2-local " + " ".join(sys.argv[1:]), "model": str(path),
-                               "threads": target.ctx.settings.threads(),
+                               "threads": target.ctx.settings.threads(), "memory": loaded.memory_kind,
+                               "shape": "chain" if chain else "tree",
                                "context_tokens": context_tokens, "seconds": cost,
                                "relative_to_one_token": {n: c / one for n, c in cost.items()}}))
         return
