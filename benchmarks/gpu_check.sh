@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check: llama.cpp built with CUDA for the device's architecture from the pinned
-# llama-cpp-python sdist, the lossless subset on the GPU, the verify-cost curve, and benches + host time of the
-# default model and its shipped EAGLE-3 head on the GPU. For a machine with no network and a limited upload per
+# llama-cpp-python sdist, the lossless subset on the GPU (hybrid and MTP models included, synthetic ones written
+# on the device), the verify-cost curves (a hybrid's chains too), and benches + host time of the default model and
+# its shipped EAGLE-3 head on the GPU. For a machine with no network and a limited upload per
 # call (64 MiB, working tree included): the build's sources, two wheels and the default model travel as parts.
 #
 #   benchmarks/gpu_check.sh prepare        here: a source bundle (llama.cpp's library sources and the sdist's
@@ -319,6 +320,13 @@ print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")
     "$py" -m pytest -q -p no:cacheprovider -n 8 tests/test_backend_topk.py tests/test_eagle3.py \
     tests/test_sampling_lossless.py -k "in_graph or draft_model or default_model or lossless or matches_plain or exact_distribution"
   tail -3 "$res/pytest.log" >> "$res/summary.txt"
+  # hybrid and MTP models (synthetic, written here): plain = llama.cpp's greedy, chains rolled back exactly, MTP drafts
+  step "hybrid + MTP lossless" "$(( $(left 160) < 120 ? $(left 160) : 120 ))" pytest-hybrid.log \
+    "$py" -m pytest -q -p no:cacheprovider -n 4 tests/test_recurrent.py $(ls tests/test_mtp.py 2>/dev/null)
+  tail -3 "$res/pytest-hybrid.log" >> "$res/summary.txt"
+  "$py" benchmarks/synthetic_model.py qwen35 "$work/qwen35-mtp.gguf" --mtp > /dev/null 2>&1 || true
+  step "hybrid verify-cost" "$(( $(left 150) < 30 ? $(left 150) : 30 ))" verify-cost-hybrid.json \
+    "$py" cli.py verify-cost --model "$work/qwen35-mtp.gguf" --threads 4 --n-gpu-layers "$layers" --sizes 1,2,4,8,9 --json
   step "verify-cost" "$(( $(left 150) < 40 ? $(left 150) : 40 ))" verify-cost.json \
     "$py" cli.py verify-cost --threads 4 --n-gpu-layers "$layers" --sizes 1,2,4,8,16,32,60 --json
   local bench=(--threads 4 --n-gpu-layers "$layers" --max-tokens 64)
