@@ -29,8 +29,9 @@ from .decoding.stats import GenerationStats
 from .decoding.target import Target
 from .decoding.tree import TreeParams
 from .drafts import DraftEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
+from .drafts.mtp import has_mtp
 from .errors import Eagle2Error
-from .formats.models import default_head_path, resolve_model
+from .formats.models import default_head_path, read_gguf_info, resolve_model
 from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
 from .llamacpp.rpc import parse_servers
 from .llamacpp.runtime import system_info
@@ -67,7 +68,8 @@ class Eagle2:
         ``progress`` receives the calibration's progress lines.
 
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
-        :class:`DraftSpec`, ``"lookup"``); none and no ``model_path``: the default model's shipped head.
+        :class:`DraftSpec`, ``"lookup"``, ``"mtp"``: the model's own MTP layers); none and no ``model_path``: the
+        default model's shipped head; none for a model that carries MTP layers: those.
         ``plain``: none, and no speculation at all (not even on the tokens a grammar forces): the baseline.
         ``depth``: draft levels (default 6; 16 for a lookup draft alone, whose levels cost
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:
@@ -83,10 +85,14 @@ class Eagle2:
         total_tokens = 60 if total_tokens is None else total_tokens
         self.budget_mode = mode
         self.plain = plain
+        self.plain_reason: str | None = None  # why a model that was given a draft runs plain anyway
         spec = _draft_of(model_path, head_path, draft_model_path, draft)
+        self.model_path = resolve_model(model_path)
+        info = read_gguf_info(self.model_path)
+        if spec is None and model_path is not None and not plain and has_mtp(info):
+            spec = DraftSpec("mtp")  # the model's own MTP layers: the default draft of a model that has them
         if spec is None and lookup:
             spec = DraftSpec("lookup")
-        self.model_path = resolve_model(model_path)
         if depth is None:  # a lookup's levels cost nothing, and copied spans run long
             depth = LOOKUP_DEPTH if spec is not None and spec.kind == "lookup" and not plain else 6
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
@@ -95,7 +101,8 @@ class Eagle2:
                                         n_threads=n_threads)
         self.rpc_servers = parse_servers(rpc_servers)
         offload = dict(n_gpu_layers=n_gpu_layers, verbose=verbose, rpc_servers=self.rpc_servers)
-        self.model = LlamaModel(self.model_path, **offload)
+        load_mtp = not plain and spec is not None and spec.kind == "mtp"  # their weights only when they draft
+        self.model = LlamaModel(self.model_path, info=info, load_mtp=load_mtp, **offload)
         target = engine = None
         try:
             if self.model.recurrent or self.model.hybrid:
@@ -129,7 +136,9 @@ class Eagle2:
         proposals."""
         from dataclasses import replace
 
-        self.settings = replace(self.settings, n_seq_max=1, n_rs_seq=0 if plain else CHAIN_TOKENS)
+        # llama.cpp keeps a batch's last n_rs_seq + 1 tokens in one ubatch, and aborts unless a batch holds more
+        n_batch = self.settings.n_batch if plain else max(self.settings.n_batch, CHAIN_TOKENS + 2)
+        self.settings = replace(self.settings, n_seq_max=1, n_rs_seq=0 if plain else CHAIN_TOKENS, n_batch=n_batch)
         p = self.tree_params
         self.tree_params = TreeParams(total_tokens=min(p.total_tokens, CHAIN_TOKENS + 1),
                                       depth=min(p.depth, CHAIN_TOKENS), top_k=1)
@@ -139,9 +148,9 @@ class Eagle2:
         a grammar's forced tokens are verified ahead), logged once."""
         if self.plain or target.max_tree_nodes >= 2:
             return spec, prepared
-        log.warning("%s: llama.cpp keeps no snapshots of a '%s' model's recurrent state (n_rs_seq 0), so a "
-                    "rejected draft token could not be taken back: plain decoding", self.model_path.name,
-                    self.model.architecture)
+        self.plain_reason = (f"llama.cpp keeps no snapshots of a '{self.model.architecture}' model's recurrent state "
+                             "(n_rs_seq 0), so a rejected draft token could not be taken back")
+        log.warning("%s: %s: plain decoding", self.model_path.name, self.plain_reason)
         self.plain = True
         return None, None
 

@@ -23,6 +23,13 @@ from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..measure.machine_load import describe
 
 
+def plain_note(llm) -> str:
+    """Why ``llm`` decodes plain, for the one-line note chat and generate print."""
+    if llm.plain_reason:
+        return llm.plain_reason
+    return "no draft for this model (--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"
+
+
 def stats_line(stats: dict) -> str:
     """The one line after an answer: tokens/s, and for speculation tau, passes, the budget's tree size and the
     host's own time per round (outside llama.cpp)."""
@@ -86,8 +93,7 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed, context_shift: bool
                    "/exit or Ctrl-D quits, Ctrl-C stops an answer.")
     if not llm.speculative:
         sys.stdout.flush()
-        click.echo(dim("note: no draft for this model; chatting with plain decoding "
-                       "(--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"), err=True)
+        click.echo(dim(f"note: {plain_note(llm)}; chatting with plain decoding"), err=True)
     while True:
         try:
             line = input("> ") if interactive else sys.stdin.readline()

@@ -80,6 +80,10 @@ class Target:
             self.ctx.close()
             raise UnsupportedModelError(f"{model.path.name}: architecture '{model.architecture}' keeps no memory of "
                                         "earlier tokens (an embedding model); llama.cpp cannot generate with it")
+        if self.chain_only and 0 < self.ctx.n_rs_seq and self.ctx.n_batch < self.ctx.n_rs_seq + 2:
+            self.ctx.close()  # llama.cpp would abort the process at the first decode (split_equal's n_keep_tail)
+            raise TreeError(f"n_batch {self.ctx.n_batch} is too small for n_rs_seq {self.ctx.n_rs_seq}: llama.cpp "
+                            f"needs n_batch >= n_rs_seq + 2 = {self.ctx.n_rs_seq + 2}")
         self.scratch = self.ctx.n_seq_max - 1  # used only inside commit()
         self.max_leaves = 1 if self.chain_only else self.ctx.n_seq_max - 2
         self.n_past = 0  # committed tokens in sequence 0 (= used KV cells outside a pending tree)
@@ -111,14 +115,17 @@ class Target:
 
     @property
     def has_features(self) -> bool:
-        """Whether decodes return draft features: layer inputs (EAGLE-3) or final hidden states (EAGLE-1/2)."""
-        return bool(self.ctx.layer_ids) or self.ctx.embeddings
+        """Whether decodes return draft features: layer inputs (EAGLE-3), final hidden states (EAGLE-1/2) or the
+        nextn hidden states an MTP draft reads."""
+        return bool(self.ctx.layer_ids) or self.ctx.embeddings or self.ctx.nextn_features
 
     def _features(self, n_tokens: int, rows: np.ndarray | None = None) -> np.ndarray:
-        """Features of every token of the last decode (all tokens are outputs whenever embeddings are on), or of
-        ``rows`` of them."""
+        """Features of every token of the last decode (all tokens are outputs whenever embeddings are on; layer
+        inputs and nextn rows exist for every token anyway), or of ``rows`` of them."""
         if self.ctx.layer_ids:
             return self.ctx.layer_inputs(n_tokens, rows)
+        if self.ctx.nextn_features:
+            return self.ctx.nextn_rows(n_tokens, rows)
         return self.ctx.features(n_tokens, rows)
 
     def _batch_invariant(self, settings: ContextSettings) -> bool:

@@ -6,10 +6,11 @@ from .draft_model import DraftModelEngine, check_same_vocab
 from .eagle1_numpy import Eagle1NumpyEngine
 from .lookup import LookupDraft
 from .merged import MergedDraft
+from .mtp import MtpEngine
 from .ngram import NgramIndex
 from .open_head import open_head
 from .registry import DRAFTERS, DraftKind, DraftSpec, PreparedDraft, draft_spec, open_draft, prepare_draft, with_lookup
 
 __all__ = ["DRAFTERS", "DraftEngine", "DraftKind", "DraftModelEngine", "DraftSpec",
-           "Eagle1NumpyEngine", "LookupDraft", "MergedDraft", "NgramIndex", "PreparedDraft", "Proposals",
-           "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft", "with_lookup"]
+           "Eagle1NumpyEngine", "LookupDraft", "MergedDraft", "MtpEngine", "NgramIndex", "PreparedDraft",
+           "Proposals", "check_same_vocab", "draft_spec", "open_draft", "open_head", "prepare_draft", "with_lookup"]

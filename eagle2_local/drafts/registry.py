@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +24,7 @@ from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab
 from .lookup import LookupDraft
 from .merged import MergedDraft
+from .mtp import MtpEngine, check_mtp
 from .open_head import check_head_fits, open_head, read_head_info, target_settings_for
 from .renames import RenameLearner
 from .text_copy import TextCopy
@@ -116,6 +117,13 @@ def _prepare_draft_model(spec: DraftSpec, model: LlamaModel, settings: ContextSe
     return PreparedDraft(settings, open_engine)
 
 
+def _prepare_mtp(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
+                 offload: dict[str, Any]) -> PreparedDraft:
+    check_mtp(model)  # before any context exists: the target context must expose its hidden states
+    return PreparedDraft(replace(settings, nextn_features=True),
+                         lambda target, params: MtpEngine(target.model, target.ctx, params.top_k, params.depth))
+
+
 def _prepare_lookup(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
                     offload: dict[str, Any]) -> PreparedDraft:
     return PreparedDraft(settings, lambda target, params: lookup_draft(target.model, params))
@@ -131,6 +139,7 @@ DRAFTERS: dict[str, DraftKind] = {
     "head": DraftKind(_prepare_head),  # an EAGLE-1/2 or EAGLE-3 head GGUF (eagle2-local convert / train)
     "draft-model": DraftKind(_prepare_draft_model),  # a smaller GGUF with the target's vocabulary
     "lookup": DraftKind(_prepare_lookup, needs_file=False),  # n-gram lookups in the prompt and the answer so far
+    "mtp": DraftKind(_prepare_mtp, needs_file=False),  # the target's own MTP (NextN) layers (load_mtp)
 }
 
 

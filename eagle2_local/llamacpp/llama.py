@@ -33,15 +33,18 @@ class LlamaModel:
     """A loaded GGUF model plus its vocabulary helpers (tokenize, detokenize, special tokens)."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int | None = None, verbose: bool = False,
-                 info: GGUFInfo | None = None, rpc_servers: Sequence[str] = ()) -> None:
+                 info: GGUFInfo | None = None, rpc_servers: Sequence[str] = (), load_mtp: bool = False) -> None:
         """``rpc_servers``: ``HOST:PORT`` endpoints of llama.cpp RPC servers that get the offloaded layers
-        (``n_gpu_layers``; default all of them with servers, none without)."""
+        (``n_gpu_layers``; default all of them with servers, none without). ``load_mtp``: also load the model's
+        MTP (NextN) layers, which only an MTP draft runs (llama.cpp skips their weights otherwise)."""
         ensure_backend(verbose)
         self.path = Path(path)
         self.info = info or read_gguf_info(self.path)
         self.rpc_servers = rpc.parse_servers(list(rpc_servers)) if rpc_servers else ()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = (-1 if self.rpc_servers else 0) if n_gpu_layers is None else n_gpu_layers
+        params.load_mtp = load_mtp
+        self.load_mtp = load_mtp
         self.n_gpu_layers = int(params.n_gpu_layers)
         devices = None
         if self.rpc_servers:  # llama.cpp's default device selection would leave every layer on the CPU
@@ -58,7 +61,9 @@ class LlamaModel:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
-        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))  # the trunk's: MTP layers not counted
+        self.n_layer_nextn = int(llama_cpp.llama_model_n_layer_nextn(self._model))  # MTP layers in the file
+        self.n_embd_out = int(llama_cpp.llama_model_n_embd_out(self._model))  # width of the nextn embeddings
         self.bos = int(llama_cpp.llama_vocab_bos(self._vocab))
         self.eos = int(llama_cpp.llama_vocab_eos(self._vocab))
         self.eot = int(llama_cpp.llama_vocab_eot(self._vocab))
@@ -173,6 +178,13 @@ class ContextSettings:
     # hybrid model's state can be taken back. llama.cpp ignores it for attention-only models and clamps it to 0
     # for architectures that cannot roll back.
     n_rs_seq: int = 0
+    # The post-norm hidden state of every decoded token (llama.cpp's unmasked nextn embeddings): what a model's
+    # MTP layers read beside the next token. Costs a copy of one row per token, no extra output.
+    nextn_features: bool = False
+    # A context that runs the model's MTP (NextN) layers instead of its trunk (llama.cpp's LLAMA_CONTEXT_TYPE_MTP;
+    # the model loaded with ``load_mtp``): entries carry a token and the hidden state before it; its own nextn
+    # embeddings (one row per entry) feed a deeper draft step.
+    mtp: bool = False
 
     def threads(self) -> int:
         """``n_threads``, else every CPU this process may run on."""
@@ -216,6 +228,8 @@ class LlamaContext:
         p.no_perf = True
         p.flash_attn_type = FLASH_ATTN[settings.flash_attn]
         p.n_rs_seq = settings.n_rs_seq
+        if settings.mtp:
+            p.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         if ctx_other is not None:  # e.g. an eagle3 head borrowing the target's token embedding / LM head
             p.ctx_other = ctx_other.ptr
         self.other = ctx_other  # keep the borrowed context alive as long as this one
@@ -230,12 +244,20 @@ class LlamaContext:
         self.batch = Batch(self.n_batch, settings.n_seq_max)
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
-        self.n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(model.ptr))  # decoder input rows (EAGLE-3 g)
+        # decoder input rows (EAGLE-3 g; an MTP context reads the target's nextn rows)
+        self.n_embd_inp = model.n_embd_out if settings.mtp else int(llama_cpp.llama_model_n_embd_inp(model.ptr))
         self.embeddings = settings.embeddings
         self._closed = False
         self.layer_ids = tuple(settings.layer_inputs)
         if self.layer_ids:
             self._enable_layer_inputs()
+        self.nextn_features = settings.nextn_features or settings.mtp
+        if self.nextn_features:
+            try:
+                llama_ext.set_nextn(self._ctx, True, masked=False)
+            except ModelError:
+                self.close()
+                raise
 
     def _enable_layer_inputs(self) -> None:
         """Validate then switch on layer-input extraction (llama.cpp aborts on a layer its graph lacks)."""
@@ -316,6 +338,22 @@ class LlamaContext:
         charge_llama(t0)
         view = llama_ext.buffer_view(ptr, (n_out, self.n_embd))
         return view.copy() if rows is None else view[rows]
+
+    def nextn_rows(self, n_tokens: int, rows: np.ndarray | None = None, copy: bool = True) -> np.ndarray:
+        """The last batch's nextn embeddings, one row per batch token in batch order (needs ``nextn_features`` or
+        ``mtp``), or only ``rows`` of them; ``copy=False``: a view of llama.cpp's buffer, valid until the next
+        decode."""
+        if not self.nextn_features:
+            raise DecodeError("nextn rows need a context created with nextn_features=True (or an MTP context)")
+        t0 = time.perf_counter()
+        ptr = llama_ext.nextn_ptr(self._ctx)  # waits for an asynchronous backend (GPU) to finish
+        charge_llama(t0)
+        if not ptr:
+            raise DecodeError("llama.cpp returned no nextn embeddings for the last decode")
+        view = llama_ext.buffer_view(ptr, (n_tokens, self.model.n_embd_out))
+        if rows is not None:
+            return view[rows]
+        return view.copy() if copy else view
 
     def layer_inputs(self, n_tokens: int, rows: np.ndarray | None = None) -> np.ndarray:
         """Residual inputs of the configured layers for every token of the last batch (only ``rows`` of them

@@ -9,6 +9,11 @@ Why they matter: EAGLE-3 heads read the *residual inputs* of three target layers
 target's decode and copies them out (one row per batch token, batch order) only for layers switched on here.
 Switching a layer on for an architecture whose graph does not record layer inputs aborts the process, so
 :data:`LAYER_INPUT_ARCHS` lists the architectures whose graphs do (read from ``src/models/*.cpp``).
+
+MTP (NextN) drafts read the *nextn embeddings*: the target's post-norm hidden state of every batch token (what a
+model's MTP layer reads beside the next token), and the same of the MTP context's own outputs (what a deeper draft
+step reads). :func:`set_nextn` switches them on; llama.cpp copies them out per batch token ("unmasked") or per
+output row ("masked").
 """
 
 from __future__ import annotations
@@ -40,6 +45,18 @@ _SYMBOLS: dict[str, tuple[tuple[str, ...], list[Any], Any]] = {
         ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
          "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"),
         [_ctx_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)),
+    "llama_set_embeddings_nextn": (
+        ("llama_set_embeddings_nextn", "_Z26llama_set_embeddings_nextnP13llama_contextbb",
+         "?llama_set_embeddings_nextn@@YAXPEAUllama_context@@_N1@Z"),
+        [_ctx_p, ctypes.c_bool, ctypes.c_bool], None),
+    "llama_get_embeddings_nextn": (
+        ("llama_get_embeddings_nextn", "_Z26llama_get_embeddings_nextnP13llama_context",
+         "?llama_get_embeddings_nextn@@YAPEAMPEAUllama_context@@@Z"),
+        [_ctx_p], ctypes.POINTER(ctypes.c_float)),
+    "llama_get_embeddings_nextn_ith": (
+        ("llama_get_embeddings_nextn_ith", "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+         "?llama_get_embeddings_nextn_ith@@YAPEAMPEAUllama_context@@H@Z"),
+        [_ctx_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
 }
 
 
@@ -53,13 +70,31 @@ def _function(name: str) -> Callable:
             fn.argtypes = argtypes
             fn.restype = restype
             return fn
-    raise ModelError(f"this llama.cpp build does not export {name} (needed for EAGLE-3 heads); "
+    needed = "MTP drafts" if "nextn" in name else "EAGLE-3 heads"
+    raise ModelError(f"this llama.cpp build does not export {name} (needed for {needed}); "
                      f"llama-cpp-python {llama_cpp.__version__} from source exports it")
 
 
 def set_layer_input(ctx, layer: int, enable: bool) -> None:
     """Switch extraction of layer ``layer``'s residual input on or off (takes effect at the next decode)."""
     _function("llama_set_embeddings_layer_inp")(ctx, layer, enable)
+
+
+def set_nextn(ctx, enable: bool, masked: bool = False) -> None:
+    """Switch the nextn embeddings on or off: ``masked`` False, one row per batch token in batch order (a target
+    feeding an MTP draft, every token's row); True, one row per output (takes effect at the next decode)."""
+    _function("llama_set_embeddings_nextn")(ctx, enable, masked)
+
+
+def nextn_ptr(ctx):
+    """llama.cpp's buffer of the last decode's nextn embeddings (it waits for a GPU to finish); NULL when off."""
+    return _function("llama_get_embeddings_nextn")(ctx)
+
+
+def nextn_row_ptr(ctx, i: int):
+    """One row of the last decode's nextn embeddings (batch index unmasked, output index masked); NULL when out
+    of range."""
+    return _function("llama_get_embeddings_nextn_ith")(ctx, i)
 
 
 _views: dict[tuple, np.ndarray] = {}  # (address, shape, pointer type) -> a view of llama.cpp's buffer
