@@ -85,7 +85,6 @@ class Eagle2:
         total_tokens = 60 if total_tokens is None else total_tokens
         self.budget_mode = mode
         self.plain = plain
-        self.plain_reason: str | None = None  # why a model that was given a draft runs plain anyway
         spec = _draft_of(model_path, head_path, draft_model_path, draft)
         self.model_path = resolve_model(model_path)
         info = read_gguf_info(self.model_path)
@@ -112,8 +111,6 @@ class Eagle2:
                 prepared = prepare_draft(spec, self.model, self.settings, **offload)
                 self.settings = prepared.settings
             self.target = target = Target(self.model, self.settings)
-            if target.chain_only:
-                spec, prepared = self._chains_or_plain(target, spec, prepared)
             engine = prepared.open(self.target, self.tree_params) if prepared is not None else None
             if engine is not None and lookup is not False:
                 engine = with_lookup(engine, self.tree_params, self.model)
@@ -142,17 +139,6 @@ class Eagle2:
         p = self.tree_params
         self.tree_params = TreeParams(total_tokens=min(p.total_tokens, CHAIN_TOKENS + 1),
                                       depth=min(p.depth, CHAIN_TOKENS), top_k=1)
-
-    def _chains_or_plain(self, target: Target, spec: DraftSpec | None, prepared):
-        """Keep the draft where llama.cpp granted the state snapshots a chain needs; else plain decoding (not even
-        a grammar's forced tokens are verified ahead), logged once."""
-        if self.plain or target.max_tree_nodes >= 2:
-            return spec, prepared
-        self.plain_reason = (f"llama.cpp keeps no snapshots of a '{self.model.architecture}' model's recurrent state "
-                             "(n_rs_seq 0), so a rejected draft token could not be taken back")
-        log.warning("%s: %s: plain decoding", self.model_path.name, self.plain_reason)
-        self.plain = True
-        return None, None
 
     def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,
                      progress: Callable[[str], None] | None) -> TreeBudget:

@@ -44,7 +44,8 @@ def test_a_documented_row_is_what_the_runtime_does(tmp_path, arch):
         target = llm.target
         assert memory.split(" (")[0] == llm.model.memory_kind
         assert granted == ("-" if not target.chain_only else str(target.ctx.n_rs_seq))
-        shape = ("plain only" if not llm.speculative else "chains" if target.chain_only else "trees")
+        shape = ("plain only" if not llm.speculative else "chains from checkpoints" if target.checkpoints
+                 else "chains" if target.chain_only else "trees")
         assert drafts == shape
 
 

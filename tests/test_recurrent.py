@@ -1,7 +1,7 @@
 """Recurrent and hybrid models (Qwen3.5, LFM2, Mamba-2; docs/design.md "Recurrent and hybrid models"): they load and
-decode plain as llama.cpp decodes them, draft chains where llama.cpp can take rejected tokens back (``n_rs_seq``), run
-plain where it cannot, and every speculative answer equals plain decoding: the recurrent state is taken back exactly
-after any number of rejected rounds."""
+decode plain as llama.cpp decodes them, draft chains where llama.cpp can take rejected tokens back (``n_rs_seq``) and
+from saved states where it cannot (checkpoints), and every speculative answer equals plain decoding: the recurrent
+state is taken back exactly after any number of rejected rounds."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
 from tests.support.helpers import GREEDY, N_RUNS, chi2_pvalue, first_divergence, run
 
 CHAINED = ("qwen35", "lfm2")  # hybrids whose state llama.cpp takes back (llm_arch_supports_rs_rollback)
-PLAIN_ONLY = ("mamba2",)  # recurrent, no snapshots: plain decoding only
+CHECKPOINTED = ("mamba2",)  # recurrent, no snapshots: chains from a saved state
 ATTENTION = ("llama", "gemma4")
 CHAIN = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=1, n_threads=1, n_rs_seq=CHAIN_TOKENS)
 PROMPT = [1, 40, 41, 42, 43, 44, 45]
@@ -31,7 +31,7 @@ PROMPT = [1, 40, 41, 42, 43, 44, 45]
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     folder = tmp_path_factory.mktemp("archs")
-    return {arch: write_arch_model(folder / f"{arch}.gguf", arch) for arch in CHAINED + PLAIN_ONLY + ATTENTION}
+    return {arch: write_arch_model(folder / f"{arch}.gguf", arch) for arch in CHAINED + CHECKPOINTED + ATTENTION}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def llama_cpp_greedy(model: LlamaModel, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("arch", CHAINED + PLAIN_ONLY + ATTENTION)
+@pytest.mark.parametrize("arch", CHAINED + CHECKPOINTED + ATTENTION)
 def test_plain_decoding_is_llama_cpps_own(models, arch):
     model = models[arch]
     assert (model.recurrent, model.hybrid) == EXPECTED_KIND[arch]
@@ -112,10 +112,12 @@ class ScriptedDraft(DraftEngine):
         self.n_read = 0
 
 
-@pytest.mark.parametrize("arch", CHAINED + ("llama",))
-def test_rejected_chains_leave_the_state_as_plain_decoding_does(models, arch):
+@pytest.mark.parametrize("arch, checkpoints", [(arch, False) for arch in CHAINED + CHECKPOINTED + ("llama",)]
+                         + [(arch, True) for arch in CHAINED])
+def test_rejected_chains_leave_the_state_as_plain_decoding_does(models, arch, checkpoints):
     """≥ 200 tokens with chains rejected at every depth: the answer is plain decoding's, token for token, so every
-    rollback left the recurrent state exactly where plain decoding has it."""
+    rollback (snapshots, or a checkpoint put back and the accepted tokens decoded again) left the recurrent state
+    exactly where plain decoding has it."""
     model = models[arch]
     chain = model.recurrent or model.hybrid
     settings = CHAIN if chain else ContextSettings(n_ctx=1024, n_batch=256, n_threads=1)
@@ -123,7 +125,9 @@ def test_rejected_chains_leave_the_state_as_plain_decoding_does(models, arch):
     plain, _, _ = run(Generator(Target(model, settings), stop_tokens=endless), PROMPT, 240)
     assert len(plain) == 240
     draft = ScriptedDraft(PROMPT + plain, model.n_vocab)
-    gen = Generator(Target(model, settings), draft, TreeParams(CHAIN_TOKENS + 1, CHAIN_TOKENS, 1), stop_tokens=endless)
+    target = Target(model, settings, checkpoints=checkpoints)
+    assert target.checkpoints == (checkpoints or arch in CHECKPOINTED)
+    gen = Generator(target, draft, TreeParams(CHAIN_TOKENS + 1, CHAIN_TOKENS, 1), stop_tokens=endless)
     spec, _, _ = run(gen, PROMPT, 240)
     assert spec == plain, f"diverged at {first_divergence(spec, plain)}"
     stats = gen.last_stats
@@ -144,7 +148,7 @@ def test_a_hybrid_verifies_chains_only(models, arch):
         target.verify(DraftTree.from_parents(list(range(5, 5 + CHAIN_TOKENS + 2)), np.arange(-1, CHAIN_TOKENS + 1)))
 
 
-@pytest.mark.parametrize("arch", CHAINED)
+@pytest.mark.parametrize("arch", CHAINED + CHECKPOINTED)
 def test_a_cut_the_state_cannot_make_empties_it(models, arch):
     """A recurrent state is taken back only within its last decode: a longer cut empties the memory and says so,
     and the next answer (re-evaluated from the start) is plain decoding's."""
@@ -172,10 +176,10 @@ def test_a_chat_reuses_the_state_between_turns(models, paths, arch):
         assert second == expected
 
 
-@pytest.mark.parametrize("arch", CHAINED + PLAIN_ONLY)
+@pytest.mark.parametrize("arch", CHAINED + CHECKPOINTED)
 def test_lookup_and_forced_tokens_equal_plain(paths, arch):
     """The drafts a model without a head has (lookups in the text, a grammar's forced tokens) on a recurrent or
-    hybrid model: the answer is plain decoding's; a model llama.cpp cannot take back runs plain and says so."""
+    hybrid model: the answer is plain decoding's, whichever way the state is taken back."""
     from eagle2_local.decoding.grammar import Grammar
 
     text = "the cat and the dog " * 6 + "code def return the cat and the dog"
@@ -184,7 +188,7 @@ def test_lookup_and_forced_tokens_equal_plain(paths, arch):
 
     with Eagle2(paths[arch], plain=True, n_threads=1, n_ctx=1024) as ref, \
             Eagle2(paths[arch], draft="lookup", n_threads=1, n_ctx=1024, budget="fixed", total_tokens=9) as llm:
-        assert llm.speculative == (arch in CHAINED)
+        assert llm.speculative and llm.target.checkpoints == (arch in CHECKPOINTED)
         prompt = ref.tokenize(text)
         want = [t for ch in ref.stream(prompt, max_tokens=200) for t in ch.tokens]
         got = [t for ch in llm.stream(prompt, max_tokens=200) for t in ch.tokens]
@@ -193,8 +197,7 @@ def test_lookup_and_forced_tokens_equal_plain(paths, arch):
         want = [t for ch in ref.stream(prompt, max_tokens=80, grammar=grammar) for t in ch.tokens]
         got = [t for ch in llm.stream(prompt, max_tokens=80, grammar=grammar) for t in ch.tokens]
         assert got == want, f"grammar diverged at {first_divergence(got, want)}"
-        if arch in CHAINED:
-            assert llm.last_stats.accepted_by_source.get("forced", 0) > 0  # the grammar's tokens drafted free
+        assert llm.last_stats.accepted_by_source.get("forced", 0) > 0  # the grammar's tokens drafted free
 
 
 def test_a_recurrent_draft_model_is_refused(paths):

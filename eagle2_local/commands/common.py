@@ -67,7 +67,9 @@ def runtime_options(fn):
         head_option(),
         click.option("--draft", "draft", metavar="KIND[:PATH]", default=None,
                      help="Any draft by kind: `lookup` (n-gram lookups in the prompt and the answer so far; no "
-                          "model or head needed, works for any GGUF), `head:PATH`, `draft-model:PATH`."),
+                          "model or head needed, works for any GGUF), `mtp` (the model's own MTP layers: "
+                          "Qwen3.5/3.6, GLM-4.5, ...; the default for a model that has them), `head:PATH`, "
+                          "`draft-model:PATH`."),
         click.option("--lookup/--no-lookup", default=None,
                      help="Merge lookup branches (spans the text repeats; they cost nothing to draft) into the "
                           "trees of --head/--draft-model [default: on]; --lookup alone drafts with lookups only."),

@@ -25,8 +25,6 @@ from ..measure.machine_load import describe
 
 def plain_note(llm) -> str:
     """Why ``llm`` decodes plain, for the one-line note chat and generate print."""
-    if llm.plain_reason:
-        return llm.plain_reason
     return "no draft for this model (--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"
 
 

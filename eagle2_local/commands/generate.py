@@ -70,7 +70,7 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
     if constraint is not None:
         check_constraint(constraint, rt["model"], rt["verbose"])
     llm = load(**rt, seed=seed)
-    if not llm.speculative and not rt["plain"] and not as_json and (constraint is None or llm.plain_reason):
+    if constraint is None and not llm.speculative and not rt["plain"] and not as_json:
         click.echo(f"note: {plain_note(llm)}; running plain decoding", err=True)
     from ..chat.templates import prompt_tokens
     tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)

@@ -20,7 +20,9 @@ through llama.cpp's per-token snapshots (``n_rs_seq``): once before the next dec
 than the last decode wrote (llama.cpp does not check the second rule: it would take back a wrong state). So they
 verify *chains*: the nodes go straight into sequence 0 at consecutive positions, and ``commit`` takes the rejected
 tail back with one ``seq_rm``. ``_rewindable`` counts what may be taken back now; any other cut empties the memory
-(:meth:`Target.rollback` says how much it kept: nothing).
+(:meth:`Target.rollback` says how much it kept: nothing). Where llama.cpp grants no snapshots (Mamba, Jamba,
+Qwen3-Next, ...: ``checkpoints``), a chain is verified after saving the recurrent state alone (llama.cpp's partial
+state, as llama-server does), and a rejection puts that state back and decodes the accepted tokens again.
 
 Reproducible prompts. A cell's K/V, and so every later logit, depends on the shape of the batch that computed it
 (this CPU build switches flash-attention kernels at 64 tokens; multi-threaded single-token decodes split long KV
@@ -34,7 +36,7 @@ any cell at all where the build is batch-invariant, see :meth:`Target.batch_inva
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import llama_cpp
@@ -69,13 +71,15 @@ class Pass:
 class Target:
     """Owns the target's llama.cpp context and the committed KV sequence."""
 
-    def __init__(self, model: LlamaModel, settings: ContextSettings) -> None:
+    def __init__(self, model: LlamaModel, settings: ContextSettings, checkpoints: bool = False) -> None:
+        """``checkpoints``: a recurrent / hybrid model verifies chains from saved states even where llama.cpp would
+        grant snapshots (to compare the two ways; they are used anyway where it grants none)."""
         model.check_generative()
         self.chain_only = model.recurrent or model.hybrid
         if settings.n_seq_max < 3 and not self.chain_only:
             raise TreeError("the target needs n_seq_max >= 3 (committed, leaves, scratch)")
         self.model = model
-        self.ctx = LlamaContext(model, settings)
+        self.ctx = LlamaContext(model, replace(settings, n_rs_seq=0) if checkpoints and self.chain_only else settings)
         if not self.ctx.mem:
             self.ctx.close()
             raise UnsupportedModelError(f"{model.path.name}: architecture '{model.architecture}' keeps no memory of "
@@ -91,6 +95,11 @@ class Target:
         self.batch_invariant = self._batch_invariant(settings)
         self._pending: tuple[int, int] | None = None  # (n_nodes, n_leaves) of the tree awaiting commit
         self._rewindable = 0  # chain_only: last tokens of sequence 0 its recurrent state can take back now
+        # chain_only without snapshots (llama.cpp granted n_rs_seq 0 of the settings' ask): chains verified from a
+        # saved recurrent state, as long as the snapshots asked for would have allowed
+        self.checkpoints = self.chain_only and self.ctx.n_rs_seq == 0 and settings.n_rs_seq > 0
+        self._chain_limit = (settings.n_rs_seq if self.checkpoints else self.ctx.n_rs_seq) + 1
+        self._checkpoint: tuple[bytes, np.ndarray] | None = None  # the saved state and the chain's tokens
         self._tree_leaf_of = np.zeros(0, dtype=np.int64)  # per node of the pending tree: index of a leaf below it
         self._verified = 0  # nodes of the tree verified last (rows of llama.cpp's feature buffers)
 
@@ -104,7 +113,7 @@ class Target:
         """Nodes one verification may hold: a batch, or on a recurrent / hybrid model the tokens its state can take
         back (1 where llama.cpp grants no rollback: no speculation)."""
         if self.chain_only:
-            return min(self.ctx.n_batch, self.ctx.n_rs_seq + 1)  # all but the root may be taken back
+            return min(self.ctx.n_batch, self._chain_limit)  # all but the root may be taken back
         return self.ctx.n_batch
 
     @property
@@ -252,6 +261,8 @@ class Target:
             raise TreeError(f"tree holds a token id outside the vocabulary 0..{self.model.n_vocab - 1}")
         self._ensure_room(n)
         self._tree_leaf_of = np.zeros(n, dtype=np.int64)
+        if self.checkpoints:
+            self._checkpoint = (self.ctx.save_seq(0, partial=True), tree.tokens.copy())
         try:
             self.ctx.decode(tree.tokens, np.arange(self.n_past, self.n_past + n, dtype=np.int32),
                             np.ones(n, dtype=np.int8), seq=0)
@@ -275,6 +286,24 @@ class Target:
         self.n_past -= n
         return True
 
+    def _replay(self, base: int, keep: int) -> None:
+        """Keep the pending chain's first ``keep`` nodes from its checkpoint: the recurrent state saved before the
+        chain is put back, the attention cells past it dropped, and the kept tokens decoded again."""
+        state, tokens = self._checkpoint
+        self._checkpoint = None
+        if keep == len(tokens):
+            return
+        self.ctx.load_seq(state, 0, partial=True)  # the recurrent state at position base - 1
+        self.ctx.seq_rm(0, base, -1)  # a hybrid's attention cells of the chain (its recurrent part is at base - 1)
+        self.n_past = base
+        try:
+            self.ctx.decode(tokens[:keep], np.arange(base, base + keep, dtype=np.int32), 0, seq=0)
+        except Exception:
+            self.reset()
+            raise
+        self._decoded(keep)
+        self.n_past = base + keep
+
     def verified_features(self, nodes: np.ndarray) -> np.ndarray | None:
         """Features of ``nodes`` of the tree verified last (None without features): a copy of those rows only,
         read from llama.cpp's buffers, so before the next decode on this target (a commit does not decode)."""
@@ -295,7 +324,9 @@ class Target:
                 raise TreeError("an accepted path of a chain is its first nodes")
             self._pending = None
             self.n_past = base + n_nodes
-            if not self._take_back(n_nodes - k1):  # cannot happen: a chain is at most n_rs_seq + 1 nodes
+            if self.checkpoints:
+                self._replay(base, k1)
+            elif not self._take_back(n_nodes - k1):  # cannot happen: a chain is at most n_rs_seq + 1 nodes
                 self.reset()
                 raise TreeError(f"llama.cpp could not take back {n_nodes - k1} tokens of this "
                                 f"{self.model.memory_kind} model's state (n_rs_seq={self.ctx.n_rs_seq})")

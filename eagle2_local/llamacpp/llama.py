@@ -420,19 +420,23 @@ class LlamaContext:
         llama_cpp.llama_memory_clear(self.mem, True)
         charge_llama(t0)
 
-    def save_seq(self, seq: int) -> bytes:
-        """Serialise one sequence's KV cells (in cell order)."""
+    def save_seq(self, seq: int, partial: bool = False) -> bytes:
+        """Serialise one sequence's KV cells (in cell order); ``partial``: only its recurrent state (llama.cpp's
+        ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: a hybrid's attention cells stay out)."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         t0 = time.perf_counter()
-        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, flags))
         buf = (ctypes.c_uint8 * size)()
-        written = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        written = int(llama_cpp.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags))
         charge_llama(t0)
         return ctypes.string_at(buf, written)  # (bytes(buf[:written]) went through a list of Python ints)
 
-    def load_seq(self, data: bytes, seq: int) -> None:
+    def load_seq(self, data: bytes, seq: int, partial: bool = False) -> None:
+        """Put back what :meth:`save_seq` wrote (with the same ``partial``) into sequence ``seq``."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         t0 = time.perf_counter()
-        ok = int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) != 0
+        ok = int(llama_cpp.llama_state_seq_set_data_ext(self._ctx, buf, len(data), seq, flags)) != 0
         charge_llama(t0)
         if not ok:
             raise ContextFullError(f"could not restore sequence {seq}: {last_llama_errors()}")
