@@ -96,8 +96,9 @@ def _backlog_catch_up(engine, tokens: np.ndarray, feats: np.ndarray | None, repe
 
 class Timers:
     """Times plain steps and tree verifications on a target holding ``context_tokens`` of random text, each
-    call leaving the cache as it found it; a plain step and a ``warm_size``-node tree warm buffers up first,
-    untimed (``warm_size`` None: the caller drops its own first timings)."""
+    call leaving the cache as it found it (on a recurrent / hybrid model, one token longer: a state is taken back
+    only within its last decode); a plain step and a ``warm_size``-node tree warm buffers up first, untimed
+    (``warm_size`` None: the caller drops its own first timings)."""
 
     def __init__(self, target: Target, clock: Callable[[], float], warm_size: int | None, context_tokens: int = 64,
                  seed: int = 0) -> None:
@@ -136,12 +137,19 @@ class Timers:
         return seconds
 
     def verify(self, n: int) -> float:
-        tree = (DraftTree.from_parents(self.rng.integers(0, self.n_vocab, n), np.arange(-1, n - 1))
-                if self.target.chain_only else bushy_tree(n, self.rng, self.n_vocab))  # what the target verifies
+        """One verification of an n-node tree; on a recurrent / hybrid model a chain and its rejection timed
+        together (a checkpoint's restore and replay, or a snapshot's take-back, which the next decode applies and
+        so the next timing pays), which leaves its root committed: the context grows a token a call there."""
+        chain = self.target.chain_only
+        tree = (DraftTree.from_parents(self.rng.integers(0, self.n_vocab, n), np.arange(-1, n - 1)) if chain
+                else bushy_tree(n, self.rng, self.n_vocab))  # what the target verifies
         t0 = self.clock()
         self.target.verify(tree)
+        if chain:
+            self.target.abort_tree()
         seconds = self.clock() - t0
-        self.target.abort_tree()
+        if not chain:
+            self.target.abort_tree()
         return seconds
 
 
