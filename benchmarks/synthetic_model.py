@@ -16,6 +16,11 @@ ARCH is one of:
 * ``lfm2``: LFM2, a hybrid of gated short-convolution (recurrent) layers and attention layers.
 * ``gemma4``: Gemma 4, sliding-window attention layers with full-attention layers between them (no recurrent
   layer; its KV cache is the interleaved SWA one).
+* ``gemma4-assistant``: a Gemma 4 drafter ("assistant") for the tiny ``gemma4`` above, not a model of its own
+  (``DRAFT_ARCHS``: llama.cpp runs it only in a context whose ``ctx_other`` is the target's). It reads the target's
+  token embeddings and post-norm hidden state (``embedding_length_out`` = the target's n_embd), attends with queries
+  alone over the K/V of the target's last sliding-window and last full layer (so its head count of K/V, head sizes,
+  RoPE and window are the target's), and ties its LM head to its own ``token_embd``. Two layers, one of each kind.
 
 Shapes: ``tiny`` (the default: n_embd 64, 2-4 layers, hybrids with both kinds of layer, a few hundred KB, written
 in milliseconds; float32 weights) and, for ``qwen35`` only, ``qwen3.5-0.8b``: the real Qwen3.5-0.8B text model's
@@ -32,11 +37,14 @@ as their reference implementations initialize them (A = -exp(A_log) with A in [1
 long generations.
 
 Importable: ``write_arch_model(path, arch, ...)`` (tests call it), ``vocab()``, ``WORDS``, ``CHATML``,
-``CHATML_WITH_BOS``, and ``EXPECTED_KIND`` (what llama.cpp should say of each architecture: recurrent, hybrid).
+``CHATML_WITH_BOS``, ``EXPECTED_KIND`` (what llama.cpp should say of each architecture: recurrent, hybrid), and
+``DRAFT_ARCHS`` (the drafters, which ``ARCHS`` leaves out: they decode only beside their target).
 
 Tensor and key names come from the installed ``gguf`` package (0.19.0 when written): every tensor is checked against
 its ``MODEL_TENSORS`` table for the architecture, except Qwen3.5's NextN tensors, which that release does not list
-for qwen35 yet (llama.cpp's llama-arch.cpp names them as gguf does for the other NextN models).
+for qwen35 yet (llama.cpp's llama-arch.cpp names them as gguf does for the other NextN models), and
+gemma4-assistant's, which that release does not know: its tensors are checked against gemma4's list, and its two
+projections are named as llama-arch.cpp names them (``nextn.pre_projection``, ``nextn.post_projection``).
 """
 
 from __future__ import annotations
@@ -94,6 +102,11 @@ def vocab(rename: dict[int, str] | None = None) -> tuple[list[str], list[float],
 
 
 ARCHS = ("llama", "qwen35", "mamba2", "lfm2", "gemma4")
+# Drafters paired with a target of ARCHS: llama.cpp cannot decode them alone
+DRAFT_ARCHS = ("gemma4-assistant",)
+# The gguf tensor list a drafter's names are checked against, where the installed gguf does not know its
+# architecture (gguf 0.19.0 has no gemma4-assistant; llama.cpp's llama-arch.cpp names its tensors as gemma4's)
+_TENSOR_ARCH = {"gemma4-assistant": "gemma4"}
 SHAPES = ("tiny", "qwen3.5-0.8b")
 
 # (llama_model_is_recurrent, llama_model_is_hybrid) as llama.cpp reports them for each architecture
@@ -131,6 +144,12 @@ _TINY = {
     "gemma4": dict(n_embd=64, n_layer=4, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
                    swa_pattern=[True, False, True, False], sliding_window=32, n_ctx=2048, rope_theta=1_000_000.0,
                    rope_theta_swa=10_000.0, partial_rotary_full=0.25, softcap=30.0, rms_eps=1e-6),
+    # pairs with "gemma4": its vocabulary, n_embd_backbone = gemma4's n_embd, K/V heads, head sizes, RoPE and window
+    # of gemma4's last S and F layers; layers S F. n_embd != n_embd_backbone (llama.cpp insists), and wide enough to
+    # carry a backbone row (tests build an assistant that agrees with its target)
+    "gemma4-assistant": dict(n_embd=128, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, head_dim_swa=16,
+                             swa_pattern=[True, False], sliding_window=32, n_ctx=2048, rope_theta=1_000_000.0,
+                             rope_theta_swa=10_000.0, partial_rotary_full=0.25, rms_eps=1e-6, n_embd_backbone=64),
 }
 
 
@@ -139,7 +158,8 @@ class _Writer:
 
     def __init__(self, path: Path, arch: str, *, seed: int, qtype: str, big: bool) -> None:
         self.arch = arch
-        arch_id = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), None)
+        listed_as = _TENSOR_ARCH.get(arch, arch)
+        arch_id = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == listed_as), None)
         if arch_id is None:
             raise ValueError(f"the installed gguf {getattr(gguf, '__version__', '')} has no architecture {arch!r}")
         self.known = set(gguf.MODEL_TENSORS[arch_id])
@@ -431,10 +451,54 @@ def _gemma4(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float, logit_sca
     _head(wr, p, n_vocab, logit_scale)
 
 
+def _gemma4_assistant(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float, logit_scale: float) -> None:
+    """The tensors and keys of llama.cpp's gemma4-assistant loader (src/models/gemma4-assistant.cpp): every layer is a
+    NextN layer (``nextn_predict_layers`` = ``block_count``), ``pre_projection`` maps [target embedding, target h]
+    to n_embd, ``post_projection`` maps the final norm's output back to the target's width (the h of the next step)."""
+    w, n_embd, n_head, n_kv, n_ff = wr.w, p["n_embd"], p["n_head"], p["n_head_kv"], p["n_ff"]
+    hd_full, hd_swa, n_bb = p["head_dim"], p["head_dim_swa"], p["n_embd_backbone"]
+    w.add_embedding_length_out(n_bb)
+    w.add_nextn_predict_layers(p["n_layer"])
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_key_length_swa(hd_swa)
+    w.add_value_length_swa(hd_swa)
+    w.add_rope_dimension_count(hd_full)
+    w.add_rope_dimension_count_swa(hd_swa)
+    w.add_rope_freq_base(p["rope_theta"])
+    w.add_rope_freq_base_swa(p["rope_theta_swa"])
+    w.add_sliding_window(p["sliding_window"])
+    w.add_sliding_window_pattern(p["swa_pattern"])
+    # the LM head, tied: logits std ~ logit_scale at n_embd 64, as _head's
+    wr.mat(wr.name("TOKEN_EMBD"), (n_vocab, n_embd), logit_scale * (64 / n_embd) ** 0.5)
+    # llama-arch.cpp's LLM_TENSOR_NEXTN_PROJ_PRE / _POST (no block number), which gguf 0.19.0 does not name
+    wr.mat("nextn.pre_projection.weight", (n_embd, 2 * n_bb), (2 * n_bb) ** -0.5)
+    n_rot = int(hd_full * p["partial_rotary_full"] / 2)
+    wr.add(wr.name("ROPE_FREQS"), np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    for i, swa in enumerate(p["swa_pattern"]):
+        hd = hd_swa if swa else hd_full
+        wr.ones(wr.name("ATTN_NORM", i), n_embd)
+        wr.mat(wr.name("ATTN_Q", i), (n_head * hd, n_embd), n_embd ** -0.5)
+        wr.ones(wr.name("ATTN_Q_NORM", i), hd)
+        wr.mat(wr.name("ATTN_OUT", i), (n_embd, n_head * hd), (n_head * hd) ** -0.5)
+        wr.add(wr.name("ATTN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
+        wr.ones(wr.name("FFN_PRE_NORM", i), n_embd)
+        wr.mat(wr.name("FFN_GATE", i), (n_ff, n_embd), n_embd ** -0.5)
+        wr.mat(wr.name("FFN_UP", i), (n_ff, n_embd), n_embd ** -0.5)
+        wr.mat(wr.name("FFN_DOWN", i), (n_embd, n_ff), n_ff ** -0.5)
+        wr.add(wr.name("FFN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
+        wr.add(wr.name("LAYER_OUT_SCALE", i), np.ones(1, dtype=np.float32))
+    wr.ones(wr.name("OUTPUT_NORM"), n_embd)
+    wr.mat("nextn.post_projection.weight", (n_bb, n_embd), n_embd ** -0.5)
+
+
 def shape_params(arch: str, shape: str = "tiny") -> dict:
     """The hyperparameters ``write_arch_model`` uses for ``arch`` at ``shape`` (a copy)."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; one of {', '.join(ARCHS)}")
+    if arch not in ARCHS + DRAFT_ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; one of {', '.join(ARCHS + DRAFT_ARCHS)}")
     if shape == "tiny":
         return dict(_TINY[arch])
     if shape == "qwen3.5-0.8b" and arch == "qwen35":
@@ -473,7 +537,8 @@ def write_arch_model(path: str | Path, arch: str, *, mtp: bool = False, shape: s
     wr = _Writer(path, arch, seed=seed, qtype=qtype, big=big)
     _header(wr, p, n_layer_all=p["n_layer"] + int(mtp), seed=seed, tokens=tokens, scores=scores, types=types,
             chat_template=chat_template)
-    build = {"llama": _llama, "qwen35": _qwen35, "mamba2": _mamba2, "lfm2": _lfm2, "gemma4": _gemma4}[arch]
+    build = {"llama": _llama, "qwen35": _qwen35, "mamba2": _mamba2, "lfm2": _lfm2, "gemma4": _gemma4,
+             "gemma4-assistant": _gemma4_assistant}[arch]
     kwargs = {"mtp": mtp} if arch == "qwen35" else {}
     build(wr, p, len(tokens), block_scale=block_scale, logit_scale=logit_scale, **kwargs)
     wr.finish()
@@ -482,7 +547,7 @@ def write_arch_model(path: str | Path, arch: str, *, mtp: bool = False, shape: s
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("arch", choices=ARCHS)
+    ap.add_argument("arch", choices=ARCHS + DRAFT_ARCHS)
     ap.add_argument("out", help="the GGUF file to write")
     ap.add_argument("--mtp", action="store_true", help="qwen35: add the MTP (NextN) block")
     ap.add_argument("--shape", choices=SHAPES, default="tiny")

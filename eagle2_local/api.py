@@ -68,8 +68,9 @@ class Eagle2:
         ``progress`` receives the calibration's progress lines.
 
         The draft: ``head_path`` or ``draft_model_path``, or ``draft`` for any kind (``"head:h.gguf"``, a
-        :class:`DraftSpec`, ``"lookup"``, ``"mtp"``: the model's own MTP layers); none and no ``model_path``: the
-        default model's shipped head; none for a model that carries MTP layers: those.
+        :class:`DraftSpec`, ``"lookup"``, ``"mtp"``: the model's own MTP layers, ``"assistant:a.gguf"``: a Gemma 4
+        target's own drafter); none and no ``model_path``: the default model's shipped head; none for a model that
+        carries MTP layers: those.
         ``plain``: none, and no speculation at all (not even on the tokens a grammar forces): the baseline.
         ``depth``: draft levels (default 6; 16 for a lookup draft alone, whose levels cost
         nothing). ``lookup``: merge n-gram lookups in the text into the draft's trees (None, the default:

@@ -20,13 +20,13 @@ from eagle2_local.decoding.generator import Generator
 from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import TreeParams, grow_candidates
+from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.drafts import DraftSpec, open_draft, prepare_draft, with_lookup
 from eagle2_local.drafts.mtp import MtpEngine, has_mtp
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp import backend_topk
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
-from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, run
+from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, run
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=1, n_threads=1, n_rs_seq=8, nextn_features=True)
 
@@ -283,16 +283,7 @@ def test_trees_grow_one_sequence_per_branch(agree_model, reference):
     try:
         text = [1] + agree_model.tokenize("water long little", add_special=False)
         feats = target.prefill(text[:-1]).features
-        rows: dict[int, np.ndarray] = {}
-        paths: dict[int, list[int]] = {-1: []}
-
-        def expand(cand_ids, tokens, parent_ids, level):
-            out = engine.expand(cand_ids, tokens, parent_ids, level)
-            for j, (c, t, parent) in enumerate(zip(cand_ids, tokens, parent_ids)):
-                paths[c] = paths[parent] + [t]
-                rows[c] = out.logits[j].copy()
-            return out
-        grow_candidates(engine.catch_up(np.asarray(text), feats, 0), expand, TreeParams(30, 4, 3))
+        rows, paths = grown_rows(engine, text, feats, TreeParams(30, 4, 3))
         deep = [c for c in rows if len(paths[c]) >= 2]
         assert len(deep) == 6  # the three best nodes of each level are expanded
         for c in rows:

@@ -19,7 +19,7 @@ from eagle2_local.decoding.tree import DraftTree, TreeParams
 from eagle2_local.drafts.base import DraftEngine
 from eagle2_local.errors import Eagle2Error, TreeError
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
-from tests.support.helpers import GREEDY, N_RUNS, chi2_pvalue, first_divergence, run
+from tests.support.helpers import N_RUNS, chi2_pvalue, first_divergence, run
 
 CHAINED = ("qwen35", "lfm2")  # hybrids whose state llama.cpp takes back (llm_arch_supports_rs_rollback)
 CHECKPOINTED = ("mamba2",)  # recurrent, no snapshots: chains from a saved state

@@ -68,8 +68,8 @@ def runtime_options(fn):
         click.option("--draft", "draft", metavar="KIND[:PATH]", default=None,
                      help="Any draft by kind: `lookup` (n-gram lookups in the prompt and the answer so far; no "
                           "model or head needed, works for any GGUF), `mtp` (the model's own MTP layers: "
-                          "Qwen3.5/3.6, GLM-4.5, ...; the default for a model that has them), `head:PATH`, "
-                          "`draft-model:PATH`."),
+                          "Qwen3.5/3.6, GLM-4.5, ...; the default for a model that has them), `assistant:PATH` (a "
+                          "Gemma 4 assistant GGUF for a Gemma 4 model), `head:PATH`, `draft-model:PATH`."),
         click.option("--lookup/--no-lookup", default=None,
                      help="Merge lookup branches (spans the text repeats; they cost nothing to draft) into the "
                           "trees of --head/--draft-model [default: on]; --lookup alone drafts with lookups only."),

@@ -18,8 +18,9 @@ from typing import Any, Callable
 from ..decoding.target import Target
 from ..decoding.tree import TreeParams
 from ..errors import Eagle2Error
-from ..formats.models import resolve_model
+from ..formats.models import read_gguf_info, resolve_model
 from ..llamacpp.llama import ContextSettings, LlamaModel
+from .assistant import AssistantEngine, check_assistant_fits
 from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab
 from .lookup import LookupDraft
@@ -41,7 +42,8 @@ class DraftSpec:
 
     @classmethod
     def parse(cls, text: str) -> "DraftSpec":
-        """``KIND:PATH`` (``head:h.gguf``, ``draft-model:d.gguf``) or ``KIND`` alone (``lookup``)."""
+        """``KIND:PATH`` (``head:h.gguf``, ``draft-model:d.gguf``, ``assistant:a.gguf``) or ``KIND`` alone
+        (``lookup``)."""
         kind, _, path = text.partition(":")
         return cls(kind, Path(path).expanduser() if path else None)
 
@@ -124,6 +126,23 @@ def _prepare_mtp(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
                          lambda target, params: MtpEngine(target.model, target.ctx, params.top_k, params.depth))
 
 
+def _prepare_assistant(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
+                       offload: dict[str, Any]) -> PreparedDraft:
+    path = resolve_model(spec.path)
+    info = read_gguf_info(path)
+    check_assistant_fits(info, model)  # before its weights load: the target must be Gemma 4, the shapes its own
+    assistant = LlamaModel(path, info=info, **offload)
+
+    def open_engine(target: Target, params: TreeParams) -> DraftEngine:
+        try:
+            return AssistantEngine(assistant, target.ctx, params.top_k, params.depth)
+        except Exception:
+            assistant.close()
+            raise
+    # the target context exposes its post-norm hidden states, which the assistant reads beside each root
+    return PreparedDraft(replace(settings, nextn_features=True), open_engine)
+
+
 def _prepare_lookup(spec: DraftSpec, model: LlamaModel, settings: ContextSettings,
                     offload: dict[str, Any]) -> PreparedDraft:
     return PreparedDraft(settings, lambda target, params: lookup_draft(target.model, params))
@@ -140,6 +159,7 @@ DRAFTERS: dict[str, DraftKind] = {
     "draft-model": DraftKind(_prepare_draft_model),  # a smaller GGUF with the target's vocabulary
     "lookup": DraftKind(_prepare_lookup, needs_file=False),  # n-gram lookups in the prompt and the answer so far
     "mtp": DraftKind(_prepare_mtp, needs_file=False),  # the target's own MTP (NextN) layers (load_mtp)
+    "assistant": DraftKind(_prepare_assistant),  # a Gemma 4 target's own drafter GGUF (gemma4-assistant)
 }
 
 

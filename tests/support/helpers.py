@@ -85,6 +85,24 @@ def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_to
     assert out == ref, f"prompt {label}: diverged at {first_divergence(out, ref)}"
 
 
+def grown_rows(engine, text: list[int], features, params: TreeParams) -> tuple[dict, dict]:
+    """Grow a tree with ``engine`` after ``text`` and keep every node's proposal row and path (candidate id ->
+    dense row, candidate id -> its tokens below the root): what a test compares with a reference chain per path."""
+    from eagle2_local.decoding.tree import grow_candidates
+
+    rows: dict[int, np.ndarray] = {}
+    paths: dict[int, list[int]] = {-1: []}
+
+    def expand(cand_ids, tokens, parent_ids, level):
+        out = engine.expand(cand_ids, tokens, parent_ids, level)
+        for j, (c, t, parent) in enumerate(zip(cand_ids, tokens, parent_ids)):
+            paths[c] = paths[parent] + [t]
+            rows[c] = out.logits[j].copy()
+        return out
+    grow_candidates(engine.catch_up(np.asarray(text), features, 0), expand, params)
+    return rows, paths
+
+
 def forced_budget(max_nodes: int, depth: int):
     """A budget on a fixed, moderately steep cost curve (no online timing updates, a guard that never trips), so
     its choices depend on the draft's confidence and observed acceptance: trees of many sizes, plain steps. A
