@@ -220,6 +220,13 @@ def _header(wr: _Writer, p: dict, *, n_layer_all: int, seed: int, tokens: list[s
     w.add_layer_norm_rms_eps(p["rms_eps"])
     w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                      "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[wr.qtype])
+    add_tokenizer(w, tokens, scores, types, chat_template)
+
+
+def add_tokenizer(w: gguf.GGUFWriter, tokens: list[str], scores: list[float], types: list[int],
+                  chat_template: str) -> None:
+    """The vocabulary of ``vocab()`` as a SentencePiece ('llama') tokenizer, its special tokens and chat template:
+    every synthetic model's (tests/support/synthetic_model.py's write_model too)."""
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -409,28 +416,51 @@ def _lfm2(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float, logit_scale
     _head(wr, p, n_vocab, logit_scale, output_norm="TOKEN_EMBD_NORM")
 
 
-def _gemma4(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float, logit_scale: float) -> None:
-    w, n_embd, n_head, n_kv, n_ff = wr.w, p["n_embd"], p["n_head"], p["n_head_kv"], p["n_ff"]
-    hd_full, hd_swa = p["head_dim"], p["head_dim_swa"]
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_key_length(hd_full)
-    w.add_value_length(hd_full)
-    w.add_key_length_swa(hd_swa)
-    w.add_value_length_swa(hd_swa)
-    w.add_rope_dimension_count(hd_full)  # "proportional" RoPE: rope_freqs switches the unrotated pairs off
-    w.add_rope_dimension_count_swa(hd_swa)
+def _gemma4_keys(w: gguf.GGUFWriter, p: dict) -> None:
+    """Gemma 4's attention and window keys, which its assistant shares ("proportional" RoPE on full layers:
+    rope_freqs switches the unrotated pairs off)."""
+    w.add_feed_forward_length(p["n_ff"])
+    w.add_head_count(p["n_head"])
+    w.add_head_count_kv(p["n_head_kv"])
+    w.add_key_length(p["head_dim"])
+    w.add_value_length(p["head_dim"])
+    w.add_key_length_swa(p["head_dim_swa"])
+    w.add_value_length_swa(p["head_dim_swa"])
+    w.add_rope_dimension_count(p["head_dim"])
+    w.add_rope_dimension_count_swa(p["head_dim_swa"])
     w.add_rope_freq_base(p["rope_theta"])
     w.add_rope_freq_base_swa(p["rope_theta_swa"])
     w.add_sliding_window(p["sliding_window"])
     w.add_sliding_window_pattern(p["swa_pattern"])
+
+
+def _gemma4_rope_freqs(wr: _Writer, p: dict) -> None:
+    hd_full = p["head_dim"]
+    n_rot = int(hd_full * p["partial_rotary_full"] / 2)
+    wr.add(wr.name("ROPE_FREQS"), np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+
+
+def _gemma4_block_tail(wr: _Writer, i: int, n_embd: int, n_ff: int, block_scale: float) -> None:
+    """A Gemma 4 block after its attention output (the target's and the assistant's): Gemma norms the blocks'
+    outputs, so block_scale scales those norms, not the projections."""
+    wr.add(wr.name("ATTN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
+    wr.ones(wr.name("FFN_PRE_NORM", i), n_embd)  # gguf's name for Gemma's ffn_norm
+    wr.mat(wr.name("FFN_GATE", i), (n_ff, n_embd), n_embd ** -0.5)
+    wr.mat(wr.name("FFN_UP", i), (n_ff, n_embd), n_embd ** -0.5)
+    wr.mat(wr.name("FFN_DOWN", i), (n_embd, n_ff), n_ff ** -0.5)
+    wr.add(wr.name("FFN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
+    wr.add(wr.name("LAYER_OUT_SCALE", i), np.ones(1, dtype=np.float32))
+
+
+def _gemma4(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float, logit_scale: float) -> None:
+    w, n_embd, n_head, n_kv, n_ff = wr.w, p["n_embd"], p["n_head"], p["n_head_kv"], p["n_ff"]
+    hd_full, hd_swa = p["head_dim"], p["head_dim_swa"]
+    _gemma4_keys(w, p)
     w.add_shared_kv_layers(0)
     w.add_embedding_length_per_layer_input(0)  # no per-layer embeddings
     w.add_final_logit_softcapping(p["softcap"])
     wr.mat(wr.name("TOKEN_EMBD"), (n_vocab, n_embd), 1.0)  # scaled by sqrt(n_embd) on input
-    n_rot = int(hd_full * p["partial_rotary_full"] / 2)
-    wr.add(wr.name("ROPE_FREQS"), np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    _gemma4_rope_freqs(wr, p)
     for i, swa in enumerate(p["swa_pattern"]):
         hd = hd_swa if swa else hd_full
         wr.ones(wr.name("ATTN_NORM", i), n_embd)
@@ -440,14 +470,7 @@ def _gemma4(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float, logit_sca
         wr.ones(wr.name("ATTN_Q_NORM", i), hd)
         wr.ones(wr.name("ATTN_K_NORM", i), hd)
         wr.mat(wr.name("ATTN_OUT", i), (n_embd, n_head * hd), (n_head * hd) ** -0.5)
-        # Gemma norms the blocks' outputs: block_scale scales those norms, not the projections
-        wr.add(wr.name("ATTN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
-        wr.ones(wr.name("FFN_PRE_NORM", i), n_embd)  # gguf's name for Gemma's ffn_norm
-        wr.mat(wr.name("FFN_GATE", i), (n_ff, n_embd), n_embd ** -0.5)
-        wr.mat(wr.name("FFN_UP", i), (n_ff, n_embd), n_embd ** -0.5)
-        wr.mat(wr.name("FFN_DOWN", i), (n_embd, n_ff), n_ff ** -0.5)
-        wr.add(wr.name("FFN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
-        wr.add(wr.name("LAYER_OUT_SCALE", i), np.ones(1, dtype=np.float32))
+        _gemma4_block_tail(wr, i, n_embd, n_ff, block_scale)
     _head(wr, p, n_vocab, logit_scale)
 
 
@@ -455,42 +478,23 @@ def _gemma4_assistant(wr: _Writer, p: dict, n_vocab: int, *, block_scale: float,
     """The tensors and keys of llama.cpp's gemma4-assistant loader (src/models/gemma4-assistant.cpp): every layer is a
     NextN layer (``nextn_predict_layers`` = ``block_count``), ``pre_projection`` maps [target embedding, target h]
     to n_embd, ``post_projection`` maps the final norm's output back to the target's width (the h of the next step)."""
-    w, n_embd, n_head, n_kv, n_ff = wr.w, p["n_embd"], p["n_head"], p["n_head_kv"], p["n_ff"]
+    w, n_embd, n_head, n_ff = wr.w, p["n_embd"], p["n_head"], p["n_ff"]
     hd_full, hd_swa, n_bb = p["head_dim"], p["head_dim_swa"], p["n_embd_backbone"]
     w.add_embedding_length_out(n_bb)
     w.add_nextn_predict_layers(p["n_layer"])
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_key_length(hd_full)
-    w.add_value_length(hd_full)
-    w.add_key_length_swa(hd_swa)
-    w.add_value_length_swa(hd_swa)
-    w.add_rope_dimension_count(hd_full)
-    w.add_rope_dimension_count_swa(hd_swa)
-    w.add_rope_freq_base(p["rope_theta"])
-    w.add_rope_freq_base_swa(p["rope_theta_swa"])
-    w.add_sliding_window(p["sliding_window"])
-    w.add_sliding_window_pattern(p["swa_pattern"])
+    _gemma4_keys(w, p)
     # the LM head, tied: logits std ~ logit_scale at n_embd 64, as _head's
     wr.mat(wr.name("TOKEN_EMBD"), (n_vocab, n_embd), logit_scale * (64 / n_embd) ** 0.5)
     # llama-arch.cpp's LLM_TENSOR_NEXTN_PROJ_PRE / _POST (no block number), which gguf 0.19.0 does not name
     wr.mat("nextn.pre_projection.weight", (n_embd, 2 * n_bb), (2 * n_bb) ** -0.5)
-    n_rot = int(hd_full * p["partial_rotary_full"] / 2)
-    wr.add(wr.name("ROPE_FREQS"), np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    _gemma4_rope_freqs(wr, p)
     for i, swa in enumerate(p["swa_pattern"]):
         hd = hd_swa if swa else hd_full
         wr.ones(wr.name("ATTN_NORM", i), n_embd)
         wr.mat(wr.name("ATTN_Q", i), (n_head * hd, n_embd), n_embd ** -0.5)
         wr.ones(wr.name("ATTN_Q_NORM", i), hd)
         wr.mat(wr.name("ATTN_OUT", i), (n_embd, n_head * hd), (n_head * hd) ** -0.5)
-        wr.add(wr.name("ATTN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
-        wr.ones(wr.name("FFN_PRE_NORM", i), n_embd)
-        wr.mat(wr.name("FFN_GATE", i), (n_ff, n_embd), n_embd ** -0.5)
-        wr.mat(wr.name("FFN_UP", i), (n_ff, n_embd), n_embd ** -0.5)
-        wr.mat(wr.name("FFN_DOWN", i), (n_embd, n_ff), n_ff ** -0.5)
-        wr.add(wr.name("FFN_POST_NORM", i), block_scale * (1.0 + wr.normal((n_embd,), 0.1)))
-        wr.add(wr.name("LAYER_OUT_SCALE", i), np.ones(1, dtype=np.float32))
+        _gemma4_block_tail(wr, i, n_embd, n_ff, block_scale)
     wr.ones(wr.name("OUTPUT_NORM"), n_embd)
     wr.mat("nextn.post_projection.weight", (n_bb, n_embd), n_embd ** -0.5)
 

@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 
 # the vocabulary and templates live beside the multi-architecture writer (benchmarks/ cannot import tests/)
-from benchmarks.synthetic_model import CHATML, CHATML_WITH_BOS, WORDS, vocab
+from benchmarks.synthetic_model import CHATML, CHATML_WITH_BOS, WORDS, add_tokenizer, vocab
 
 __all__ = ["CHATML", "CHATML_WITH_BOS", "WORDS", "vocab", "write_model"]
 
@@ -42,17 +42,7 @@ def write_model(path: str | Path, *, seed: int = 0, n_layer: int = 2, n_embd: in
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_chat_template(chat_template)
+    add_tokenizer(w, tokens, scores, types, chat_template)
 
     def t(name: str, shape: tuple[int, ...], std: float) -> None:
         data = (rng.standard_normal(shape) * std).astype(np.float32)
