@@ -28,7 +28,7 @@ from eagle2_local.errors import Eagle2Error, IncompatibleDraftError, TreeError
 from eagle2_local.formats.models import read_gguf_info
 from eagle2_local.llamacpp.batch import Batch
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
-from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, run
+from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=16, n_threads=1, nextn_features=True)
 
@@ -322,22 +322,7 @@ def test_every_round_reads_the_right_hidden_state(target_model, agree_model, ref
     assistant = AssistantEngine(agree_model, target.ctx, 2, 6, owns_model=False)
     engine = assistant if policy == "fixed" else with_lookup(assistant, params, target_model)
     gen = Generator(target, engine, params, policy=forced_budget(9, 6) if policy == "budget" else None)
-    seen = []
-    original = assistant.catch_up
-
-    def recording(tokens, features, features_from=0):
-        out = original(tokens, features, features_from)
-        seen.append((np.asarray(tokens).tolist(), out.logits.copy()))
-        return out
-    assistant.catch_up = recording
-    try:
-        stats = GenerationStats()
-        for prompt in ("hello world", "one two three", "hello world, one"):  # new prompts: rollback, backlog
-            run(gen, target_model.tokenize(prompt), 80 if policy == "budget" else 50)
-            stats += gen.last_stats
-    finally:
-        engine.close()
-        target.close()
+    seen, stats = recorded_roots(gen, assistant, 80 if policy == "budget" else 50)
     assert len(seen) >= 5 and stats.tau > 1.5, stats.as_dict()
     drafted_rounds = sum(stats.tree_sizes.values())
     assert 0 < stats.accepted_per_depth[0] < drafted_rounds, stats.as_dict()  # some roots' drafts were rejected

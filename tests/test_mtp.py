@@ -26,7 +26,7 @@ from eagle2_local.drafts.mtp import MtpEngine, has_mtp
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp import backend_topk
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
-from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, run
+from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=1, n_threads=1, n_rs_seq=8, nextn_features=True)
 
@@ -253,22 +253,7 @@ def test_every_round_reads_the_right_hidden_states(agree_model, reference, polic
     mtp = MtpEngine(agree_model, target.ctx, 1, 8)
     engine = mtp if policy == "fixed" else with_lookup(mtp, params, agree_model)
     gen = Generator(target, engine, params, policy=forced_budget(9, 8) if policy == "budget" else None)
-    seen = []
-    original = mtp.catch_up
-
-    def recording(tokens, features, features_from=0):
-        out = original(tokens, features, features_from)
-        seen.append((np.asarray(tokens).tolist(), out.logits.copy()))
-        return out
-    mtp.catch_up = recording
-    try:
-        stats = GenerationStats()
-        for prompt in ("hello world", "one two three", "hello world, one"):  # new prompts: rollback, backlog
-            run(gen, agree_model.tokenize(prompt), 80 if policy == "budget" else 50)
-            stats += gen.last_stats
-    finally:
-        engine.close()
-        target.close()
+    seen, stats = recorded_roots(gen, mtp, 80 if policy == "budget" else 50)
     assert len(seen) >= 5 and stats.tau > 1.5, stats.as_dict()
     if policy == "budget":
         assert stats.plain_steps > 0, stats.as_dict()

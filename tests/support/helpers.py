@@ -15,6 +15,7 @@ from convert.eagle1 import convert_head
 from eagle2_local.decoding.acceptance import Acceptance
 from eagle2_local.decoding.generator import Generator
 from eagle2_local.decoding.sampling import SamplingParams, sample_from
+from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.decoding.target import Target
 from eagle2_local.decoding.tree import DraftTree, TreeParams
 from eagle2_local.drafts import DraftModelEngine
@@ -101,6 +102,29 @@ def grown_rows(engine, text: list[int], features, params: TreeParams) -> tuple[d
         return out
     grow_candidates(engine.catch_up(np.asarray(text), features, 0), expand, params)
     return rows, paths
+
+
+def recorded_roots(gen: Generator, draft, max_tokens: int) -> tuple[list, GenerationStats]:
+    """Answer three prompts with ``gen`` (new prompts: rollbacks, a backlog), recording the text and the root row of
+    every ``catch_up`` of ``draft`` (the engine inside ``gen``'s, which may wrap it); closes the engine and the
+    target. Returns those (text, row) pairs and the answers' added statistics."""
+    seen = []
+    original = draft.catch_up
+
+    def recording(tokens, features, features_from=0):
+        out = original(tokens, features, features_from)
+        seen.append((np.asarray(tokens).tolist(), out.logits.copy()))
+        return out
+    draft.catch_up = recording
+    stats = GenerationStats()
+    try:
+        for prompt in ("hello world", "one two three", "hello world, one"):
+            run(gen, gen.target.model.tokenize(prompt), max_tokens)
+            stats += gen.last_stats
+    finally:
+        gen.engine.close()
+        gen.target.close()
+    return seen, stats
 
 
 def forced_budget(max_nodes: int, depth: int):
