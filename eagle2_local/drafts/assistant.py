@@ -198,9 +198,6 @@ class AssistantEngine(DraftEngine):
     def reset(self) -> None:
         self.rollback(0)
 
-    def begin_answer(self, prompt_tokens: int) -> None:
-        pass  # the same draft for every answer
-
     def rollback(self, n_tokens: int) -> None:
         self._forget_tree()
         self._n_read = min(self._n_read, max(n_tokens, 0))

@@ -136,9 +136,6 @@ class MtpEngine(DraftEngine):
     def reset(self) -> None:
         self.rollback(0)
 
-    def begin_answer(self, prompt_tokens: int) -> None:
-        pass  # the same draft for every answer
-
     def rollback(self, n_tokens: int) -> None:
         """Keep the entries of the first ``n_tokens`` tokens."""
         self._forget_tree()
