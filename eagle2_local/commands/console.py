@@ -23,9 +23,8 @@ from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..measure.machine_load import describe
 
 
-def plain_note(llm) -> str:
-    """Why ``llm`` decodes plain, for the one-line note chat and generate print."""
-    return "no draft for this model (--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"
+# what chat and generate print when a model runs without a draft
+NO_DRAFT_NOTE = "no draft for this model (--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"
 
 
 def stats_line(stats: dict) -> str:
@@ -91,7 +90,7 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed, context_shift: bool
                    "/exit or Ctrl-D quits, Ctrl-C stops an answer.")
     if not llm.speculative:
         sys.stdout.flush()
-        click.echo(dim(f"note: {plain_note(llm)}; chatting with plain decoding"), err=True)
+        click.echo(dim(f"note: {NO_DRAFT_NOTE}; chatting with plain decoding"), err=True)
     while True:
         try:
             line = input("> ") if interactive else sys.stdin.readline()

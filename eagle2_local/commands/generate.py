@@ -12,7 +12,7 @@ from ..decoding.grammar_check import MAX_GRAMMAR_BYTES
 from ..decoding.grammar_screen import screen_gbnf
 from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
                      sampling_params)
-from .console import plain_note, stats_line
+from .console import NO_DRAFT_NOTE, stats_line
 
 
 def read_constraint(grammar_file: str | None, json_schema: str | None) -> Grammar | None:
@@ -71,7 +71,7 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
         check_constraint(constraint, rt["model"], rt["verbose"])
     llm = load(**rt, seed=seed)
     if constraint is None and not llm.speculative and not rt["plain"] and not as_json:
-        click.echo(f"note: {plain_note(llm)}; running plain decoding", err=True)
+        click.echo(f"note: {NO_DRAFT_NOTE}; running plain decoding", err=True)
     from ..chat.templates import prompt_tokens
     tokens = llm.chat_tokens([{"role": "user", "content": prompt}]) if as_chat else prompt_tokens(llm.model, prompt)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty)

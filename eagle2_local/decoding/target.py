@@ -117,12 +117,6 @@ class Target:
         return self.ctx.n_batch
 
     @property
-    def rollback_tokens(self) -> int | None:
-        """How many of the last decode's tokens a recurrent / hybrid model's state can take back (llama.cpp's
-        ``n_rs_seq`` as granted); None for attention-only models, which take back any committed suffix."""
-        return self.ctx.n_rs_seq if self.chain_only else None
-
-    @property
     def has_features(self) -> bool:
         """Whether decodes return draft features: layer inputs (EAGLE-3), final hidden states (EAGLE-1/2) or the
         nextn hidden states an MTP draft reads."""
