@@ -20,7 +20,7 @@ noise of real passes are left out; a bench on an idle machine has the last word.
 the calibration by a recorded machine's curve, so the budget is judged on machines it does not run on; drafting
 costs are the curve's record's, else this machine's calibration's in proportion to its plain step.
 
-``--oracle`` judges the budget against the best schedule in hindsight (eagle2_local/tree_policy/oracle.py). A
+``--oracle`` judges the budget against the best schedule in hindsight (benchmarks/oracle.py). A
 probe run decodes each answer plainly (T = 0) while the draft grows its full tree at every position, through the
 runtime's own loop and tree code; what a tree of n nodes from its ranking would accept there is read off the
 known answer, and dynamic programming finds the least cost on the same curve. Costs on both sides: c(n) for the
@@ -54,21 +54,20 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
+from oracle import (HistoryAcceptance, Schedule, SizeTable, best_schedule, confidence_schedule, hindsight_acceptance,
+                    size_table)
 
 import eagle2_local.api as api
-import eagle2_local.decoding.generator as generator_mod
+import eagle2_local.generation.generator as generator_mod
 from eagle2_local import Eagle2
-from eagle2_local.measure import cost_cache
-from eagle2_local.measure.bench import SPLITS, load_prompt_sets
+from eagle2_local.bench.prompt_sets import SPLITS, load_prompt_sets
 from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.formats.cache_root import cache_root
 from eagle2_local.formats.models import default_model_path
+from eagle2_local.measure import cost_cache
 from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
-from eagle2_local.tree_policy.oracle import (HistoryAcceptance, Schedule, SizeTable, best_schedule,
-                                             confidence_schedule, hindsight_acceptance, size_table)
 from eagle2_local.tree_policy.sizing import SourceAcceptance
-
-from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, beside this script
 
 T = TypeVar("T")
 TURN_JOIN = "\x00"  # between a chat's answers in a replayed record's text (and the set's answers hash)

@@ -3,7 +3,7 @@
     python benchmarks/confidence_reference.py benchmarks/results/oracle-lookup-heldout.json --draft lookup \
         [--probes /tmp/probes-lookup.pkl] [--history 2]
 
-The oracle (eagle2_local/tree_policy/oracle.py) knows which round the target will accept. A policy knows only the
+The oracle (benchmarks/oracle.py) knows which round the target will accept. A policy knows only the
 draft's ranking and scores. This re-probes the records of a ``budget_replay.py --oracle --json`` report (same
 prompts, split and record ranges, T = 0) and prices, on each curve of that report with the costs it recorded, the
 oracle's schedule and the hindsight confidence rule's (``oracle.confidence_schedule``: acceptance maps fitted to the
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from budget_replay import Probed, Recorder, freeze_time, probe  # benchmarks/, beside this script
 from curves import load_curves
+from oracle import hindsight_acceptance, hindsight_history_acceptance
 
 from eagle2_local import Eagle2
-from eagle2_local.measure.bench import load_prompt_sets
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 from eagle2_local.tree_policy import CostModel
-from eagle2_local.tree_policy.oracle import hindsight_acceptance, hindsight_history_acceptance
 
 
 def probe_report(report: dict, draft: str | None, threads: int) -> dict[str, list[Probed]]:

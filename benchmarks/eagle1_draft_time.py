@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from eagle2_local import Eagle2
+from eagle2_local.bench.harness import machine_info
+from eagle2_local.bench.prompt_sets import interleaved, load_prompt_sets
 from eagle2_local.convert.eagle1 import write_head
 from eagle2_local.formats.eagle1_format import HeadParams
 from eagle2_local.formats.models import default_model_path
-from eagle2_local.measure.bench import interleaved, load_prompt_sets, machine_info
 from eagle2_local.measure.microbench import DraftTimes
 
 ROOT = Path(__file__).resolve().parents[1]

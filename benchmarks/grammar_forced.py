@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from eagle2_local import Eagle2
-from eagle2_local.measure.bench import load_prompt_sets
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 from eagle2_local.drafts.forced import CHAIN_PRIOR
 from eagle2_local.formats.models import default_model_path
 

@@ -21,9 +21,11 @@ from pathlib import Path
 
 time.perf_counter = time.thread_time  # before eagle2_local binds it: the same clock as host_time --cpu-clock
 
-from eagle2_local.decoding import acceptance, backlog, generator, proposals, target
-from eagle2_local.llamacpp import backend_topk, llama, runtime  # noqa: E402
+from eagle2_local.decoding import acceptance, backlog, target
 from eagle2_local.drafts import base, draft_model, eagle3_llama, lookup, merged  # noqa: E402
+from eagle2_local.generation import generator
+from eagle2_local.llamacpp import backend_topk, llama, runtime  # noqa: E402
+from eagle2_local.tree import proposals
 
 WRAPPED = {  # owner -> functions whose own host time is listed
     generator.Generator: ["_tree_round"],

@@ -43,10 +43,10 @@ if "--cpu-clock" in sys.argv:  # before eagle2_local binds time.perf_counter as 
 import numpy as np  # noqa: E402
 
 from eagle2_local import Eagle2  # noqa: E402
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 from eagle2_local.decoding.stats import GenerationStats  # noqa: E402
+from eagle2_local.generation import generator
 from eagle2_local.llamacpp import backend_topk
-from eagle2_local.decoding import generator  # noqa: E402
-from eagle2_local.measure.bench import load_prompt_sets  # noqa: E402
 
 PROMPT = "Explain how a hash table works, with a short example in Python."
 

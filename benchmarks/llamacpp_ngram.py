@@ -23,8 +23,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 from eagle2_local.errors import Eagle2Error
-from eagle2_local.measure.bench import load_prompt_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 

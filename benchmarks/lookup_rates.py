@@ -24,8 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from eagle2_local import Eagle2
+from eagle2_local.bench.prompt_sets import SPLITS, load_prompt_sets
 from eagle2_local.drafts.ngram import COPY, REPEAT, NgramIndex, _priors
-from eagle2_local.measure.bench import SPLITS, load_prompt_sets
 
 KINDS = {"copy": COPY, "repeat": REPEAT}
 

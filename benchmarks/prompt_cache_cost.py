@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from eagle2_local import Eagle2
-from eagle2_local.measure.bench import load_prompt_sets, machine_info
+from eagle2_local.bench.harness import machine_info
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLLOW_UPS = ["Summarize that in two sentences.", "Who are the people named in it?",

@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import DraftTree
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import DraftTree
 
 
 def time_rounds(model: LlamaModel, threads: int, n: int, accept: int, checkpoints: bool, repeats: int,

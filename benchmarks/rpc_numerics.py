@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from eagle2_local.api import Eagle2
+from eagle2_local.bench.prompt_sets import interleaved, load_prompt_sets
 from eagle2_local.llamacpp import rpc
-from eagle2_local.measure.bench import interleaved, load_prompt_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored

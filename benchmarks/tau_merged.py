@@ -16,7 +16,7 @@ import argparse
 import json
 
 from eagle2_local import Eagle2
-from eagle2_local.measure.bench import load_prompt_sets
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 
 DRAFTS = ("model", "lookup", "merged")
 

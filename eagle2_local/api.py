@@ -22,21 +22,21 @@ import numpy as np
 from .chat.responses import ChatResponse, CompletionResponse, usage
 from .chat.templates import check_template, prompt_tokens, render_for_model
 from .chat.tool_calls import ToolPlan, plan_tools
-from .decoding.generator import Chunk, DraftTimer, Generator
 from .decoding.grammar import Grammar, response_grammar
-from .decoding.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .decoding.stats import GenerationStats
 from .decoding.target import Target
-from .decoding.tree import TreeParams
 from .drafts import DraftEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
 from .drafts.mtp import has_mtp
 from .errors import Eagle2Error
 from .formats.models import default_head_path, read_gguf_info, resolve_model
+from .generation.generator import Chunk, DraftTimer, Generator
 from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
 from .llamacpp.rpc import parse_servers
 from .llamacpp.runtime import system_info
 from .measure.cost_cache import CostKey, cached_or_measured, file_identity
 from .measure.microbench import check_costs, measure_costs
+from .tree.draft_tree import TreeParams
+from .tree.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .tree_policy import TreeBudget
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ class Eagle2:
                speculative: bool | None = None, cache_prompt: bool | None = None,
                grammar: str | Grammar | None = None,
                cancelled: Callable[[], bool] | None = None) -> Iterator[Chunk]:
-        """Stream :class:`~eagle2_local.decoding.generator.Chunk` pieces (text, the token ids it came from, and the
+        """Stream :class:`~eagle2_local.generation.generator.Chunk` pieces (text, the token ids it came from, and the
         finish reason on the last) for the prompt ``tokens``; what the completion methods and the CLI use.
 
         ``max_tokens`` None: up to the context's end; ``sampling`` None: greedy; ``seed`` None: the

@@ -17,17 +17,17 @@ from llama_cpp import llama_cpp_ext
 
 from benchmarks.synthetic_model import write_arch_model
 from eagle2_local.api import Eagle2
-from eagle2_local.decoding.generator import Generator
-from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.drafts import AssistantEngine, DraftSpec, open_draft, prepare_draft, with_lookup
 from eagle2_local.drafts.assistant import check_assistant_fits
 from eagle2_local.errors import Eagle2Error, IncompatibleDraftError, TreeError
 from eagle2_local.formats.models import read_gguf_info
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp.batch import Batch
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams
+from eagle2_local.tree.sampling import SamplingParams
 from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=16, n_threads=1, nextn_features=True)

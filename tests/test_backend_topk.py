@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local.decoding.tree import top_k_log_probs
 from eagle2_local.drafts.draft_model import DraftModelEngine
 from eagle2_local.llamacpp.backend_topk import BackendTopK
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
+from eagle2_local.tree.top_k import top_k_log_probs
 from tests.support.helpers import ONE_THREAD, assert_lossless, make, random_prompts
 
 SETTINGS = ContextSettings(n_ctx=512, n_batch=8, n_seq_max=8, n_threads=1)
@@ -39,9 +39,9 @@ def test_draft_model_rows_equal_numpy_top_k(synth_q8):
 def test_draft_model_in_graph_is_lossless(synth_q8, synth_q8_weak):
     """Greedy speculative decoding with a draft model drafting through the in-graph top-k equals plain
     decoding (one thread, a batch-invariant target), over several rounds and commits."""
-    from eagle2_local.decoding.generator import Generator
     from eagle2_local.decoding.target import Target
-    from eagle2_local.decoding.tree import TreeParams
+    from eagle2_local.generation.generator import Generator
+    from eagle2_local.tree.draft_tree import TreeParams
 
     model, weak = LlamaModel(synth_q8), LlamaModel(synth_q8_weak)
     params = TreeParams(16, 5, 4)

@@ -165,8 +165,8 @@ def test_cli_bench_bad_prompts_and_repeat(synth_f32, tmp_path, lines, args, need
 
 
 def test_bench_refuses_zero_repeats_in_the_api():
-    from eagle2_local.decoding.sampling import SamplingParams
-    from eagle2_local.measure.bench import Bench
+    from eagle2_local.bench.harness import Bench
+    from eagle2_local.tree.sampling import SamplingParams
     with pytest.raises(Eagle2Error, match="repeat must be 1 or more"):
         Bench(llm=None, sampling=SamplingParams(), max_tokens=8, repeat=0)
 
@@ -239,7 +239,7 @@ def test_eagle2_frees_what_it_loaded_when_the_draft_fails(synth_f32, tmp_path, m
 
 def test_asking_for_more_prompts_than_the_sets_hold_is_an_error(tmp_path):
     """Once an endless loop in the tests' prompt loader; the package's interleaving refuses instead."""
-    from eagle2_local.measure.bench import PromptSet, interleaved
+    from eagle2_local.bench.prompt_sets import PromptSet, interleaved
     from tests.support.prompts import load_prompts
     sets = [PromptSet("a", ["a0", "a1", "a2"]), PromptSet("b", ["b0"])]
     assert interleaved(sets, 4) == ["a0", "b0", "a1", "a2"]

@@ -45,8 +45,8 @@ def test_bench_json_fields(tmp_path, synth_q8):
 
 
 def test_projected_speedup_is_tau_when_the_host_is_free_and_falls_with_host_time():
+    from eagle2_local.bench.results import projected_speedup
     from eagle2_local.commands.console import projection_lines
-    from eagle2_local.measure.bench import projected_speedup
 
     assert projected_speedup(3.0, 0.0, 10.0) == 3.0
     assert projected_speedup(3.0, 10.0, 10.0) == 1.5  # 3 tokens in 20 ms against 1 in 10 ms
@@ -157,8 +157,8 @@ def test_bench_prefill_once_refuses_llama_cpp_tools_before_loading(tmp_path, syn
 
 
 def test_load_prompt_sets_split_defaults_unmarked_records_to_tune(tmp_path):
+    from eagle2_local.bench.prompt_sets import load_prompt_sets
     from eagle2_local.errors import Eagle2Error
-    from eagle2_local.measure.bench import load_prompt_sets
 
     (tmp_path / "marked.jsonl").write_text(_chat_set(tmp_path).read_text())
     (tmp_path / "plain.jsonl").write_text('{"prompt": "a"}\n{"turns": ["b", "c"]}\n')
@@ -180,10 +180,10 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
     """Per set: each n-gram mode's median speed-up over llama-completion (decode-only and end to end), its
     acceptance, which mode was best and eagle2-local against it; the table prints them. Needs
     --llama-cpp-bin to run for real (llama.cpp's binaries), so only the bookkeeping is tested here."""
+    from eagle2_local.bench.llamacpp_bench import binaries_summary
+    from eagle2_local.bench.results import PromptResult
     from eagle2_local.commands.console import _binaries_lines
     from eagle2_local.decoding.stats import GenerationStats
-    from eagle2_local.measure.bench import PromptResult
-    from eagle2_local.measure.llamacpp_bench import binaries_summary
 
     def tools(simple: float, mod: float) -> dict:
         return {"completion_tokens_per_s": 10.0, "completion_e2e_tokens_per_s": 8.0,
@@ -207,9 +207,9 @@ def test_llama_cpp_ngram_modes_summarise_against_completion_and_the_best_mode():
 
 
 def test_load_prompt_sets_reads_each_records_schema_or_grammar(tmp_path):
+    from eagle2_local.bench.prompt_sets import load_prompt_sets
     from eagle2_local.decoding.grammar import Grammar
     from eagle2_local.errors import Eagle2Error
-    from eagle2_local.measure.bench import load_prompt_sets
 
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     (tmp_path / "mixed.jsonl").write_text(json.dumps({"prompt": "a", "schema": schema}) + "\n"

@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from eagle2_local.decoding.tree import LOOKUP
 from eagle2_local.measure.calibration import Limits, adopt_cached, calibrate, cost_model, summarise
 from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_costs, save_costs
+from eagle2_local.tree.proposals import LOOKUP
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
                                       RoundTimes, SourceAcceptance, TreeBudget, best_size, deeper_can_pay)
 from eagle2_local.tree_policy.budget import EXPLORED_AT_MOST, LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
@@ -1333,7 +1333,7 @@ def test_rounds_that_verified_only_forced_tokens_judge_no_kind():
     """Under a grammar a drafted round may verify only forced tokens (free and certain): it has its own
     acceptance map and leaves the kind's record and exploration account alone, even where a forced guess
     missed; a round with lookup nodes among them is judged as a lookup round."""
-    from eagle2_local.decoding.tree import FORCED, LOOKUP
+    from eagle2_local.tree.proposals import FORCED, LOOKUP
 
     budget = TreeBudget(steep(), max_nodes=16, max_depth=6, model_draft=False)
     observe_plain(budget, 0.009)

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eagle2_local.decoding.generator import Generator
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.drafts import DraftEngine, DraftModelEngine, DraftSpec, Proposals, draft_spec
 from eagle2_local.errors import Eagle2Error
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp import backend_topk
 from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams
 from tests.support.helpers import ONE_THREAD, make, random_prompts, run
 
 PARAMS = TreeParams(24, 6, 4)

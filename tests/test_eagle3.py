@@ -12,12 +12,12 @@ from benchmarks.head_checkpoints import random_eagle3
 from convert.eagle3 import convert_eagle3, permute_rope_rows
 from eagle2_local.api import Eagle2
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import top_k_log_probs
 from eagle2_local.drafts.base import TreeSequences
 from eagle2_local.drafts.eagle3_llama import Eagle3Engine
 from eagle2_local.errors import DecodeError, IncompatibleDraftError, ModelError, TreeError
 from eagle2_local.llamacpp import backend_topk
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.top_k import top_k_log_probs
 from tests.support.eagle3_reference import Eagle3Reference
 from tests.support.eagle_heads import chat_turn_outputs
 from tests.support.prompts import load_prompts

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eagle2_local.decoding.generator import Generator
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target
-from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.drafts import DraftModelEngine
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from tests.support.helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget,
                                    make, random_prompts, run)
@@ -128,7 +128,7 @@ def test_lossless_greedy_f32_near_ties_only(synth_f32, prompts):
 
 def test_near_tie_check_catches_a_real_bug(synth_q8):
     """The near-tie criterion has teeth: a draft loop that accepts wrong tokens is caught by it."""
-    import eagle2_local.decoding.generator as generator_mod
+    import eagle2_local.generation.generator as generator_mod
     from eagle2_local.decoding.acceptance import Acceptance
 
     model = LlamaModel(synth_q8)

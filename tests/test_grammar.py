@@ -13,7 +13,7 @@ from scipy.stats import chi2
 
 from eagle2_local import Eagle2
 from eagle2_local.decoding.grammar import Grammar, GrammarError, response_grammar
-from eagle2_local.decoding.sampling import SamplingParams
+from eagle2_local.tree.sampling import SamplingParams
 from tests.support.helpers import assert_follows_grammar, assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.smollm2

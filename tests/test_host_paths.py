@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from eagle2_local.decoding.acceptance import accept_greedy
-from eagle2_local.decoding.proposals import Proposals, merge_row
-from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, ancestor_mask, node_depths, top_k_log_probs, verify_layout
 from eagle2_local.llamacpp import runtime
 from eagle2_local.llamacpp.batch import Batch
+from eagle2_local.tree.draft_tree import ancestor_mask, node_depths, verify_layout
+from eagle2_local.tree.proposals import BOTH, LOOKUP, MODEL, Proposals, merge_row
+from eagle2_local.tree.top_k import top_k_log_probs
 from tests.support.helpers import random_tree
 from tests.support.tree_reference import leaf_membership
 

@@ -9,16 +9,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import eagle2_local.decoding.generator as generator_mod
+import eagle2_local.generation.generator as generator_mod
 from eagle2_local.api import Eagle2
-from eagle2_local.decoding.generator import Generator
-from eagle2_local.decoding.proposals import merge_row
-from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL, TreeParams, grow_candidates
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft, NgramIndex
 from eagle2_local.drafts.ngram import COPY, PROMPT, REPEAT, SURE_RATE, MatchConfidence
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams, grow_candidates
+from eagle2_local.tree.proposals import BOTH, LOOKUP, MODEL, merge_row
+from eagle2_local.tree.sampling import SamplingParams
 from eagle2_local.tree_policy import FixedTree, RoundPlan
 from tests.support.helpers import (N_RUNS, ONE_THREAD, assert_lossless, chi2_pvalue, make, over_accepting,
                                    random_prompts, run)

@@ -8,12 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from eagle2_local.decoding.proposals import Proposals
-from eagle2_local.decoding.tree import BOTH, LOOKUP, MODEL
 from eagle2_local.drafts import DraftModelEngine, LookupDraft, MergedDraft
 from eagle2_local.drafts.lookup import ROOT
 from eagle2_local.drafts.merged import MIN_ODDS, MIN_PROB, LookupOnlyOdds, weigh_into
 from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.tree.proposals import BOTH, LOOKUP, MODEL, Proposals
 from tests.support.helpers import ONE_THREAD
 
 

@@ -16,16 +16,16 @@ from llama_cpp import llama_cpp_ext
 
 from benchmarks.synthetic_model import write_arch_model
 from eagle2_local.api import Eagle2
-from eagle2_local.decoding.generator import Generator
-from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.drafts import DraftSpec, open_draft, prepare_draft, with_lookup
 from eagle2_local.drafts.mtp import MtpEngine, has_mtp
 from eagle2_local.errors import Eagle2Error
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp import backend_topk
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams
+from eagle2_local.tree.sampling import SamplingParams
 from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=1, n_threads=1, n_rs_seq=8, nextn_features=True)

@@ -1,4 +1,4 @@
-"""The best schedule in hindsight (tree_policy/oracle.py): hand-computed cases and a brute-force check."""
+"""The best schedule in hindsight (benchmarks/oracle.py): hand-computed cases and a brute-force check."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eagle2_local.decoding.tree import LOOKUP, MODEL, DraftTree
-from eagle2_local.tree_policy.oracle import (Schedule, SizeTable, accepted_length, best_schedule, confidence_schedule,
-                                             hindsight_acceptance, hindsight_history_acceptance, on_accepted_path,
-                                             recent_hits, size_table)
+from benchmarks.oracle import (Schedule, SizeTable, accepted_length, best_schedule, confidence_schedule,
+                               hindsight_acceptance, hindsight_history_acceptance, on_accepted_path, recent_hits,
+                               size_table)
+from eagle2_local.tree.draft_tree import DraftTree
+from eagle2_local.tree.proposals import LOOKUP, MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -221,6 +222,7 @@ def test_a_chats_schedules_join_into_one(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import budget_replay
 
+    Schedule = budget_replay.Schedule  # the script imports benchmarks/oracle.py as `oracle`, beside it
     first, second = Schedule(3, 2.5, (1, 4)), Schedule(2, 2.0, (1, 1))
     both = budget_replay.joined([first, second])
     assert (both.tokens, both.cost, both.sizes) == (5, 4.5, (1, 4, 1, 1))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eagle2_local.measure.bench import load_prompt_sets
+from eagle2_local.bench.prompt_sets import load_prompt_sets
 from tests.support.prompts import PROMPTS_DIR
 
 SETS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts"

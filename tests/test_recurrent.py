@@ -11,14 +11,14 @@ import pytest
 
 from benchmarks.synthetic_model import EXPECTED_KIND, write_arch_model
 from eagle2_local.api import CHAIN_TOKENS, Eagle2
-from eagle2_local.decoding.generator import Generator
-from eagle2_local.decoding.proposals import Proposals
-from eagle2_local.decoding.sampling import SamplingParams
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import DraftTree, TreeParams
 from eagle2_local.drafts.base import DraftEngine
 from eagle2_local.errors import Eagle2Error, TreeError
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import DraftTree, TreeParams
+from eagle2_local.tree.proposals import Proposals
+from eagle2_local.tree.sampling import SamplingParams
 from tests.support.helpers import N_RUNS, chi2_pvalue, first_divergence, run
 
 CHAINED = ("qwen35", "lfm2")  # hybrids whose state llama.cpp takes back (llm_arch_supports_rs_rollback)

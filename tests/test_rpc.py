@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import TreeParams, tree_leaves
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp import rpc
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams, tree_leaves
 from tests.support.helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree,
                                    run_cli, sequential_logits, synthetic_head)
 from tests.support.prompts import load_prompts
@@ -195,7 +195,7 @@ def _greedy(llm, prompts: list[str], max_tokens: int) -> list[list[int]]:
 
 
 def _sampling():
-    from eagle2_local.decoding.sampling import SamplingParams
+    from eagle2_local.tree.sampling import SamplingParams
     return SamplingParams(temperature=0.0)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eagle2_local.decoding.sampling import SamplingParams, sample_from
 from eagle2_local.errors import Eagle2Error
+from eagle2_local.tree.sampling import SamplingParams, sample_from
 
 
 def test_greedy_is_one_hot_argmax():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import eagle2_local.decoding.generator as generator_mod
+import eagle2_local.generation.generator as generator_mod
 from eagle2_local.decoding.acceptance import _walk
 from eagle2_local.decoding.grammar import Grammar
-from eagle2_local.decoding.sampling import SamplingParams
-from eagle2_local.decoding.tree import TreeParams
 from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.tree.draft_tree import TreeParams
+from eagle2_local.tree.sampling import SamplingParams
 from tests.support.budget_helpers import set_tree_rate
 from tests.support.helpers import N_RUNS, ONE_THREAD, chi2_pvalue, forced_budget, make, mask_ignoring, over_accepting
 
@@ -89,7 +89,7 @@ def test_chi_square_catches_biased_acceptance(model, plain_counts):
 
 def test_tree_rejection_sampling_exact_distribution():
     """Without llama.cpp: over many draws the accepted-or-bonus first token follows p exactly."""
-    from eagle2_local.decoding.tree import DraftTree
+    from eagle2_local.tree.draft_tree import DraftTree
     rng = np.random.default_rng(0)
     V = 6
     logits = np.log(np.array([[0.05, 0.4, 0.3, 0.1, 0.1, 0.05]] * 4))
@@ -106,9 +106,9 @@ def test_tree_rejection_sampling_exact_distribution():
 
 def test_speculative_sampling_with_budget_matches_plain(model, plain_counts):
     """With the tree budget on, tokens come from trees of varying size and from plain steps; still exact."""
-    from eagle2_local.decoding.generator import Generator
     from eagle2_local.decoding.target import Target
     from eagle2_local.drafts import DraftModelEngine
+    from eagle2_local.generation.generator import Generator
 
     sampling = SamplingParams(temperature=1.0)
     spec = Generator(Target(model, ONE_THREAD), DraftModelEngine(model, ONE_THREAD, 3, 4), TreeParams(12, 4, 3),

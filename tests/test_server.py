@@ -519,7 +519,7 @@ class StandIn:
 
     def stream(self, prompt, max_tokens, sampling, stop=(), seed=None, cache_prompt=None, grammar=None,
                cancelled=None):
-        from eagle2_local.decoding.generator import Chunk
+        from eagle2_local.generation.generator import Chunk
 
         self.started.set()
         if self.fault is not None:
@@ -537,8 +537,8 @@ class StandIn:
 
 
 def _job(loop, max_tokens: int = 2):
-    from eagle2_local.decoding.sampling import SamplingParams
     from eagle2_local.server import Job
+    from eagle2_local.tree.sampling import SamplingParams
 
     return Job([1], max_tokens, SamplingParams(temperature=0.0), (), None, None, None, loop)
 

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagle2_local.decoding.proposals import Proposals
-from eagle2_local.decoding.tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, node_depths, select_tree,
-                                        top_k_log_probs, tree_leaves)
 from eagle2_local.drafts.lookup import LookupDraft
 from eagle2_local.errors import TreeError
+from eagle2_local.tree.draft_tree import (DraftTree, TreeParams, ancestor_mask, grow_candidates, node_depths,
+                                          select_tree, tree_leaves)
+from eagle2_local.tree.proposals import Proposals
+from eagle2_local.tree.top_k import top_k_log_probs
 from tests.support.helpers import path_to
 from tests.support.tree_reference import leaf_membership, log_softmax, rows
 
@@ -280,7 +281,7 @@ def test_masks_and_leaves(parents):
 
 
 def test_top_k_exact_and_fast_path_agree():
-    from eagle2_local.decoding.tree import log_normalizer, top_k_log_probs, top_k_rows
+    from eagle2_local.tree.top_k import log_normalizer, top_k_log_probs, top_k_rows
     rng = np.random.default_rng(0)
     for width in (50, 5000, 150000):
         x = (rng.standard_normal((4, width)) * 3).astype(np.float32)
@@ -319,7 +320,7 @@ def _top_k_rows_per_row(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
 def test_vectorised_top_k_equals_the_per_row_one(width):
     """Same indices and values, ties included (lower index first), on rows with many exact ties, rows of a few
     distinct values, rows mostly -inf (an EAGLE-3 head's scattered draft vocabulary), float32 and float64."""
-    from eagle2_local.decoding.tree import log_normalizer, top_k_log_probs, top_k_rows
+    from eagle2_local.tree.top_k import log_normalizer, top_k_log_probs, top_k_rows
     rng = np.random.default_rng(width)
     rows = [np.round(rng.standard_normal(width) * 2, 1),  # ~80 distinct values: ties everywhere
             rng.integers(0, 3, width).astype(float),  # three values: the top k are all tied

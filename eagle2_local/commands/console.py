@@ -17,11 +17,10 @@ from typing import Iterator
 
 import click
 
+from ..bench.results import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..chat.conversation import Conversation
 from ..errors import ContextFullError
-from ..measure.bench import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..measure.machine_load import describe
-
 
 # what chat and generate print when a model runs without a draft
 NO_DRAFT_NOTE = "no draft for this model (--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"
@@ -205,7 +204,7 @@ def _binaries_lines(s: dict) -> list[str]:
 def projection_lines(report: dict) -> list[str]:
     """A projection, not a measurement: the speed-up each set's tau and measured host time per round would
     allow on a device where a tree verify costs one target step and drafting is free (see
-    :func:`~eagle2_local.measure.bench.projected_speedup`), at a few step times. Shows what the host's own work costs
+    :func:`~eagle2_local.bench.results.projected_speedup`), at a few step times. Shows what the host's own work costs
     where llama.cpp is fast; empty for reports without host figures."""
     rows = [(name, s) for name, s in report["sets"].items() if s.get("host_eagle") and s.get("host_plain")]
     if not rows:

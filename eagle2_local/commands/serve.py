@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ..decoding.sampling import SamplingDefaults
+from ..tree.sampling import SamplingDefaults
 from .common import (chat_template_option, fail, friendly_errors, load, read_chat_template, runtime_options,
                      sampling_options)
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..tree.draft_tree import DraftTree
+from ..tree.sampling import SamplingParams, sample_from
 from .grammar import GrammarState, choose
-from .sampling import SamplingParams, sample_from
-from .tree import DraftTree
 
 
 @dataclass

@@ -27,9 +27,9 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import last_llama_errors
-from .grammar_screen import screen_gbnf, parse_error
+from ..tree.sampling import SamplingParams
 from .grammar_parse import GrammarError
-from .sampling import SamplingParams
+from .grammar_screen import parse_error, screen_gbnf
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 STEP_LIMIT_S = 1.0

@@ -12,8 +12,8 @@ from itertools import zip_longest
 
 import numpy as np
 
+from ..tree.proposals import SOURCE_NAMES
 from ..tree_policy import RoundResult, RoundTimes
-from .tree import SOURCE_NAMES
 
 
 @dataclass

@@ -42,10 +42,9 @@ from typing import Callable
 import llama_cpp
 import numpy as np
 
-from ..errors import (ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError,
-                      UnsupportedModelError)
+from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError, UnsupportedModelError
 from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
-from .tree import DraftTree, is_chain, verify_layout
+from ..tree.draft_tree import DraftTree, is_chain, verify_layout
 
 log = logging.getLogger(__name__)
 

@@ -53,12 +53,12 @@ import time
 
 import numpy as np
 
-from ..decoding.proposals import Proposals
 from ..errors import IncompatibleDraftError, TreeError
 from ..formats.models import GGUFInfo
 from ..llamacpp import llama_ext
 from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
 from ..llamacpp.runtime import charge_llama
+from ..tree.proposals import Proposals
 from .base import DraftEngine, as_list
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ A round of speculation looks like this from the engine's side:
 3. ``commit(accepted_cand_ids)``: which candidates the target accepted, in path order; the engine keeps what it
    can reuse and forgets the rest of the tree.
 
-Every draft returns :class:`~eagle2_local.decoding.proposals.Proposals`: a neural draft its whole logit rows
+Every draft returns :class:`~eagle2_local.tree.proposals.Proposals`: a neural draft its whole logit rows
 (``Proposals.from_logits``, ranked when the tree reads them) or the top-k llama.cpp's graph took; a drafter that
 already *has* its candidates (an n-gram lookup, forced tokens) lists them with their log-probabilities, and must
 not fabricate one-hot dense rows. A lookup that knows several continuations proposes them all: the root's row
@@ -36,9 +36,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from ..decoding.proposals import Proposals
 from ..errors import TreeError
 from ..llamacpp.llama import LlamaModel
+from ..tree.proposals import Proposals
 
 __all__ = ["DraftEngine", "Proposals", "TreeSequences", "as_list"]
 

@@ -17,8 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..decoding.grammar import GrammarState
-from ..decoding.proposals import Proposals, merge_row
-from ..decoding.tree import FORCED
+from ..tree.proposals import FORCED, Proposals, merge_row
 from .base import DraftEngine
 from .forced import ForcedDraft
 

@@ -13,11 +13,11 @@ import logging
 
 import numpy as np
 
-from ..decoding.proposals import Proposals
 from ..errors import IncompatibleDraftError, TreeError
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
 from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..tree.proposals import Proposals
 from .base import DraftEngine, TreeSequences, as_list
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ import logging
 
 import numpy as np
 
-from ..decoding.proposals import Proposals
 from ..errors import TreeError
 from ..formats.eagle1_format import HeadFile
 from ..llamacpp.blas_threads import single_blas_thread
+from ..tree.proposals import Proposals
 from .base import DraftEngine
 
 log = logging.getLogger(__name__)

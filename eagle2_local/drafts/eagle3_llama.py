@@ -27,7 +27,6 @@ import time
 import numpy as np
 from llama_cpp import llama_cpp_ext
 
-from ..decoding.proposals import Proposals
 from ..errors import IncompatibleDraftError, ModelError, TreeError
 from ..formats import gguf_keys as keys
 from ..formats.models import GGUFInfo
@@ -36,6 +35,7 @@ from ..llamacpp.backend_topk import BackendTopK
 from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
 from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
 from ..llamacpp.runtime import charge_llama
+from ..tree.proposals import Proposals
 from .base import DraftEngine, TreeSequences, as_list
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,8 @@ from collections import Counter
 import numpy as np
 
 from ..decoding.grammar import GrammarState
-from ..decoding.proposals import Proposals
-from ..decoding.tree import FORCED
 from ..llamacpp.llama import LlamaModel
+from ..tree.proposals import FORCED, Proposals
 
 MAX_FIRST = 6  # more allowed roots than this: nothing is forced here
 FIRST_LOOK = 32  # roots checked first: more than MAX_FIRST of them allowed settles it (the rest go unchecked)

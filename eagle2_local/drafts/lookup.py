@@ -17,8 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..decoding.proposals import Proposals
-from ..decoding.tree import LOOKUP
+from ..tree.proposals import LOOKUP, Proposals
 from .base import DraftEngine, as_list
 from .ngram import COPY, NgramIndex
 from .renames import RenameLearner

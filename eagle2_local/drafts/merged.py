@@ -24,8 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..decoding.proposals import Proposals, merge_row
-from ..decoding.tree import LOOKUP
+from ..tree.proposals import LOOKUP, Proposals, merge_row
 from .base import DraftEngine
 from .lookup import ROOT, LookupDraft, Rows
 

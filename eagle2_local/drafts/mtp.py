@@ -40,12 +40,12 @@ import logging
 
 import numpy as np
 
-from ..decoding.proposals import Proposals
 from ..errors import Eagle2Error, TreeError
 from ..formats.models import GGUFInfo
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
 from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..tree.proposals import Proposals
 from .base import DraftEngine, TreeSequences, as_list
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 
 from ..decoding.target import Target
-from ..decoding.tree import TreeParams
 from ..errors import ModelError
 from ..formats import gguf_keys as keys
 from ..formats.atomic_write import atomic_path
@@ -28,6 +27,7 @@ from ..formats.gguf_fields import copy_gguf
 from ..formats.gguf_tensors import load_tensor, tensor_index
 from ..formats.models import GGUFInfo, read_gguf_info
 from ..llamacpp.llama import ContextSettings, LlamaModel
+from ..tree.draft_tree import TreeParams
 from .base import DraftEngine
 from .eagle1_numpy import Eagle1NumpyEngine
 from .eagle3_llama import (ARCH as EAGLE3_ARCH, Eagle3Engine, check_eagle3_fits, feature_source, foreign_layer_key,

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..decoding.target import Target
-from ..decoding.tree import TreeParams
 from ..errors import Eagle2Error
 from ..formats.models import read_gguf_info, resolve_model
 from ..llamacpp.llama import ContextSettings, LlamaModel
+from ..tree.draft_tree import TreeParams
 from .assistant import AssistantEngine, check_assistant_fits
 from .base import DraftEngine
 from .draft_model import DraftModelEngine, check_same_vocab

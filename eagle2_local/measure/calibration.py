@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..decoding.tree import TreeParams
+from ..tree.draft_tree import TreeParams
 from ..tree_policy.costs import CALIBRATION_CONTEXT, ContextCurve, CostModel
 
 log = logging.getLogger(__name__)

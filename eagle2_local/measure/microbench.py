@@ -17,10 +17,9 @@ from typing import Callable
 import numpy as np
 
 from ..decoding.target import Target
-from ..decoding.tree import DraftTree, TreeParams, grow_candidates
+from ..tree.draft_tree import DraftTree, TreeParams, grow_candidates
 from ..tree_policy.costs import CostModel
-from .calibration import (LONG_ROUNDS, adopt_cached, calibrate, calibration_sizes, cost_model, long_context,
-                          long_sizes)
+from .calibration import LONG_ROUNDS, adopt_cached, calibrate, calibration_sizes, cost_model, long_context, long_sizes
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +210,7 @@ def check_costs(target: Target, costs: CostModel, params: TreeParams,
 
 @dataclass
 class DraftTimes:
-    """A :class:`~eagle2_local.decoding.generator.DraftTimer` that keeps every draft call's time: give it to
+    """A :class:`~eagle2_local.generation.generator.DraftTimer` that keeps every draft call's time: give it to
     ``Eagle2(draft_timer=...)``, generate, then read it (:func:`drafting_profile`)."""
 
     catch_up_s: list[float] = field(default_factory=list)

@@ -22,8 +22,8 @@ from ..chat.templates import prompt_tokens
 from ..chat.tool_calls import ToolPlan
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_screen import PROBE_WAIT_S, GrammarCheckBusy
-from ..decoding.sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from ..errors import Eagle2Error, ParameterError
+from ..tree.sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from .admission import Admission, body_limit
 from .errors import APIError, add_error_handlers, shutting_down
 from .types import MAX_STOPS, ChatRequest, CompletionRequest, SamplingFields, eagle_stats

@@ -1,6 +1,6 @@
 """What the API reads, and which statistics its answers show: the request bodies (pydantic models, with the fields
 this server refuses rather than ignores; a field a request leaves out takes the server's
-:class:`~eagle2_local.decoding.sampling.SamplingDefaults`) and :func:`eagle_stats`. The response objects are built
+:class:`~eagle2_local.tree.sampling.SamplingDefaults`) and :func:`eagle_stats`. The response objects are built
 in :mod:`eagle2_local.chat.responses`, as the Python API's are."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..decoding.grammar import Grammar, GrammarError
-from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
 from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
+from ..tree.sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
 
 log = logging.getLogger(__name__)

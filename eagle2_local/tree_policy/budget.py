@@ -50,7 +50,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..decoding.tree import FORCED, LOOKUP
+from ..tree.proposals import FORCED, LOOKUP
 from .base import PLAIN_STEP, RoundPlan, RoundResult, RoundTimes
 from .costs import AFTER_TREE, CostModel
 from .guard import RateGuard

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..decoding.tree import LOOKUP, SOURCE_NAMES
+from ..tree.proposals import LOOKUP, SOURCE_NAMES
 from .costs import CostModel
 
 LOOKUP_FINE_BINS = 0.05  # nats per bin of the lookup's acceptance map above -1 (NOTES.md#lookup-drafts)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eagle2_local.decoding.tree import LOOKUP, MODEL
+from eagle2_local.tree.proposals import LOOKUP, MODEL
 from eagle2_local.tree_policy import RoundResult, RoundTimes, TreeBudget
 
 # SmolLM2-135M with the default head on this 2-core CPU, 2 threads (NOTES.md#the-tree-budget): verify of n nodes

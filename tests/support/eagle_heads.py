@@ -147,7 +147,7 @@ def chat_turn_outputs(model, head, inspect=None, **kw) -> dict[str, list[list[in
 
     ``inspect(llm)`` sees the head's run before it is closed (to check what the engine holds)."""
     from eagle2_local.api import Eagle2
-    from eagle2_local.decoding.sampling import SamplingParams
+    from eagle2_local.tree.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0)
     outputs = {}

@@ -13,14 +13,14 @@ import numpy as np
 
 from convert.eagle1 import convert_head
 from eagle2_local.decoding.acceptance import Acceptance
-from eagle2_local.decoding.generator import Generator
-from eagle2_local.decoding.sampling import SamplingParams, sample_from
 from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.decoding.target import Target
-from eagle2_local.decoding.tree import DraftTree, TreeParams
 from eagle2_local.drafts import DraftModelEngine
 from eagle2_local.errors import ContextFullError
+from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.tree.draft_tree import DraftTree, TreeParams
+from eagle2_local.tree.sampling import SamplingParams, sample_from
 from tests.support.eagle_heads import head_config, head_tensors, write_head_dir
 
 
@@ -89,7 +89,7 @@ def assert_lossless(plain: Generator, spec: Generator, prompt: list[int], max_to
 def grown_rows(engine, text: list[int], features, params: TreeParams) -> tuple[dict, dict]:
     """Grow a tree with ``engine`` after ``text`` and keep every node's proposal row and path (candidate id ->
     dense row, candidate id -> its tokens below the root): what a test compares with a reference chain per path."""
-    from eagle2_local.decoding.tree import grow_candidates
+    from eagle2_local.tree.draft_tree import grow_candidates
 
     rows: dict[int, np.ndarray] = {}
     paths: dict[int, list[int]] = {-1: []}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from eagle2_local.bench.prompt_sets import interleaved, load_prompt_sets
 from eagle2_local.errors import Eagle2Error
-from eagle2_local.measure.bench import interleaved, load_prompt_sets
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "eagle"
 

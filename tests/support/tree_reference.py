@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from eagle2_local.decoding.proposals import Proposals
-from eagle2_local.decoding.tree import MODEL, ancestor_mask, tree_leaves
+from eagle2_local.tree.draft_tree import ancestor_mask, tree_leaves
+from eagle2_local.tree.proposals import MODEL, Proposals
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

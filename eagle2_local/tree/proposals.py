@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tree import BOTH, MODEL, top_k_log_probs
+from .top_k import top_k_log_probs
+
+# Which drafter proposed a candidate (stats only: verification treats every node alike). A token that a neural
+# draft and a lookup both proposed is BOTH; one the grammar forces (drafts/forced.py) is FORCED whoever else had it.
+MODEL, LOOKUP, BOTH, FORCED = 0, 1, 2, 3
+SOURCE_NAMES = ("model", "lookup", "both", "forced")
 
 # the merge's entries for one row: (token, log-probability, source), in order
 Entries = list[tuple[int, float, int]]

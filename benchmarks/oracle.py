@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..decoding.tree import MODEL, DraftTree, select_tree
-from .sizing import SourceAcceptance
+from eagle2_local.tree.draft_tree import DraftTree, select_tree
+from eagle2_local.tree.proposals import MODEL
+from eagle2_local.tree_policy.sizing import SourceAcceptance
 
 
 @dataclass(frozen=True)

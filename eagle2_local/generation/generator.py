@@ -14,20 +14,20 @@ from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
+from ..decoding.acceptance import accept
+from ..decoding.backlog import FeatureBacklog
+from ..decoding.grammar import Grammar, GrammarState, choose
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import TokenEmitter
+from ..decoding.target import PROMPT_CHUNK, Target, TargetSnapshot
 from ..drafts.base import DraftEngine
 from ..drafts.constrained import grammar_draft
 from ..drafts.forced import ForcedDraft, VocabForest
 from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, TreeError
 from ..llamacpp.runtime import llama_seconds
+from ..tree.draft_tree import TreeParams, grow_candidates, main_chain, select_tree
+from ..tree.sampling import SamplingParams
 from ..tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
-from .acceptance import accept
-from .backlog import FeatureBacklog
-from .grammar import Grammar, GrammarState, choose
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .stopping import TokenEmitter
-from .target import PROMPT_CHUNK, Target, TargetSnapshot
-from .tree import TreeParams, grow_candidates, main_chain, select_tree
 
 log = logging.getLogger(__name__)
 

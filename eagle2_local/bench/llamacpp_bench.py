@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..llamacpp.binaries import ToolRun
-    from .bench import PromptResult
+    from .results import PromptResult
 
 
 @dataclass

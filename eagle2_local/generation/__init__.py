@@ -1,0 +1,1 @@
+"""The generation loop: plain decoding, and draft -> verify -> accept -> commit rounds."""
