@@ -14,8 +14,9 @@ from eagle2_local.measure.cost_cache import CostKey, cached_or_measured, load_co
 from eagle2_local.tree.proposals import LOOKUP
 from eagle2_local.tree_policy import (PLAIN_STEP, AcceptanceMap, CostModel, ProbeSchedule, RoundPlan, RoundResult,
                                       RoundTimes, SourceAcceptance, TreeBudget, best_size, deeper_can_pay)
-from eagle2_local.tree_policy.budget import EXPLORED_AT_MOST, LOOKUP_MIN_ROUNDS, LOOKUP_ROUND, MODEL_ROUND
+from eagle2_local.tree_policy.budget import LOOKUP_MIN_ROUNDS
 from eagle2_local.tree_policy.costs import RECHECK_STEPS
+from eagle2_local.tree_policy.learning import EXPLORED_AT_MOST, LOOKUP_ROUND, MODEL_ROUND
 from tests.support.budget_helpers import set_tree_rate
 from tests.support.budget_sim import CPU_SIZES, POISONED_SIZES, POISONED_VERIFY, Tally, World, run
 

@@ -13,8 +13,8 @@ from eagle2_local.measure import calibration
 from eagle2_local.measure.calibration import Calibration, cost_model, long_context, long_sizes
 from eagle2_local.measure.cost_cache import CACHE_VERSION, CostKey, load_costs, save_costs
 from eagle2_local.tree_policy import PLAIN_STEP, CostModel, TreeBudget
-from eagle2_local.tree_policy.budget import MODEL_ROUND
 from eagle2_local.tree_policy.costs import CONTEXT_STEP, EXTRAPOLATE_UP_TO, ContextCurve
+from eagle2_local.tree_policy.learning import MODEL_ROUND
 
 PLAIN = 0.010
 SIZES = [1, 2, 3, 4, 6, 8, 16, 60]
