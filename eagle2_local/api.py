@@ -355,6 +355,21 @@ class Eagle2:
         stats = self.stats()
         return response.whole(text, reason, usage=usage(stats), eagle=stats)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, additional_files: Sequence[str] | None = None,
+                        local_dir: str | os.PathLike | None = None, local_dir_use_symlinks: bool | str = "auto",
+                        cache_dir: str | os.PathLike | None = None, *, head_repo_id: str | None = None,
+                        **kwargs) -> "Eagle2":
+        """The model by Hugging Face repository name, with ``Llama.from_pretrained``'s arguments: ``filename`` a
+        name or glob (None: llama.cpp's ``-hf`` choice, Q4_K_M first). ``head_repo_id``: an EAGLE head repository,
+        converted once for the model. ``local_dir_use_symlinks`` is accepted for the same signature (huggingface_hub
+        1.0 dropped it). The rest as :class:`Eagle2`. Needs ``huggingface_hub`` (the ``hub`` extra)."""
+        from .hub import head_from_hub, pretrained_file
+        model = pretrained_file(repo_id, filename, additional_files, cache_dir, local_dir)
+        if head_repo_id is not None:
+            kwargs["head_path"] = head_from_hub(head_repo_id, model, cache_dir)
+        return cls(model, **kwargs)
+
     def close(self) -> None:
         """Free the llama.cpp contexts and models (a draft engine closes what it loaded)."""
         if self.generator.engine is not None:

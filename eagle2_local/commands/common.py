@@ -53,6 +53,20 @@ verbose_option = shared_option("--verbose", "-v", is_flag=True, help="Show llama
 prompt_sets_option = shared_option("--prompts", "prompt_specs", multiple=True, required=True,
                                    help="Prompt set(s): .jsonl files or a folder of them.")
 json_flag_option = shared_option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+hf_repo_option = shared_option(
+    "--hf-repo", metavar="REPO[:QUANT]", default=None,
+    help="The model by Hugging Face repository name, as llama.cpp's -hf: the QUANT named, else Q4_K_M, else Q4_0, "
+         "else the first GGUF (downloaded once into the Hugging Face cache; needs `pip install "
+         "'eagle2-local[hub]'`).")
+hf_file_option = shared_option("--hf-file", metavar="FILE_OR_GLOB", default=None,
+                               help="Which file of --hf-repo, by name or glob (e.g. '*Q4_1.gguf').")
+head_hf_option = shared_option(
+    "--head-hf", metavar="REPO", default=None,
+    help="An EAGLE head by repository name (a folder as its publisher ships it, or an eagle3 GGUF): downloaded and "
+         "converted once for the model, then reused (docs/heads.md lists published heads).")
+draft_model_hf_option = shared_option("--draft-model-hf", metavar="REPO[:QUANT]", default=None,
+                                      help="A draft model by repository name, chosen as --hf-repo's file is.")
+HUB_KEYS = ("hf_repo", "hf_file", "head_hf", "draft_model_hf")
 chat_template_option = shared_option(
     "--chat-template-file", type=click.Path(dir_okay=False), default=None,
     help="A Jinja chat template to use instead of the GGUF's (as llama-server's option), e.g. one that renders "
@@ -65,6 +79,10 @@ def runtime_options(fn):
         model_option(),
         draft_model_option(),
         head_option(),
+        hf_repo_option(),
+        hf_file_option(),
+        head_hf_option(),
+        draft_model_hf_option(),
         click.option("--draft", "draft", metavar="KIND[:PATH]", default=None,
                      help="Any draft by kind: `lookup` (n-gram lookups in the prompt and the answer so far; no "
                           "model or head needed, works for any GGUF), `mtp` (the model's own MTP layers: "
@@ -150,11 +168,26 @@ def friendly_errors(fn):
     return wrapper
 
 
+def resolve_hub(rt: dict) -> dict:
+    """Turn the Hub names among a command's options (``--hf-repo``, ``--head-hf``, ...) into the paths of
+    ``--model``, ``--head`` and ``--draft-model``, downloading and converting what is missing; the names leave
+    ``rt`` (a second call does nothing). Commands call it before anything reads the model path."""
+    from ..hub import HubNames
+    names = HubNames(**{key: rt.pop(key, None) for key in HUB_KEYS})
+    if names.any():
+        rt["model"], rt["head"], rt["draft_model"] = names.resolve(
+            rt.get("model"), rt.get("head"), rt.get("draft_model"), say=lambda msg: click.echo(msg, err=True))
+    return rt
+
+
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
          tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None, cache_prompt=False,
-         chat_template_file=None):
+         chat_template_file=None, **hub_names):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if hub_names:
+        paths = resolve_hub({"model": model, "head": head, "draft_model": draft_model, **hub_names})
+        model, head, draft_model = paths["model"], paths["head"], paths["draft_model"]
     chat_template = read_chat_template(chat_template_file)
     from ..api import Eagle2
     return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,

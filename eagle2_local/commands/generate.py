@@ -10,8 +10,8 @@ import click
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_check import MAX_GRAMMAR_BYTES
 from ..decoding.grammar_screen import screen_gbnf
-from .common import (chat_template_option, fail, friendly_errors, load, runtime_options, sampling_options,
-                     sampling_params)
+from .common import (chat_template_option, fail, friendly_errors, load, resolve_hub, runtime_options,
+                     sampling_options, sampling_params)
 from .console import NO_DRAFT_NOTE, stats_line
 
 
@@ -67,6 +67,7 @@ def generate(prompt, as_chat, as_json, grammar_file, json_schema, max_tokens, te
     constraint = read_constraint(grammar_file, json_schema)  # refused before the model loads
     if rt["chat_template_file"] is not None and not as_chat:
         fail("--chat-template-file applies to --chat prompts (give --chat)")
+    resolve_hub(rt)  # models by name are on disk before anything reads their path
     if constraint is not None:
         check_constraint(constraint, rt["model"], rt["verbose"])
     llm = load(**rt, seed=seed)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 
 from ..tree.sampling import SamplingDefaults
-from .common import (chat_template_option, fail, friendly_errors, load, read_chat_template, runtime_options,
-                     sampling_options)
+from .common import (chat_template_option, fail, friendly_errors, load, read_chat_template, resolve_hub,
+                     runtime_options, sampling_options)
 
 
 @click.command("serve")
@@ -40,6 +40,7 @@ def serve(host, port, api_key, max_queue, expose_stats, idle_timeout, alias, max
     "eagle2-local[server]"`.
     """
     read_chat_template(rt["chat_template_file"])  # a bad template is an error before the port is bound
+    resolve_hub(rt)  # models by name downloaded before the port is bound
     try:
         from ..server import serve as run_server
     except ImportError as exc:
