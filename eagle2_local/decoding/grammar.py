@@ -23,13 +23,14 @@ from typing import Iterator
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import last_llama_errors
 from ..tree.sampling import SamplingParams
 from .grammar_parse import GrammarError
-from .grammar_screen import parse_error, screen_gbnf
+from .grammar_bounds import check_schema
+from .grammar_screen import parse_error, schema_gbnf, screen_gbnf
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 STEP_LIMIT_S = 1.0
@@ -50,19 +51,12 @@ class Grammar:
     root: str = "root"
 
     @classmethod
-    def from_json_schema(cls, schema: dict | str) -> "Grammar":
-        """The GBNF llama-cpp-python makes of a JSON schema (refused in one line when it cannot)."""
-        text = schema if isinstance(schema, str) else json.dumps(schema)
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise GrammarError(f"the JSON schema is not JSON: {exc.msg} at line {exc.lineno}") from None
-        if not isinstance(parsed, dict):
-            raise GrammarError("a JSON schema must be an object")
-        try:
-            return cls(json_schema_to_gbnf(text))
-        except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions of several kinds
-            raise GrammarError(f"unsupported JSON schema: {exc}") from None
+    def from_json_schema(cls, schema: dict | str, where: str = "schema") -> "Grammar":
+        """The GBNF of a JSON schema (refused in one line, naming ``where`` and the field, when it cannot be):
+        its counts and size judged before anything is expanded (:mod:`.grammar_bounds`), then converted with
+        correct literals (:mod:`.grammar_schema`) in a memory-limited child, cached by the schema's text."""
+        text = schema if isinstance(schema, str) else _schema_text(schema, where)
+        return cls(schema_gbnf(text, where, lambda: _judge_schema(text, where)))
 
     @classmethod
     def json_object(cls) -> "Grammar":
@@ -92,6 +86,26 @@ class Grammar:
                 raise GrammarError("the grammar allows no token of this model's vocabulary at its start")
         finally:
             state.close()
+
+
+def _judge_schema(text: str, where: str) -> None:
+    """Refuse a schema text that is not a JSON object, or whose bounds :func:`check_schema` refuses."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GrammarError(f"{where}: the JSON schema is not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise GrammarError(f"{where}: the schema nests too deep") from None
+    if not isinstance(parsed, dict):
+        raise GrammarError(f"{where}: a JSON schema must be an object")
+    check_schema(parsed, where)
+
+
+def _schema_text(schema: dict, where: str) -> str:
+    try:
+        return json.dumps(schema, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        raise GrammarError(f"{where}: the schema is not JSON (or nests too deep)") from None
 
 
 _STDERR_LOCK = threading.Lock()  # fd 2 is process-wide: two threads redirecting it at once would lose it
@@ -218,16 +232,16 @@ def response_grammar(grammar: str | Grammar | None = None, json_schema: dict | N
             raise GrammarError("the grammar is empty")
         return Grammar(grammar)
     if json_schema is not None:
-        return Grammar.from_json_schema(json_schema)
+        return Grammar.from_json_schema(json_schema, "json_schema")
     if response_format is not None:
         kind = response_format.get("type")
         if kind == "json_object":
             schema = response_format.get("schema")  # llama-cpp-python's extension
-            return Grammar.from_json_schema(schema) if schema else Grammar.json_object()
+            return Grammar.from_json_schema(schema, "response_format.schema") if schema else Grammar.json_object()
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
                 raise GrammarError("response_format json_schema needs {\"json_schema\": {\"schema\": {...}}}")
-            return Grammar.from_json_schema(spec["schema"])
+            return Grammar.from_json_schema(spec["schema"], "response_format.json_schema.schema")
         raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
     return None

@@ -30,8 +30,9 @@ import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
-from .grammar_check import check_gbnf
+from .grammar_check import MAX_GRAMMAR_BYTES, check_gbnf
 from .grammar_parse import GrammarError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ _COMPILING = b"compiling\n"  # the child's first line on stdout once its limit i
 _OUT_OF_MEMORY = ("bad_alloc", "cannot allocate memory")
 _slots = threading.BoundedSemaphore(MAX_PROBES)
 _verdicts: OrderedDict[bytes, str] = OrderedDict()  # hash -> "checked" / "isolated" / a refusal's message
+_schemas: OrderedDict[bytes, tuple[bool, str]] = OrderedDict()  # hash -> (True, GBNF) / (False, why not)
 _verdicts_lock = threading.Lock()
 _warned = threading.Event()
 
@@ -66,19 +68,76 @@ def screen_gbnf(text: str, root: str = "root") -> None:
     """Refuse ``text`` (a :class:`GrammarError`, one line) unless the validator passes it and llama.cpp compiled
     it in a child within the limits (where no child can run, the validator's word stands). Cached: a text already
     judged costs a lookup."""
-    key = hashlib.sha256(f"{root}\0{text}".encode("utf-8", "surrogatepass")).digest()
-    with _verdicts_lock:
-        verdict = _verdicts.get(key)
-        if verdict is not None:
-            _verdicts.move_to_end(key)
-    if verdict is None:
-        verdict = _judge(text, root)
-        with _verdicts_lock:
-            _verdicts[key] = verdict
-            while len(_verdicts) > CACHE_SIZE:
-                _verdicts.popitem(last=False)
+    verdict = _cached(_verdicts, f"{root}\0{text}", lambda: _judge(text, root))
     if verdict not in ("checked", "isolated"):
         raise GrammarError(verdict)
+
+
+def schema_gbnf(text: str, where: str, judge: Callable[[], None]) -> str:
+    """The GBNF of the JSON schema ``text``: first ``judge()`` (the bounds, which raises a :class:`GrammarError`
+    naming ``where``), then :mod:`.grammar_schema` in a memory- and time-limited child (in this process only
+    where no child can run). Cached like the grammars' verdicts: a schema sent again costs a lookup, neither a
+    second judgement nor a second conversion."""
+    def convert() -> tuple[bool, str]:
+        try:
+            judge()
+        except GrammarError as exc:
+            return False, str(exc)
+        return _convert(text)
+
+    ok, gbnf_or_why = _cached(_schemas, f"schema\0{where}\0{text}", convert)
+    if not ok:
+        raise GrammarError(gbnf_or_why if gbnf_or_why.startswith(where) else f"{where}: {gbnf_or_why}")
+    return gbnf_or_why
+
+
+def _cached(cache: OrderedDict, text: str, make: Callable):
+    """``cache``'s entry for ``text`` (by its hash), made by ``make()`` the first time; the last
+    :data:`CACHE_SIZE` kept. ``make`` runs outside the lock: two threads may both judge a new text."""
+    key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    with _verdicts_lock:
+        value = cache.get(key)
+        if value is not None:
+            cache.move_to_end(key)
+            return value
+    value = make()
+    with _verdicts_lock:
+        cache[key] = value
+        while len(cache) > CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
+
+
+def _convert(text: str) -> tuple[bool, str]:
+    """(True, the GBNF) or (False, why not), for the cache; a busy refusal is raised, not cached."""
+    try:
+        proc = _run_child(["--schema", _llama_grammar_file(), str(PROBE_MEMORY_BYTES), str(MAX_GRAMMAR_BYTES)],
+                          text, "the JSON schema could not be turned into a grammar")
+        if proc is None:  # no child: the bounds were checked, convert here
+            from .grammar_schema import schema_to_gbnf
+
+            try:
+                return True, schema_to_gbnf(text)
+            except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions of several kinds
+                return False, f"unsupported JSON schema: {exc}"
+        out = proc.stdout
+        if proc.returncode == _ACCEPTED and out.startswith(_COMPILING):
+            return True, out[len(_COMPILING):].decode("utf-8")
+        err = " ".join(proc.stderr.decode("utf-8", "replace").split())[-300:]
+        if any(word in err for word in _OUT_OF_MEMORY) or proc.returncode < 0:
+            return False, (f"unsupported JSON schema: turning it into a grammar needs more than "
+                           f"{PROBE_MEMORY_BYTES >> 20} MB; simplify it")
+        return False, f"unsupported JSON schema: {err or f'the converter failed (exit {proc.returncode})'}"
+    except GrammarCheckBusy:
+        raise
+    except GrammarError as exc:
+        return False, str(exc)
+
+
+def _llama_grammar_file() -> str:
+    from llama_cpp import llama_grammar
+
+    return llama_grammar.__file__
 
 
 def _judge(text: str, root: str) -> str:
@@ -102,20 +161,29 @@ def compile_isolated(text: str, root: str = "root", timeout_s: float = PROBE_TIM
     lib = _libllama()
     if lib is None:
         return False
+    proc = _run_child([lib, root, str(memory_bytes)], text, "llama.cpp could not set the grammar up", timeout_s)
+    return False if proc is None else _read_outcome(proc, memory_bytes)
+
+
+def _run_child(args: list[str], text: str, what: str,
+               timeout_s: float = PROBE_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+    """Run :mod:`._grammar_child` with ``args`` and ``text`` on stdin, one of :data:`MAX_PROBES` at once; None
+    where no child can run. A child past ``timeout_s`` is killed and refused (``what`` it could not do)."""
+    if not sys.executable:
+        _unavailable("no Python executable to run a child with")
+        return None
     if not _slots.acquire(timeout=PROBE_WAIT_S):
         raise GrammarCheckBusy(f"too many new grammars are being checked at once; retry in {PROBE_WAIT_S:.0f} s")
     try:
-        proc = subprocess.run([sys.executable, "-I", "-S", str(_CHILD), lib, root, str(memory_bytes)],
-                              input=text.encode("utf-8"), capture_output=True, timeout=timeout_s)
+        return subprocess.run([sys.executable, "-I", "-S", str(_CHILD), *args], input=text.encode("utf-8"),
+                              capture_output=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:  # run() has killed the child
-        raise GrammarError(f"llama.cpp could not set the grammar up within {timeout_s:g} s (a form that makes it "
-                           "loop); simplify it") from None
+        raise GrammarError(f"{what} within {timeout_s:g} s (a form that makes it loop); simplify it") from None
     except OSError as exc:
         _unavailable(f"cannot start a child process ({exc})")
-        return False
+        return None
     finally:
         _slots.release()
-    return _read_outcome(proc, memory_bytes)
 
 
 def _read_outcome(proc: subprocess.CompletedProcess, memory_bytes: int) -> bool:
