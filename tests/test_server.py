@@ -71,7 +71,7 @@ class Server:
 
     def health(self) -> dict:
         assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()[-3000:]}"
-        r = httpx.get(self.base + "/health", timeout=30)
+        r = httpx.get(self.base + "/health", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
         assert r.status_code == 200
         return r.json()
 
@@ -746,7 +746,7 @@ def test_same_request_same_answer_two_threads_plain(tmp_path):
 def test_stats_totals_sum_the_host_time():
     """/stats sums the generations' host time (rounds' wall time minus llama.cpp) and reports it per round and
     per drafted node over all of them; the last generation's figures stay under "last"."""
-    from eagle2_local.server.worker import GenerationTotals
+    from eagle2_local.server.ledger import GenerationTotals
     totals = GenerationTotals()
     first = GenerationStats(n_tokens=10, target_passes=4, pass_tokens=10, rounds=4, tree_sizes={11: 4},
                             llama_s=0.5, host_draft_s=0.02, host_verify_s=0.01)

@@ -17,9 +17,15 @@ from .common import (chat_template_option, fail, friendly_errors, load, read_cha
               help="Address to listen on. The default answers only this machine; anything else exposes the model.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0 = any free port.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on the API routes (/health and the docs at "
-              "/docs stay open).")
+              "/docs stay open); several keys comma-separated, one client each: a client reuses only its own "
+              "cached prompt and sees only its own figures in /stats and /health.")
+@click.option("--admin-key", default=None, help="A key that also sees every client's figures in /stats and /health "
+              "(and may use the API).")
+@click.option("--share-prompt-cache", is_flag=True, help="Let every client reuse the prompt cache another client "
+              "left (faster for one team's shared prompts, but a client can then time whether another sent a "
+              "prompt). Default: each key, or each address on a server without keys, has its own.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Requests that may wait while one is answered (counted from before their body is read); "
+              help="Requests that may wait while one is answered (counted once their body is complete); "
               "beyond that: 503 with Retry-After. 0: none waits, a request is refused while another is answered.")
 @click.option("--expose-stats", is_flag=True, help="Give every response all its generation statistics (prompt "
               "tokens reused, prefill time, tau, timings, the tree budget) and /stats the last generation's: "
@@ -30,8 +36,8 @@ from .common import (chat_template_option, fail, friendly_errors, load, read_cha
 @click.option("--alias", default=None, help="The model name clients see [default: the GGUF file name].")
 @chat_template_option()
 @friendly_errors
-def serve(host, port, api_key, max_queue, expose_stats, idle_timeout, alias, max_tokens, temperature, top_k, top_p,
-          min_p, repeat_penalty, seed, **rt):
+def serve(host, port, api_key, admin_key, share_prompt_cache, max_queue, expose_stats, idle_timeout, alias,
+          max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models;
     OpenAPI docs at /docs).
 
@@ -48,7 +54,8 @@ def serve(host, port, api_key, max_queue, expose_stats, idle_timeout, alias, max
     defaults = SamplingDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
     run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
-               defaults=defaults, expose_stats=expose_stats, idle_timeout_s=idle_timeout,
+               defaults=defaults, expose_stats=expose_stats, idle_timeout_s=idle_timeout, admin_key=admin_key,
+               share_prompt_cache=share_prompt_cache,
                say=lambda msg: click.echo(msg, err=True))
 
 

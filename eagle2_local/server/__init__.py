@@ -7,7 +7,7 @@ with OpenAPI docs at ``/docs``.
 
 One model holds one KV cache, so requests are answered one at a time, in arrival order, on a single worker
 thread: generation is blocking llama.cpp work and must never run on the event loop, and running it always on the
-same thread keeps the cache's owner obvious. Consecutive requests reuse the cached prefix they share (the
+same thread keeps the cache's owner obvious. Consecutive requests of one client reuse the cached prefix they share (the
 generator keeps it, as in ``chat``), as far as that leaves the answer what the request alone would get; a request
 with llama-server's ``cache_prompt: true`` (or ``serve --cache-prompt``) reuses all of it, faster but no longer
 independent of earlier requests at near-ties. A request whose client goes away is stopped between two rounds and its
@@ -15,19 +15,24 @@ stream closed, which trims the cache to the prompt plus what was emitted, exactl
 one that goes away while its prompt is evaluated stops between two prompt batches, the cache back to what it held.
 
 Laid out as llama-cpp-python's server is: ``types.py`` (request shapes, and which statistics an answer shows),
-``errors.py`` (OpenAI's error shape and its handlers), ``worker.py`` (the generation thread, its queue and the
-``/stats`` totals), ``admission.py`` (the API key, a place taken before the body is read, the body's size and
-deadline), ``timeouts.py`` (closing connections that send no request), ``app.py`` (the routes, ``create_app``,
-``serve``). The response objects are :mod:`eagle2_local.chat.responses`, shared with the Python API.
+``errors.py`` (OpenAI's error shape and its handlers), ``worker.py`` (the generation thread and its queue),
+``ledger.py`` (the ``/stats`` totals and outcome counts, per client and in all, and the service times behind
+``Retry-After``), ``clients.py`` (who is asking: an API key or an address; the room for bodies being read),
+``admission.py`` (the API key, the body's size, deadline and reading room, then a place in the queue),
+``timeouts.py`` (closing connections that send no request), ``app.py`` (the routes, ``create_app``, ``serve``).
+The response objects are :mod:`eagle2_local.chat.responses`, shared with the Python API.
 
-Clients do not learn about each other: a response carries only the statistics its request alone decides (token
-counts and ids) unless the operator asks for all (``--expose-stats``), and ``/stats`` shows totals.
+Clients do not learn about each other: a client is an API key (or, without keys, a remote address); its requests
+reuse only its own cached prompt (unless ``--share-prompt-cache``), a response carries only the statistics its
+request alone decides (token counts and ids) unless the operator asks for all (``--expose-stats``), and
+``/stats`` and ``/health`` show each client its own figures (the ``--admin-key`` sees the totals).
 """
 
 from .admission import MAX_BODY_BYTES, body_limit
 from .app import create_app, listen, serve
 from .errors import APIError
-from .worker import TERMINAL, GenerationTotals, Job, ModelWorker
+from .ledger import GenerationTotals
+from .worker import TERMINAL, Job, ModelWorker
 
 __all__ = ["APIError", "GenerationTotals", "Job", "MAX_BODY_BYTES", "ModelWorker", "TERMINAL",
            "body_limit", "create_app", "listen", "serve"]

@@ -1,21 +1,26 @@
 """Admission: what a request must pass before any routing, in one plain ASGI middleware (streams pass through
-untouched): the API key, a place for a generation request, and the body's size and deadline.
+untouched): the API key (and which client is asking), the body's size, deadline and reading room, and a place for
+a generation request.
 
 As in llama-cpp-python's server, the key guards the API, not its description: ``/health`` and the OpenAPI docs
 (``/docs``, ``/openapi.json``) answer without it; they tell a client what the routes are, never what they hold.
 
-A generation request takes its place in the queue (:meth:`ModelWorker.reserve`) before its body is read, so
-the bodies being read, parsed and tokenized at once are bounded by ``--max-queue`` as the queued requests are,
-and a full server answers 503 without reading anything. The body must then arrive within a deadline (a client
-that trickles it must not hold a place) and within a size that follows from the context (:func:`body_limit`)."""
+Only the two generation routes read a body. Every other route answers without reading one, and a connection that
+sent one is closed after the answer (its body is dropped by the server as it arrives, never kept).
+
+A generation request's body is read first, within a deadline, a size that follows from the context
+(:func:`body_limit`) and the room :class:`~eagle2_local.server.clients.Readers` gives its client; only a complete
+body takes a place in the queue (:meth:`ModelWorker.reserve`), which then bounds the bodies being parsed,
+tokenized, queued and answered. So a client that trickles bodies holds reading room, never places: everyone else
+is still answered. A server whose places are all taken answers 503 at once, without reading anything."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from typing import Callable, Protocol
 
+from .clients import Caller, Keys, Readers
 from .errors import APIError, labelled
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # the most any context allows; stops a client from filling memory
@@ -23,6 +28,7 @@ MIN_BODY_BYTES = 1024 * 1024  # the least: room for tools, schemas and JSON esca
 BODY_BYTES_PER_TOKEN = 256  # far above what a token of prompt takes in a JSON body, escapes included
 PUBLIC_PATHS = frozenset({"/health", "/docs", "/openapi.json"})
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+EMPTY_BODY = {"type": "http.request", "body": b"", "more_body": False}
 
 
 def body_limit(n_ctx: int) -> int:
@@ -32,68 +38,100 @@ def body_limit(n_ctx: int) -> int:
 
 
 class Places(Protocol):
-    """Where a generation request takes its place before its body is read (:class:`ModelWorker`)."""
+    """Where a generation request takes its place once its body is read (:class:`ModelWorker`)."""
+
+    def check_room(self) -> None: ...
 
     def reserve(self) -> None: ...
 
     def release(self) -> None: ...
 
 
-class Admission:
-    """The API key, a place for a generation request, the body's size and deadline: checked before any routing."""
+def caller_of(scope) -> Caller:
+    """The :class:`Caller` that :class:`Admission` found for a request (a route reads it from ``request.state``)."""
+    return scope["state"]["caller"]
 
-    def __init__(self, app, api_key: str | None, places: Places | None = None, max_body: int = MAX_BODY_BYTES,
-                 body_timeout_s: float | None = None) -> None:
+
+class Admission:
+    """The API key, the body's size, deadline and reading room, a place for a generation request: checked before
+    any routing."""
+
+    def __init__(self, app, keys: Keys, places: Places | None = None, max_body: int = MAX_BODY_BYTES,
+                 body_timeout_s: float | None = None, readers: Readers | None = None) -> None:
         self.app = app
-        self.api_key = api_key
+        self.keys = keys
         self.places = places
         self.max_body = max_body
         self.body_timeout_s = body_timeout_s
+        self.readers = readers or Readers()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        authorization = headers.get("authorization", "")
+        caller = self.keys.caller(authorization, scope.get("client"))
+        scope.setdefault("state", {})["caller"] = caller
+        declared = "transfer-encoding" in headers or headers.get("content-length", "0") not in ("", "0")
+        unread = _closing(send) if declared else send  # answers given before a body is read close the connection
+        if not caller.known and scope.get("path") not in PUBLIC_PATHS:
+            await self.keys.refusal(authorization).response()(scope, receive, unread)
+        elif scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
+            await self.app(scope, _replay([EMPTY_BODY], receive), unread)
+        else:
+            await self._generation(scope, receive, (unread, send), headers, caller.name)
+
+    async def _generation(self, scope, receive, sends: tuple[Callable, Callable], headers: dict[str, str],
+                          client: str) -> None:
+        """Read the body (bounded), then take a place and run the route, giving the place back after.
+        ``sends``: the connection's ``send`` for answers before the body is read (closing) and after."""
+        unread, send = sends
         try:
-            problem = self._problem(scope)
-            place = problem is None and self._take_place(scope)
-        except APIError as exc:  # no place left: 503 before a byte of the body is read
-            problem, place = exc, False
-        if problem is not None:
-            await problem.response()(scope, receive, send)
+            length = headers.get("content-length", "0")
+            if not (length.isascii() and length.isdigit()) or int(length) > self.max_body:
+                raise _too_large(self.max_body)
+            if self.places is not None:
+                self.places.check_room()  # a full server refuses before reading anything
+            self.readers.start(client)
+        except APIError as problem:
+            await problem.response()(scope, receive, unread)
+            return
+        held = 0
+
+        def hold(n_bytes: int) -> None:
+            nonlocal held
+            self.readers.hold(client, n_bytes)
+            held += n_bytes
+
+        try:
+            problem, receive = await _read_body(receive, self.max_body, self.body_timeout_s, hold)
+        finally:
+            self.readers.finish(client, held)
+        try:
+            if problem is not None:
+                await problem.response()(scope, receive, unread)
+                return
+            if self.places is not None:
+                self.places.reserve()
+        except APIError as refused:
+            await refused.response()(scope, receive, send)
             return
         try:
-            await self._read_and_run(scope, receive, send)
+            await self.app(scope, receive, send)
         finally:
-            if place:
+            if self.places is not None:
                 self.places.release()
 
-    def _take_place(self, scope) -> bool:
-        """A generation request takes its place in the queue now (raising 503 when there is none)."""
-        if self.places is None or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
-            return False
-        self.places.reserve()
-        return True
 
-    async def _read_and_run(self, scope, receive, send) -> None:
-        problem, receive = await _read_body(receive, self.max_body, self.body_timeout_s)
-        if problem is not None:
-            await problem.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _problem(self, scope) -> APIError | None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key is not None and scope.get("path") not in PUBLIC_PATHS:
-            given = headers.get("authorization", "")
-            token = given[7:].strip() if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                why = "missing API key" if not given else "invalid API key"
-                return labelled(401, f"{why}: send `Authorization: Bearer KEY`", {"WWW-Authenticate": "Bearer"})
-        length = headers.get("content-length", "0")
-        if not (length.isascii() and length.isdigit()) or int(length) > self.max_body:
-            return _too_large(self.max_body)
-        return None
+def _closing(send) -> Callable:
+    """``send`` whose response closes the connection: a body the route did not read is then never read."""
+    async def closing(message: dict) -> None:
+        headers = message.get("headers", [])
+        if message["type"] == "http.response.start" and not any(k.lower() == b"connection" for k, _ in headers):
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+    return closing
 
 
 def _too_large(limit: int) -> APIError:
@@ -104,10 +142,11 @@ def _too_slow(timeout_s: float) -> APIError:
     return labelled(408, f"the request body did not arrive within {timeout_s:g} s", {"Connection": "close"})
 
 
-async def _read_body(receive, limit: int, timeout_s: float | None) -> tuple[APIError | None, Callable]:
-    """Read the body, up to ``limit`` bytes and within ``timeout_s``, and replay it to the app; past the limit
-    the rest of a chunked body is read and dropped (so the client gets to read the 413) but never kept. A
-    declared length over the limit never gets here."""
+async def _read_body(receive, limit: int, timeout_s: float | None,
+                     hold: Callable[[int], None]) -> tuple[APIError | None, Callable]:
+    """Read the body, up to ``limit`` bytes and within ``timeout_s``, and replay it to the app; ``hold`` is told
+    of every part kept (and may refuse it). Past the limit the rest of a chunked body is read and dropped (so
+    the client gets to read the 413) but never kept. A declared length over the limit never gets here."""
     parts, size, message = [], 0, {"more_body": True}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while message.get("more_body", False):
@@ -118,9 +157,14 @@ async def _read_body(receive, limit: int, timeout_s: float | None) -> tuple[APIE
             return _too_slow(timeout_s), receive
         if message["type"] != "http.request":  # the client left: the app sees that as it would have
             return None, _replay([message], receive)
-        size += len(message.get("body", b""))
-        if size <= limit:
-            parts.append(message.get("body", b""))
+        body = message.get("body", b"")
+        size += len(body)
+        if size <= limit and body:
+            try:
+                hold(len(body))
+            except APIError as busy:
+                return busy, receive
+            parts.append(body)
     if size > limit:
         return _too_large(limit), receive
     return None, _replay([{"type": "http.request", "body": b"".join(parts), "more_body": False}], receive)

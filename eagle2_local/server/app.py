@@ -10,7 +10,7 @@ import logging
 import socket
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI, Request, Security
 from fastapi.security import HTTPBearer
@@ -24,7 +24,8 @@ from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_screen import PROBE_WAIT_S, GrammarCheckBusy
 from ..errors import Eagle2Error, ParameterError
 from ..tree.sampling import DEFAULTS, SamplingDefaults, SamplingParams
-from .admission import Admission, body_limit
+from .admission import Admission, body_limit, caller_of
+from .clients import SHARED_CACHE, Caller, Keys
 from .errors import APIError, add_error_handlers, shutting_down
 from .types import MAX_STOPS, ChatRequest, CompletionRequest, SamplingFields, eagle_stats
 from .worker import Job, ModelWorker
@@ -40,26 +41,41 @@ class Service:
     """The endpoints: validate and tokenize on the event loop's thread pool, generate on the worker."""
 
     def __init__(self, llm, model_name: str, max_waiting: int, defaults: SamplingDefaults,
-                 expose_stats: bool = False) -> None:
+                 expose_stats: bool = False, share_prompt_cache: bool = False) -> None:
         self.llm = llm
         self.model_name = model_name
         self.defaults = defaults
         self.expose_stats = expose_stats  # per-request figures that depend on other clients' requests
+        self.share_prompt_cache = share_prompt_cache  # one cache group for all clients (a single team's choice)
         self.worker = ModelWorker(llm, max_waiting)
         self.created = int(time.time())
 
     # ---------------------------------------------------------- simple routes
-    async def health(self) -> dict:
-        return {"status": "ok", "model": self.model_name, "engine": self.llm.engine_name,
-                "n_ctx": self.llm.n_ctx(), "queue": self.worker.status()}
+    async def health(self, request: Request) -> dict:
+        """A liveness probe for anyone; the queue's load and how the caller's requests ended for a client (every
+        client's for the admin, or with ``expose_stats``). A keyed server shows a caller without a valid key
+        nothing of its queue: when and how much others ask is theirs."""
+        caller = caller_of(request.scope)
+        out = {"status": "ok", "model": self.model_name, "engine": self.llm.engine_name, "n_ctx": self.llm.n_ctx()}
+        if caller.known:
+            out["queue"] = self.worker.status(self._whose(caller))
+        return out
 
-    async def stats(self) -> dict:
-        """Totals since the server started (τ, draft tokens accepted per drafter); the last generation's
-        statistics only with ``expose_stats``, since they are whichever client's request came last."""
-        totals = self.worker.totals_dict()
+    async def stats(self, request: Request) -> dict:
+        """The caller's totals since the server started (τ, draft tokens accepted per drafter), or every
+        client's for the admin or with ``expose_stats`` (a diff of totals around one's own request would give
+        another client's exact figures); the last generation's statistics only with ``expose_stats``, since
+        they are whichever client's request came last."""
+        caller = caller_of(request.scope)
+        totals = self.worker.totals_dict(self._whose(caller))
         if not self.expose_stats:
             totals.pop("last", None)
-        return {"model": self.model_name, "engine": self.llm.engine_name, **totals}
+        return {"model": self.model_name, "engine": self.llm.engine_name,
+                "clients": "all" if self._whose(caller) is None else "yours", **totals}
+
+    def _whose(self, caller: Caller) -> str | None:
+        """Whose figures ``caller`` may see: its own, or everyone's (None)."""
+        return None if caller.admin or self.expose_stats else caller.name
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
@@ -111,14 +127,16 @@ class Service:
 
     async def _answer(self, body: SamplingFields, prompt: list[int], response: ChatResponse | CompletionResponse,
                       request: Request, tools: ToolPlan | None = None):
-        job = await self._job(body, prompt, tools)
+        job = await self._job(body, prompt, caller_of(request.scope), tools)
         self.worker.admit(job)
         if body.stream:
             return _JobStream(job, self._stream(job, response, body.include_usage()), sep="\n")
         return await self._collect(job, response, request)
 
-    async def _job(self, body: SamplingFields, prompt: list[int], tools: ToolPlan | None = None) -> Job:
-        """Check the prompt fits and the sampling values are valid, before the request takes a queue slot."""
+    async def _job(self, body: SamplingFields, prompt: list[int], caller: Caller,
+                   tools: ToolPlan | None = None) -> Job:
+        """Check the prompt fits and the sampling values are valid, before the request takes a queue slot; the
+        job reuses only its own client's cached prompt (every client's with ``share_prompt_cache``)."""
         n_ctx = self.llm.n_ctx()
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -140,7 +158,8 @@ class Service:
         if seed is not None and seed < 0:  # llama.cpp's convention: a negative seed asks for a random one
             seed = None
         grammar = await run_in_threadpool(self._grammar, body, tools)  # off the event loop: /health answers
-        return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, grammar, asyncio.get_running_loop())
+        return Job(prompt, max_tokens, sampling, stop, seed, body.cache_prompt, grammar, asyncio.get_running_loop(),
+                   client=caller.name, cache_group=SHARED_CACHE if self.share_prompt_cache else caller.name)
 
     def _grammar(self, body: SamplingFields, tools: ToolPlan | None) -> Grammar | None:
         """The request's constraint (``grammar``, ``json_schema``, ``response_format``, or the calls its
@@ -159,7 +178,8 @@ class Service:
                            headers={"Retry-After": str(round(PROBE_WAIT_S))}) from None
         except GrammarError as exc:
             raise APIError(400, str(exc), param="response_format" if body.response_format else
-                           "json_schema" if body.json_schema is not None else "grammar") from None
+                           "json_schema" if body.json_schema is not None else
+                           "tools" if tools is not None and tools.grammar is not None else "grammar") from None
         return grammar
 
     async def _collect(self, job: Job, response: ChatResponse | CompletionResponse, request: Request) -> dict:
@@ -239,14 +259,19 @@ async def _cancel_on_disconnect(request: Request, job: Job, every_s: float = 0.2
 
 
 # ---------------------------------------------------------------- wiring
-def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting: int = 16,
+def create_app(llm, *, model_name: str, api_key: str | Sequence[str] | None = None, max_waiting: int = 16,
                defaults: SamplingDefaults | None = None, expose_stats: bool = False,
-               body_timeout_s: float | None = None) -> FastAPI:
+               body_timeout_s: float | None = None, admin_key: str | None = None,
+               share_prompt_cache: bool = False) -> FastAPI:
     """The ASGI app for ``llm`` (an :class:`eagle2_local.api.Eagle2`); it owns the worker thread.
-    ``expose_stats``: responses carry every statistic of their generation, also those that depend on other
-    clients' requests (a single user's setting); ``body_timeout_s``: how long a request's body may take (None:
-    no deadline; :func:`serve` passes its ``idle_timeout_s``)."""
-    service = Service(llm, model_name, max_waiting, defaults or DEFAULTS, expose_stats)
+    ``api_key``: one key, comma-separated keys or a list (one client each); ``admin_key``: a key that sees every
+    client's figures. ``expose_stats``: responses carry every statistic of their generation, also those that
+    depend on other clients' requests, and every caller sees the totals (a single user's setting);
+    ``share_prompt_cache``: all clients reuse one prompt cache (faster, but a client can then time another's
+    prompt); ``body_timeout_s``: how long a request's body may take (None: no deadline; :func:`serve` passes its
+    ``idle_timeout_s``)."""
+    keys = Keys(api_key, admin_key)
+    service = Service(llm, model_name, max_waiting, defaults or DEFAULTS, expose_stats, share_prompt_cache)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -258,22 +283,24 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
     app.state.service = service
     # The key is checked by Admission; declared here too, so the OpenAPI spec names the scheme and /docs can
     # send it ("Authorize"). auto_error=False: the dependency itself never refuses anything.
-    keyed = [Security(HTTPBearer(auto_error=False, description="the server's --api-key"))] if api_key else None
+    keyed = [Security(HTTPBearer(auto_error=False, description="the server's --api-key"))] if keys.required else None
     app.add_api_route("/health", service.health, methods=["GET"])
     app.add_api_route("/stats", service.stats, methods=["GET"], dependencies=keyed)
     app.add_api_route("/v1/models", service.models, methods=["GET"], dependencies=keyed)
     app.add_api_route("/v1/completions", service.completions, methods=["POST"], dependencies=keyed)
     app.add_api_route("/v1/chat/completions", service.chat_completions, methods=["POST"], dependencies=keyed)
     add_error_handlers(app)
-    app.add_middleware(Admission, api_key=api_key, places=service.worker, max_body=body_limit(llm.n_ctx()),
+    app.add_middleware(Admission, keys=keys, places=service.worker, max_body=body_limit(llm.n_ctx()),
                        body_timeout_s=body_timeout_s)
     return app
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """Bind before serving, so a port in use is a one-line error (and ``--port 0`` reports the port it got)."""
+    """Bind before serving, so a port in use is a one-line error (and ``--port 0`` reports the port it got).
+    The socket names its protocol (TCP): asyncio then turns Nagle's algorithm off (``TCP_NODELAY``) on every
+    connection it accepts, so a kept-alive request's small answer is not held ~40 ms for the client's ACK."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -284,10 +311,11 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-          max_waiting: int = 16, model_name: str | None = None, defaults: SamplingDefaults | None = None,
-          expose_stats: bool = False, idle_timeout_s: float, say: Callable[[str], None] = log.warning,
-          log_level: str = "warning") -> None:
+def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 8080,
+          api_key: str | Sequence[str] | None = None, max_waiting: int = 16, model_name: str | None = None,
+          defaults: SamplingDefaults | None = None, expose_stats: bool = False, idle_timeout_s: float,
+          say: Callable[[str], None] = log.warning, log_level: str = "warning", admin_key: str | None = None,
+          share_prompt_cache: bool = False) -> None:
     """Bind, then load the model (``open_model()`` returns an :class:`eagle2_local.api.Eagle2`), then serve
     until interrupted (Ctrl-C / SIGTERM). Binding first makes a busy port an instant error, not one after a load.
     ``model_name`` defaults to the GGUF file name without ``.gguf``. ``idle_timeout_s``: a connection's request
@@ -307,7 +335,8 @@ def serve(open_model: Callable[[], Any], *, host: str = "127.0.0.1", port: int =
     try:
         name = model_name or llm.model_path.name.removesuffix(".gguf")
         app = create_app(llm, model_name=name, api_key=api_key, max_waiting=max_waiting, defaults=defaults,
-                         expose_stats=expose_stats, body_timeout_s=idle_timeout_s)
+                         expose_stats=expose_stats, body_timeout_s=idle_timeout_s, admin_key=admin_key,
+                         share_prompt_cache=share_prompt_cache)
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, access_log=False,
                                 http=head_timeout_protocol(idle_timeout_s), timeout_keep_alive=idle_timeout_s)
         say(f"serving {name} (draft: {llm.engine_name}) on http://{host}:{sock.getsockname()[1]}/v1")

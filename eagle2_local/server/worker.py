@@ -1,13 +1,16 @@
 """The one thread that generates: requests are admitted into a bounded queue and answered one at a time, in
 arrival order, on a dedicated worker thread (generation is blocking llama.cpp work that must never run on the
 event loop, and one thread keeps the KV cache's owner obvious). Each request is a :class:`Job` whose events
-(chunks, then one terminal event) the request's coroutine reads."""
+(chunks, then one terminal event) the request's coroutine reads.
+
+The KV cache holds one client's prompt at a time: a job of another cache group (another client, unless the
+server shares its cache) starts from an empty cache, so no client can tell from its prefill time, or from the
+prefix its own statistics say was reused, what another client asked."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..decoding.grammar import Grammar, GrammarError
-from ..decoding.stats import GenerationStats
 from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from ..tree.sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
+from .ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,8 @@ TERMINAL = ("done", "error", "cancelled")
 
 @dataclass
 class Job:
-    """One admitted request: what to generate, where its events go, and a flag its client raises on leaving."""
+    """One admitted request: what to generate, where its events go, a flag its client raises on leaving, whose
+    it is (``client``, for the accounts) and whose cached prompt it may reuse (``cache_group``)."""
 
     prompt: list[int]
     max_tokens: int
@@ -39,6 +43,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    client: str = ""
+    cache_group: str = ""
 
     def send(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the request's coroutine (called from the worker thread)."""
@@ -55,25 +61,6 @@ class Job:
                 return
 
 
-class GenerationTotals:
-    """What the generations since the server started produced: their statistics added up (one
-    :class:`GenerationStats`, which computes τ and the host figures), how many there were and the last one's."""
-
-    def __init__(self) -> None:
-        self.generations = 0
-        self.sum = GenerationStats()
-        self.last: GenerationStats | None = None
-
-    def add(self, stats: GenerationStats) -> None:
-        self.generations += 1
-        self.sum = self.sum + stats
-        self.last = stats
-
-    def as_dict(self) -> dict:
-        last = self.last.as_dict() if self.last is not None else None
-        return {"generations": self.generations, **self.sum.totals_dict(), "last": last}
-
-
 class ModelWorker:
     """Runs generations on one dedicated thread, one at a time, in the order they were admitted."""
 
@@ -84,33 +71,42 @@ class ModelWorker:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self.waiting = self.running = 0
-        self.places_taken = 0  # generation requests between reserve() and release(): read, parsed, queued or run
-        self.completed = self.stopped_early = self.failed = 0
-        self._mean_s = 1.0  # running mean of a request's duration, for Retry-After
-        self.totals = GenerationTotals()
+        self.places_taken = 0  # generation requests between reserve() and release(): parsed, queued or run
+        self.ledger = Ledger()
+        self._cache_group: str | None = None  # whose prompt the KV cache holds (None: nobody's yet)
 
-    def status(self) -> dict:
+    def status(self, client: str | None = None) -> dict:
+        """The queue's load, and how ``client``'s requests ended (None: everyone's)."""
         with self._lock:
             return {"running": self.running, "waiting": self.waiting, "max_waiting": self.max_waiting,
-                    "places_taken": self.places_taken, "completed": self.completed,
-                    "stopped_early": self.stopped_early, "failed": self.failed}
+                    "places_taken": self.places_taken, **self.ledger.view(client).outcomes}
 
-    def totals_dict(self) -> dict:
+    def totals_dict(self, client: str | None = None) -> dict:
+        """``client``'s generation totals (None: everyone's)."""
         with self._lock:
-            return self.totals.as_dict()
+            return self.ledger.view(client).totals.as_dict()
+
+    def check_room(self) -> None:
+        """Refuse with 503 + Retry-After, taking nothing, when no place is free now: a full server need not read
+        a body to answer it."""
+        with self._lock:
+            self._room()
 
     def reserve(self) -> None:
         """Take one of the ``max_waiting + 1`` places (one answered, ``max_waiting`` waiting) that a generation
-        request holds from before its body is read until its response ends, or refuse with 503 + Retry-After.
-        Reading, parsing and tokenizing a body cost memory too: bounding only the queue would let any number
-        of requests do that at once."""
+        request holds from when its body is complete until its response ends, or refuse with 503 +
+        Retry-After. Parsing and tokenizing a body cost memory too: bounding only the queue would let any
+        number of requests do that at once."""
         with self._lock:
-            if self._closing.is_set():
-                raise shutting_down()
-            busy = max(self.places_taken, self.waiting + self.running)  # a left client's job may still run
-            if busy > self.max_waiting:
-                raise self._full(busy)
+            self._room()
             self.places_taken += 1
+
+    def _room(self) -> None:
+        if self._closing.is_set():
+            raise shutting_down()
+        busy = max(self.places_taken, self.waiting + self.running)  # a left client's job may still run
+        if busy > self.max_waiting:
+            raise self._full()
 
     def release(self) -> None:
         """Give back a place taken by :meth:`reserve`."""
@@ -124,16 +120,21 @@ class ModelWorker:
             if self._closing.is_set():
                 raise shutting_down()
             if self.waiting + self.running > self.max_waiting:
-                raise self._full(self.waiting + self.running)
+                raise self._full()
             self._pool.submit(self._run, job)
             self.waiting += 1
 
-    def _full(self, busy: int) -> APIError:
-        """The 503 of a full server, with a Retry-After of the mean request's duration times the ``busy``
-        requests ahead (called with the lock held)."""
-        retry = max(1, math.ceil(self._mean_s * busy))
-        what = (f"the queue is full ({self.waiting} requests waiting)" if self.max_waiting
-                else "busy with another request, and no request may wait (max_waiting 0)")
+    def _full(self) -> APIError:
+        """The 503 of a full server: what holds its places, and a Retry-After of the median recent service time
+        times the requests ahead (called with the lock held)."""
+        checking = max(self.places_taken - self.waiting - self.running, 0)  # parsed and checked, not yet queued
+        ahead = self.running + self.waiting + checking
+        retry = self.ledger.retry_after(ahead)
+        if self.max_waiting:
+            what = (f"the queue is full: {self.running} request being answered, {self.waiting} waiting (at most "
+                    f"{self.max_waiting} may wait) and {checking} being checked")
+        else:
+            what = "busy with another request, and no request may wait (max_waiting 0)"
         return APIError(503, f"{what}; retry in {retry} s", "server_error", "queue_full",
                         headers={"Retry-After": str(retry)})
 
@@ -150,10 +151,10 @@ class ModelWorker:
             self.waiting -= 1
             self.running = 1
         t0 = time.perf_counter()
-        outcome = "failed"
+        outcome, ran = "failed", True
         try:
             if job.cancelled.is_set() or self._closing.is_set():
-                outcome = "stopped_early"  # the client left while waiting: nothing to undo
+                outcome, ran = "stopped_early", False  # the client left while waiting: nothing to undo
                 job.send("cancelled")
                 return
             kind, payload = self._generate(job)
@@ -169,8 +170,7 @@ class ModelWorker:
         finally:
             with self._lock:
                 self.running = 0
-                setattr(self, outcome, getattr(self, outcome) + 1)
-                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
+                self.ledger.ended(job.client, outcome, time.perf_counter() - t0 if ran else None)
 
     def _generate(self, job: Job) -> tuple[str, Any]:
         """Stream ``job``'s chunks; stop between the prompt's batches or between rounds once its client has
@@ -178,6 +178,10 @@ class ModelWorker:
         def gone() -> bool:
             return job.cancelled.is_set() or self._closing.is_set()
 
+        if job.cache_group != self._cache_group:
+            if self._cache_group is not None:
+                self.llm.reset()  # another client's prompt: none of it may be reused, or even timed
+            self._cache_group = job.cache_group
         stream = self.llm.stream(job.prompt, job.max_tokens, job.sampling, stop=job.stop, seed=job.seed,
                                  cache_prompt=job.cache_prompt, grammar=job.grammar, cancelled=gone)
         tokens: list[int] = []
@@ -202,6 +206,6 @@ class ModelWorker:
             stream.close()  # the generator's own cleanup trims the KV cache to prompt + emitted tokens
             stats = self.llm.last_stats
             with self._lock:
-                self.totals.add(stats)
+                self.ledger.generated(job.client, stats)
         done = {"tokens": tokens, "finish_reason": reason or "stop", "stats": stats.as_dict()}
         return "done", ({**done, "finish_detail": detail} if detail else done)
