@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from eagle2_local.decoding.target import Target
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import DraftTree
 
 

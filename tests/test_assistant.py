@@ -25,7 +25,8 @@ from eagle2_local.errors import Eagle2Error, IncompatibleDraftError, TreeError
 from eagle2_local.formats.models import read_gguf_info
 from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp.batch import Batch
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import TreeParams
 from eagle2_local.tree.sampling import SamplingParams
 from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run

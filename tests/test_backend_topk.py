@@ -7,7 +7,8 @@ import numpy as np
 
 from eagle2_local.drafts.draft_model import DraftModelEngine
 from eagle2_local.llamacpp.backend_topk import BackendTopK
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaContext, LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.top_k import top_k_log_probs
 from tests.support.helpers import ONE_THREAD, assert_lossless, make, random_prompts
 

@@ -18,7 +18,8 @@ import pytest
 
 from eagle2_local import Eagle2
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import DraftTree
 from tests.support.prompts import load_prompts
 

@@ -99,7 +99,8 @@ def test_kv_reuse_across_plain_and_speculative_calls_keeps_head_features(tmp_pat
 
     from eagle2_local.decoding.target import Target
     from eagle2_local.drafts import MergedDraft
-    from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+    from eagle2_local.llamacpp.llama import LlamaModel
+    from eagle2_local.llamacpp.settings import ContextSettings
 
     head = synthetic_head(tmp_path, "h", hidden=64, vocab=SYNTH_VOCAB)
     seen = {}

@@ -16,7 +16,8 @@ from eagle2_local.drafts.base import TreeSequences
 from eagle2_local.drafts.eagle3_llama import Eagle3Engine
 from eagle2_local.errors import DecodeError, IncompatibleDraftError, ModelError, TreeError
 from eagle2_local.llamacpp import backend_topk
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.top_k import top_k_log_probs
 from tests.support.eagle3_reference import Eagle3Reference
 from tests.support.eagle_heads import chat_turn_outputs

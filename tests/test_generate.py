@@ -13,7 +13,8 @@ import pytest
 from eagle2_local.decoding.target import PROMPT_CHUNK, Target
 from eagle2_local.drafts import DraftModelEngine
 from eagle2_local.generation.generator import Generator
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import TreeParams
 from eagle2_local.tree_policy import PLAIN_STEP, FixedTree, RoundPlan
 from tests.support.helpers import (GREEDY, ONE_THREAD, assert_lossless, chat_prompt, first_divergence, forced_budget,

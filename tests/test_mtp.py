@@ -23,7 +23,8 @@ from eagle2_local.drafts.mtp import MtpEngine, has_mtp
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.generation.generator import Generator
 from eagle2_local.llamacpp import backend_topk
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import TreeParams
 from eagle2_local.tree.sampling import SamplingParams
 from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run

@@ -15,7 +15,8 @@ from eagle2_local.decoding.target import Target
 from eagle2_local.drafts.base import DraftEngine
 from eagle2_local.errors import Eagle2Error, TreeError
 from eagle2_local.generation.generator import Generator
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import DraftTree, TreeParams
 from eagle2_local.tree.proposals import Proposals
 from eagle2_local.tree.sampling import SamplingParams

@@ -23,7 +23,8 @@ import pytest
 from eagle2_local.decoding.target import Target
 from eagle2_local.errors import Eagle2Error
 from eagle2_local.llamacpp import rpc
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import TreeParams, tree_leaves
 from tests.support.helpers import (assert_one_line_error, check_thousand_rounds_leak_no_cells, path_to, random_tree,
                                    run_cli, sequential_logits, synthetic_head)

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from eagle2_local.decoding.target import Target
 from eagle2_local.errors import ContextFullError, TreeError
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import DraftTree, tree_leaves
 from tests.support.helpers import (SETTINGS, Restores, check_thousand_rounds_leak_no_cells, path_to, random_tree,
                                    sequential_logits)

@@ -149,8 +149,9 @@ def verify_cost_cmd(model, threads, n_gpu_layers, rpc, sizes, context_tokens, re
     """
     from ..decoding.target import Target
     from ..formats.models import resolve_model
-    from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
+    from ..llamacpp.llama import MAX_SEQ, LlamaModel
     from ..llamacpp.rpc import parse_servers
+    from ..llamacpp.settings import ContextSettings
     from ..measure.microbench import verify_cost
 
     ns = _tree_sizes(sizes)

@@ -43,7 +43,8 @@ import llama_cpp
 import numpy as np
 
 from ..errors import ContextFullError, Eagle2Error, EmptyPromptError, PrefillCancelled, TreeError, UnsupportedModelError
-from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import LlamaContext, LlamaModel
+from ..llamacpp.settings import ContextSettings
 from ..tree.draft_tree import DraftTree, is_chain, verify_layout
 
 log = logging.getLogger(__name__)

@@ -56,8 +56,9 @@ import numpy as np
 from ..errors import IncompatibleDraftError, TreeError
 from ..formats.models import GGUFInfo
 from ..llamacpp import llama_ext
-from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import LlamaContext, LlamaModel
 from ..llamacpp.runtime import charge_llama
+from ..llamacpp.settings import ContextSettings
 from ..tree.proposals import Proposals
 from .base import DraftEngine, as_list
 

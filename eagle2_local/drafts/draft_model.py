@@ -16,7 +16,8 @@ import numpy as np
 from ..errors import IncompatibleDraftError, TreeError
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import MAX_SEQ, LlamaContext, LlamaModel
+from ..llamacpp.settings import ContextSettings
 from ..tree.proposals import Proposals
 from .base import DraftEngine, TreeSequences, as_list
 

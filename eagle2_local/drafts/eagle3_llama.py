@@ -32,9 +32,10 @@ from ..formats import gguf_keys as keys
 from ..formats.models import GGUFInfo
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import MAX_SEQ, LlamaContext, LlamaModel
 from ..llamacpp.llama_ext import LAYER_INPUT_ARCHS, buffer_view
 from ..llamacpp.runtime import charge_llama
+from ..llamacpp.settings import ContextSettings
 from ..tree.proposals import Proposals
 from .base import DraftEngine, TreeSequences, as_list
 

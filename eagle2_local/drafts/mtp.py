@@ -44,7 +44,8 @@ from ..errors import Eagle2Error, TreeError
 from ..formats.models import GGUFInfo
 from ..llamacpp import backend_topk
 from ..llamacpp.backend_topk import BackendTopK
-from ..llamacpp.llama import MAX_SEQ, ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import MAX_SEQ, LlamaContext, LlamaModel
+from ..llamacpp.settings import ContextSettings
 from ..tree.proposals import Proposals
 from .base import DraftEngine, TreeSequences, as_list
 

@@ -26,7 +26,8 @@ from ..formats.eagle1_format import ARCH as EAGLE1_ARCH, check_eagle1_fits, para
 from ..formats.gguf_fields import copy_gguf
 from ..formats.gguf_tensors import load_tensor, tensor_index
 from ..formats.models import GGUFInfo, read_gguf_info
-from ..llamacpp.llama import ContextSettings, LlamaModel
+from ..llamacpp.llama import LlamaModel
+from ..llamacpp.settings import ContextSettings
 from ..tree.draft_tree import TreeParams
 from .base import DraftEngine
 from .eagle1_numpy import Eagle1NumpyEngine

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from ..decoding.target import Target
 from ..errors import Eagle2Error
 from ..formats.models import read_gguf_info, resolve_model
-from ..llamacpp.llama import ContextSettings, LlamaModel
+from ..llamacpp.llama import LlamaModel
+from ..llamacpp.settings import ContextSettings
 from ..tree.draft_tree import TreeParams
 from .assistant import AssistantEngine, check_assistant_fits
 from .base import DraftEngine

@@ -24,7 +24,8 @@ import numpy as np
 
 from ..errors import Eagle2Error
 from ..formats.atomic_write import atomic_path
-from ..llamacpp.llama import ContextSettings, LlamaContext, LlamaModel
+from ..llamacpp.llama import LlamaContext, LlamaModel
+from ..llamacpp.settings import ContextSettings
 
 log = logging.getLogger(__name__)
 

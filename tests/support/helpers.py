@@ -18,7 +18,8 @@ from eagle2_local.decoding.target import Target
 from eagle2_local.drafts import DraftModelEngine
 from eagle2_local.errors import ContextFullError
 from eagle2_local.generation.generator import Generator
-from eagle2_local.llamacpp.llama import ContextSettings, LlamaModel
+from eagle2_local.llamacpp.llama import LlamaModel
+from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import DraftTree, TreeParams
 from eagle2_local.tree.sampling import SamplingParams, sample_from
 from tests.support.eagle_heads import head_config, head_tensors, write_head_dir
