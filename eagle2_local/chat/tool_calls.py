@@ -24,30 +24,22 @@ import json
 import logging
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
 from ..decoding.grammar import Grammar, GrammarError
-from ..errors import ParameterError
 from .templates import render_chat
+from .tool_grammar import ToolError, call_grammar
 
 log = logging.getLogger(__name__)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
-CALL_RULE, CALLS_RULE = "tool-call", "tool-calls"  # GBNF rules added around the converter's ``root``
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names (matched whole: fullmatch)
 PROBE_NAME = "eagle2_probe_function"
 PROBE_TOOL = {"type": "function", "function": {"name": PROBE_NAME, "description": "probe",
                                                "parameters": {"type": "object",
                                                               "properties": {"probe_arg": {"type": "integer"}}}}}
 NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: a function without ``parameters`` takes none
-
-
-class ToolError(ParameterError):
-    """Tools or a tool choice that cannot be used; ``param`` names the request field at fault."""
-
-    def __init__(self, message: str, param: str = "tools") -> None:
-        super().__init__(message, param)
 
 
 # ---------------------------------------------------------------- calls and formats
@@ -69,6 +61,7 @@ def new_call_id() -> str:
 
 
 _JSON = json.JSONDecoder()
+UNREADABLE = (ValueError, RecursionError)  # what decoding a model's JSON may raise (JSONDecodeError is a ValueError)
 _CLOSING = re.compile(r"\s*\}\s*")  # what follows a call's arguments: the end of its object
 # A call's start up to its arguments, name first, as the templates and the grammar write it (either arguments key)
 HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
@@ -136,7 +129,7 @@ class CallFormat:
         if text.startswith("{", lead.end()):
             try:
                 end = _JSON.raw_decode(text, lead.end())[1]
-            except json.JSONDecodeError:
+            except UNREADABLE:  # not closed yet, or never readable (nested past the recursion limit)
                 yield 0, len(text), text[lead.end():], final, False
                 return
             fence = FENCE_END.match(text, end) if lead.group("fence") else None
@@ -162,7 +155,7 @@ class CallFormat:
             return text.find(self.close, body)
         try:
             end = _JSON.raw_decode(text, text.index("{", body))[1]
-        except json.JSONDecodeError:  # not closed yet (or never: then the block runs to the answer's end)
+        except UNREADABLE:  # not closed yet (or never: then the block runs to the answer's end)
             return -1
         return text.find(self.close, end)
 
@@ -173,10 +166,13 @@ def _read_call(body: str, ended: bool, tagged: bool) -> ToolCall | None:
     m = HEADER.match(body)
     if m is None:  # another key order or layout: read only once whole, and only between tags
         return _whole_call(body) if ended and tagged else None
-    name = json.loads(m.group(1))
+    try:
+        name = json.loads(m.group(1))
+    except UNREADABLE:  # an invalid escape or a raw control character in the name: not a call, content
+        return None
     try:
         args, end = _JSON.raw_decode(body, m.end())
-    except json.JSONDecodeError:  # not closed yet: everything after the name is arguments
+    except UNREADABLE:  # not closed yet (or unreadable): everything after the name is arguments
         return ToolCall(name, body[m.end():], closed=False)
     if not isinstance(args, dict):
         return None
@@ -187,17 +183,14 @@ def _whole_call(body: str) -> ToolCall | None:
     """A whole ``{"name": str, "arguments" | "parameters": object}`` (arguments re-serialised); None: not one."""
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters"))
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
+        args = obj.get("arguments", obj.get("parameters"))
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            args = json.loads(args)
+        return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
+    except UNREADABLE:
+        return None
 
 
 def _may_start_with_call(text: str) -> bool:
@@ -262,7 +255,7 @@ def check_tools(tools: list) -> list[dict]:
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
             raise ToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
         name = fn.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise ToolError(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {name!r}")
         if name in names:
             raise ToolError(f"tools[{i}]: a second function named {name!r}")
@@ -295,28 +288,6 @@ def chosen(tool_choice, names: list[str]) -> str:
     return fn["name"]
 
 
-def call_grammar(fmt: CallFormat, tools: list[dict], parallel: bool) -> Grammar:
-    """The answer as calls of ``tools`` (one, or several when ``parallel`` and the format allows): their JSON
-    from llama-cpp-python's schema converter (``name`` a constant, the arguments the function's ``parameters``),
-    inside the format's tags."""
-    shapes = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                fmt.args_key: t["function"]["parameters"]},
-               "required": ["name", fmt.args_key], "additionalProperties": False} for t in tools]
-    try:
-        body = Grammar.from_json_schema(shapes[0] if len(shapes) == 1 else {"anyOf": shapes})
-    except GrammarError as exc:
-        raise ToolError(f"a function's parameters: {exc}") from None
-    if not fmt.open:
-        return body
-    taken = set(re.findall(r"^([\w-]+) ::=", body.gbnf, re.MULTILINE))
-    if {CALL_RULE, CALLS_RULE} & taken:  # the converter names rules after properties; never these so far
-        raise ToolError(f"a function's parameters make a grammar rule named {CALL_RULE!r}; rename that property")
-    opening, closing = json.dumps(fmt.open + "\n"), json.dumps("\n" + fmt.close)  # GBNF literals as JSON writes them
-    rules = [f"{CALL_RULE} ::= {opening} {body.root} {closing}",
-             f"{CALLS_RULE} ::= {CALL_RULE}" + (f' ("\\n" {CALL_RULE})*' if parallel and fmt.parallel else "")]
-    return Grammar(body.gbnf + "\n" + "\n".join(rules), root=CALLS_RULE)
-
-
 @dataclass(frozen=True)
 class ToolPlan:
     """What a request's tools mean for one answer: ``tools`` to render into the prompt, the ``grammar`` the
@@ -344,9 +315,9 @@ def plan_tools(template: str | None, tools: list | None, tool_choice=None,
         return None
     for i, t in enumerate(checked):  # a schema the converter refuses is refused whatever the choice
         try:
-            Grammar.from_json_schema(t["function"]["parameters"])
+            Grammar.from_json_schema(t["function"]["parameters"], f"tools[{i}].function.parameters")
         except GrammarError as exc:
-            raise ToolError(f"tools[{i}].function.parameters: {exc}") from None
+            raise ToolError(str(exc)) from None
     if choice == "none":
         return ToolPlan(checked, None, None)
     fmt = call_format(template)
