@@ -7,11 +7,21 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import APIError
 
-MAX_STOPS = 16  # each stop string is checked at every token
+MAX_STOPS = 16
+"""Stop strings a request may give (OpenAI allows 4): each is followed character by character."""
+MAX_STOP_CHARS = 4096
+"""The longest stop string: matching is linear in the answer whatever their length, but a stop string is held
+back from a stream until it is ruled out, and one longer than any answer is a mistake."""
+MIN_TEMPERATURE = 1e-4
+"""A temperature above 0 but below this is greedy decoding: dividing logits by 1e-308 overflows to inf and the
+distribution to NaN (issue 74: the last token of the vocabulary every step), and below 1e-4 a sampled answer
+differs from the greedy one only at exact ties."""
+REPEAT_PENALTY_RANGE = (1e-3, 1e3)
+"""``repeat_penalty`` divides or multiplies logits: beyond these bounds they overflow to inf or vanish."""
 
 
 # ---------------------------------------------------------------- requests
@@ -43,6 +53,32 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        """At most :data:`MAX_STOPS` stop strings of at most :data:`MAX_STOP_CHARS` characters each."""
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters, got {longest}")
+        return stop
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_below_floor(cls, t: float | None) -> float | None:
+        """A temperature in (0, :data:`MIN_TEMPERATURE`) is greedy (0), as documented in docs/server.md."""
+        return 0.0 if t is not None and 0 < t < MIN_TEMPERATURE else t
+
+    @field_validator("repeat_penalty")
+    @classmethod
+    def _penalty_in_range(cls, p: float | None) -> float | None:
+        low, high = REPEAT_PENALTY_RANGE
+        if p is not None and not low <= p <= high:
+            raise ValueError(f"repeat_penalty must be between {low:g} and {high:g} (1 = off), got {p:g}")
+        return p
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
