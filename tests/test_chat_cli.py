@@ -14,7 +14,7 @@ import pytest
 def read_stats(child: pexpect.spawn) -> dict:
     """Type /stats json and parse the JSON it prints."""
     child.sendline("/stats json")
-    child.expect(r"\{.*?\}\r?\n> ")
+    child.expect(r"\{.*?\}\r?\n(\x1b\[\?2004h)?> ")  # readline announces bracketed paste before the prompt
     return json.loads(child.after.rsplit("}", 1)[0] + "}")
 
 
@@ -86,7 +86,7 @@ def test_chat_message_longer_than_the_context_is_one_error(synth_q8):
     long_line = "the cat sat on the mat " * 60
     for extra, needle in (((), "--n-ctx"), (("--no-context-shift",), "/reset")):
         proc = subprocess.run([sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--n-ctx", "256",
-                               "--temperature", "0", "-n", "4", *extra], input=f"{long_line}\nhi\n",
+                               "--temperature", "0", "-n", "4", *extra], input=f"{long_line}\n/send\nhi\n",
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert needle in proc.stderr and "context" in proc.stderr and "Traceback" not in proc.stderr
@@ -99,11 +99,12 @@ def test_chat_drops_oldest_turns_when_the_context_fills(synth_q8):
     lines = [f"message {i}: " + "the cat sat on the mat " * 12 for i in range(6)]
     args = [sys.executable, "-m", "cli", "chat", "--model", str(synth_q8), "--n-ctx", "256", "--temperature", "0",
             "-n", "24"]
-    proc = subprocess.run(args, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)
+    piped = "\n/send\n".join(lines) + "\n"
+    proc = subprocess.run(args, input=piped, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("tok/s") == 6 and "error" not in proc.stderr, (proc.stdout, proc.stderr)
     assert "oldest messages were dropped" in proc.stdout
-    strict = subprocess.run([*args, "--no-context-shift"], input="\n".join(lines) + "\n", capture_output=True,
+    strict = subprocess.run([*args, "--no-context-shift"], input=piped, capture_output=True,
                             text=True, timeout=120)
     assert "context" in strict.stderr and strict.stdout.count("tok/s") < 6
 
@@ -121,7 +122,7 @@ def test_chat_first_turn_is_generates_answer_whatever_came_before(smollm2_path):
     assert gen.returncode == 0, gen.stderr
     expected = json.loads(gen.stdout)["text"]
     proc = subprocess.run([sys.executable, "-m", "cli", "chat", *args],
-                          input=f"{message}\nWhat about the blue ones?\n/reset\n{message}\n", capture_output=True,
+                          input=f"{message}\n/send\nWhat about the blue ones?\n/reset\n{message}\n", capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     # answers are what stands between the stats lines (an answer may hold newlines of its own)

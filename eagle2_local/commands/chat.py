@@ -24,7 +24,9 @@ def chat(system_prompt, no_context_shift, max_tokens, temperature, top_k, top_p,
     Answers stream as they are accepted; after each, a dim line shows tokens/s and tau. When the conversation
     outgrows the context, the oldest turns are dropped (a dim line says so) and the chat goes on. Commands:
     /reset (forget the conversation), /stats (last answer's figures; /stats json: raw), /exit. Ctrl-C stops the
-    current answer, Ctrl-D exits. Works with piped input too (one message per line).
+    current answer, Ctrl-D exits. A pasted block is one message (Enter sends it); \"\"\" begins and ends a message
+    of several lines, as does a trailing \\. Line editing and history (kept in the cache folder). Piped input is
+    one message; a line holding only /send (or a command) ends a message and starts the next.
     """
     llm = load(**rt, seed=seed)
     sampling = sampling_params(temperature, top_k, top_p, min_p, repeat_penalty)

@@ -21,6 +21,7 @@ from ..bench.results import PROJECTION_STEPS_MS, PromptResult, projected_speedup
 from ..chat.conversation import Conversation
 from ..errors import ContextFullError
 from ..measure.machine_load import describe
+from .chat_input import piped_messages, terminal_messages
 
 # what chat and generate print when a model runs without a draft
 NO_DRAFT_NOTE = "no draft for this model (--draft lookup, --head HEAD.gguf or --draft-model DRAFT.gguf)"
@@ -87,34 +88,28 @@ def run_chat(llm, system_prompt, max_tokens, sampling, seed, context_shift: bool
         click.echo(f"eagle2-local chat: {llm.model_path.name}, draft: {llm.engine_name}")
         click.echo("/reset forgets the conversation, /stats shows the last answer's figures (/stats json: raw), "
                    "/exit or Ctrl-D quits, Ctrl-C stops an answer.")
+        click.echo('Paste a block and press Enter to send it whole; or type """ to begin and end a message of '
+                   "several lines, or end a line with \\ to go on.")
     if not llm.speculative:
         sys.stdout.flush()
         click.echo(dim(f"note: {NO_DRAFT_NOTE}; chatting with plain decoding"), err=True)
-    while True:
-        try:
-            line = input("> ") if interactive else sys.stdin.readline()
-        except EOFError:
-            break
-        except KeyboardInterrupt:
-            click.echo()
-            continue
-        if not interactive and line == "":
-            break
-        line = line.strip()
-        if not line:
-            continue
-        if line in ("/exit", "/quit"):
-            break
-        if line == "/reset":
-            chat.reset()
-            click.echo(dim("conversation reset"))
-            continue
-        if line in ("/stats", "/stats json"):
-            stats = llm.stats()
-            click.echo(json.dumps(stats, indent=2) if line.endswith("json") else "\n".join(stats_table(stats)))
-            continue
-        if not _answer(chat, line, max_tokens, sampling, seed, dim):
-            continue
+    messages = terminal_messages() if interactive else piped_messages(sys.stdin)
+    with contextlib.closing(messages):  # the terminal's history is saved however the chat ends
+        for line in messages:
+            if line in ("/exit", "/quit"):
+                break
+            _turn(chat, llm, line, max_tokens, sampling, seed, dim)
+
+
+def _turn(chat: Conversation, llm, line: str, max_tokens, sampling, seed, dim) -> None:
+    """One message: a chat command, or a question answered with its stats line after it."""
+    if line == "/reset":
+        chat.reset()
+        click.echo(dim("conversation reset"))
+    elif line in ("/stats", "/stats json"):
+        stats = llm.stats()
+        click.echo(json.dumps(stats, indent=2) if line.endswith("json") else "\n".join(stats_table(stats)))
+    elif _answer(chat, line, max_tokens, sampling, seed, dim):
         click.echo()
         click.echo(dim(stats_line(llm.stats())))
 
