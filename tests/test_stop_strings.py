@@ -13,7 +13,7 @@ import pytest
 from eagle2_local.decoding.stopping import StopMatcher, TokenEmitter
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.server.types import MAX_STOP_CHARS, MAX_STOPS, MIN_TEMPERATURE, ChatRequest
-from tests.test_server import CHAT, COMPLETIONS, StandIn
+from tests.test_server import test_a_value_out_of_range_names_its_parameter as names_its_parameter
 
 TEXT = ("The quick brown fox jumps over the lazy dog. STOP here? Not yet: abab abcab, then END.\n\nUser: "
         "more text follows with a tab\tand caf\u00e9 and numbers 12345 6789.") * 3
@@ -77,16 +77,7 @@ BAD = [("stop", ["s"] * (MAX_STOPS + 1)), ("stop", ["x" * (MAX_STOP_CHARS + 1)])
 
 @pytest.mark.parametrize("field, value", BAD, ids=["17 stops", "long stop", "penalty 1e-320", "penalty 1e9"])
 def test_out_of_bounds_values_are_a_400_naming_the_field(field, value):
-    from fastapi.testclient import TestClient
-
-    from eagle2_local.server import create_app
-
-    with TestClient(create_app(StandIn(), model_name="m")) as http:
-        for path, body in ((COMPLETIONS, {"prompt": [1, 2]}), (CHAT, {"messages": [{"role": "user", "content": "x"}]})):
-            r = http.post(path, json={**body, "max_tokens": 1, field: value})
-            assert r.status_code == 400, r.text
-            err = r.json()["error"]
-            assert err["param"] == field and field in err["message"] and "\n" not in err["message"]
+    names_its_parameter(field, value)  # both endpoints: 400, param and message naming the field
 
 
 @pytest.mark.parametrize("temperature", [1e-308, 5e-324, MIN_TEMPERATURE / 2])
