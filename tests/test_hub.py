@@ -62,10 +62,15 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> Non
     assert len(errors) == 1 and proc.stderr.strip().endswith(errors[0]) and needle in errors[0], proc.stderr
 
 
-def answer(proc: subprocess.CompletedProcess) -> dict:
+def answer_of(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert out["stats"]["engine"].startswith("eagle3:"), out["stats"]["engine"]  # the head drafted
+    return json.loads(proc.stdout)
+
+
+def answer(proc: subprocess.CompletedProcess, engine: str = "eagle3:") -> dict:
+    """A generate --json answer drafted by ``engine`` (a head unless told)."""
+    out = answer_of(proc)
+    assert out["stats"]["engine"].startswith(engine), out["stats"]["engine"]
     return {"text": out["text"], "tokens": out["tokens"]}
 
 
@@ -110,6 +115,26 @@ def test_bad_names_and_downloads_are_one_line_and_leave_the_cache_usable(hub, en
 def env_path(env: dict):
     from pathlib import Path
     return Path(env["HF_HOME"])
+
+
+def test_a_draft_model_by_name_and_the_options_on_every_command(hub, env):
+    out = answer_of(cli(env, "generate", "--hf-repo", "org/M-GGUF:Q8_0", "--draft-model-hf", "org/M-GGUF:Q4_1",
+                        *ARGS))
+    assert out["stats"]["engine"].startswith("draft-model:m-Q4_1.gguf"), out["stats"]["engine"]
+    for command in ("chat", "generate", "serve", "bench"):
+        usage = cli(env, command, "--help").stdout
+        assert all(option in usage for option in ("--hf-repo", "--hf-file", "--head-hf", "--draft-model-hf"))
+
+
+def test_without_huggingface_hub_paths_work_and_names_say_what_to_install(env, files, tmp_path):
+    """The optional extra missing (an import of huggingface_hub fails): models by path run as before, a name is one
+    line naming the extra."""
+    blocked = tmp_path / "blocked" / "huggingface_hub"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('huggingface_hub is not installed')\n")
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(blocked.parent), env.get("PYTHONPATH", "")])}
+    answer(cli(env, "generate", "--model", str(files["q8"]), "--draft", "lookup", *ARGS), engine="lookup")
+    assert_one_line_error(cli(env, "generate", "--hf-repo", "org/M-GGUF", *ARGS), "pip install 'eagle2-local[hub]'")
 
 
 FROM_PRETRAINED = """
