@@ -17,17 +17,25 @@ Each round, until ``--rounds`` or ``--time-limit`` (whichever comes first):
   the last with a 408);
 * concurrent streams, half of them abandoned after two chunks, and one client that leaves while its long prompt
   is evaluated (the model must be free again within a prompt batch, not after the whole prompt);
-* a burst of large bodies, more than the server has places for (503 at once for the rest, memory bounded);
+* a burst of large bodies, more than the server has places for (each read within the reading room, then
+  refused 400 or 503, memory bounded);
 * the two hostile grammars: ``root ::= x root "b" | "c"`` with ``x ::= "a"?`` (left recursion through a rule
   that can be empty) and 60,000 nested parentheses; their status is counted (the server must refuse them, not
   fall over).
+* a server clients share (the server has two keys and an admin key): 20 connections of one key sending a head
+  and a byte of body while the other key's stream completes (``slow bodies``); 400 connections sending 1 MiB
+  bodies to ``/health``, with the peak RSS growth (``body flood``); every place taken, then the 503's text and
+  ``Retry-After`` (``full queue``); the other key timing a right and a wrong guess of the first key's prompt and
+  diffing its ``/stats`` around the first key's request (``cache probe``); kept-alive ``/health`` latency, ~40
+  ms a request without TCP_NODELAY (``kept-alive latency``).
 
 Reported: requests answered (2xx), errors by status, the 5xx count (must be 0; a 503 ``queue_full``, the server's
 designed answer when every place is taken, is counted apart), connections the server closed, peak server RSS
 (sampled from /proc every 50 ms, and the kernel's VmHWM), whether the probe's answer stayed the same, how soon an
 abandoned long prompt freed the model (against that prompt's whole evaluation, timed once at the start), and
-whether the server was alive and answering at the end. The exit status is 1 when a 5xx was answered, the probe
-changed, or the server died or stopped answering.
+whether the server was alive and answering at the end; the sharing cases' findings and ``sharing_ok``
+(:func:`sharing_ok`). The exit status is 1 when a 5xx was answered, the probe changed, a sharing case failed, or
+the server died or stopped answering.
 """
 
 from __future__ import annotations
@@ -42,12 +50,14 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "faults-key"
+OTHER_KEY, ADMIN_KEY = "faults-other-key", "faults-admin-key"  # another client, and the operator
 HOST = "127.0.0.1"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MAX_QUEUE, IDLE_S, N_CTX = 3, 3, 2048
@@ -59,6 +69,7 @@ LONG_PROMPT = "Retell this story: " + " ".join(
     f"On day {i} the miller weighed {i * 11} sacks and gave {i % 4} away." for i in range(30))
 USER = [{"role": "user", "content": "Hi"}]
 QUEUE_FULL = "503 queue_full"
+DESIGNED_503 = ("queue_full", "server_busy")  # no place left, or no room to read another body now
 
 
 class Run:
@@ -71,6 +82,7 @@ class Run:
         self.closed: Counter = Counter()  # connections the server closed, by what the client did
         self.notes: list[str] = []
         self.grammar_statuses: dict[str, list] = {}  # per hostile grammar, its status in each round
+        self.sharing: dict[str, list] = {}  # per case of a server clients share, its findings in each round
         self.peak_rss_mib = 0.0
         self._lock = threading.Lock()
         self._sampling = threading.Event()
@@ -105,6 +117,13 @@ class Run:
             return self.alive() and httpx.get(self.base + "/health", timeout=10).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def health(self, key: str | None = None) -> dict:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.get(self.base + "/health", headers=headers, timeout=30).json()
+
+    def stats(self, key: str) -> dict:
+        return httpx.get(self.base + "/stats", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
 
     # ---------------------------------------------------------- requests
     def post(self, path: str, timeout: float = 120, **kw) -> httpx.Response | None:
@@ -200,7 +219,7 @@ def leave_during_prompt(run: Run) -> float | None:
         return None
     left = time.monotonic()
     while time.monotonic() - left < 120 and run.alive():
-        q = httpx.get(run.base + "/health", timeout=30).json()["queue"]
+        q = run.health(ADMIN_KEY)["queue"]
         if q["running"] + q["waiting"] == 0:
             return round(time.monotonic() - left, 3)
         time.sleep(0.02)
@@ -220,6 +239,136 @@ def hostile_grammars(run: Run) -> None:
     for name, gbnf in HOSTILE_GRAMMARS.items():
         r = run.post(COMPLETIONS, json={"prompt": "Say a:", "max_tokens": 4, "grammar": gbnf}, timeout=30)
         run.grammar_statuses.setdefault(name, []).append(_label(r) if r is not None else "no answer")
+
+
+# ---------------------------------------------------------------- a server clients share
+def slow_bodies(run: Run, n: int = 20) -> None:
+    """``n`` connections of one key send a request head and one byte of its body (more than the server has
+    places): another key's stream must complete meanwhile, and no place be taken by the slow ones."""
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json"
+            "\r\nContent-Length: 100\r\n\r\n{").encode()
+    socks = [socket.create_connection((HOST, run.port), timeout=30) for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.sendall(head)
+        time.sleep(0.5)
+        places = run.health(ADMIN_KEY)["queue"]["places_taken"]
+        t0 = time.monotonic()
+        body = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8, "stream": True}
+        with httpx.stream("POST", run.base + CHAT, json=body, headers={"Authorization": f"Bearer {OTHER_KEY}"},
+                          timeout=120) as r:
+            other = _label(r)
+            done = any(line == "data: [DONE]" for line in r.iter_lines())
+        run.count(other)
+        answers = Counter(_status_of(until_closed(sock, IDLE_S + 10)[1]) for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    run.sharing.setdefault("slow bodies", []).append({
+        "sockets": n, "places_taken_by_them": places, "other_key_stream": other, "other_stream_done": done,
+        "other_stream_s": round(time.monotonic() - t0, 2), "slow_ones_answered": dict(answers)})
+
+
+def body_flood(run: Run, n: int = 400) -> None:
+    """``n`` connections each send a 1 MiB body to /health (a route that reads none): the peak RSS growth over
+    the RSS before (sampled every 10 ms while they run)."""
+    before, peak, stop = run.rss_mib(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.01):
+            peak[0] = max(peak[0], run.rss_mib())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    payload = b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (1 << 20) + b"x" * (1 << 20)
+
+    def one(_: int) -> int | str:
+        with socket.create_connection((HOST, run.port), timeout=30) as sock:
+            try:
+                sock.sendall(payload)
+            except OSError:
+                pass  # answered and closed unread: as designed
+            return _status_of(until_closed(sock, IDLE_S + 10)[1])
+
+    with ThreadPoolExecutor(50) as pool:
+        answers = Counter(pool.map(one, range(n)))
+    stop.set()
+    sampler.join()
+    run.sharing.setdefault("body flood", []).append({
+        "connections": n, "answers": {str(k): v for k, v in answers.items()},
+        "peak_rss_growth_mib": round(max(peak[0] - before, 0.0), 1)})
+
+
+def full_queue(run: Run) -> None:
+    """Fill every place with long streams; the next request's 503 must name the numbers and a Retry-After."""
+    long = {"prompt": "Once upon a time", "max_tokens": 2000, "stream": True}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=run.base, headers=auth, timeout=60) as http, ExitStack() as held:
+        for _ in range(MAX_QUEUE + 1):
+            held.enter_context(http.stream("POST", COMPLETIONS, json=long))
+        r = http.post(COMPLETIONS, json=long)
+        run.count(_label(r))
+        err = r.json().get("error", {}) if r.status_code != 200 else {}
+    run.sharing.setdefault("full queue", []).append({
+        "status": _label(r), "message": err.get("message"), "retry_after": r.headers.get("Retry-After")})
+    _wait_idle(run)
+
+
+def cache_probe(run: Run) -> None:
+    """One key sends a long prompt; another key then sends the same prompt (a right guess) and a different one
+    of about the same length (a wrong guess): with the cache per key both are evaluated whole (the ratio of
+    their times near 1; a shared cache answers the right guess ~100x sooner). The other key's /stats must not
+    move with the first key's request."""
+    def timed(key: str, text: str) -> float:
+        t0 = time.monotonic()
+        run.post(CHAT, json={"messages": [{"role": "user", "content": text}], "max_tokens": 1},
+                 headers={"Authorization": f"Bearer {key}"})
+        return time.monotonic() - t0
+
+    seen_before = run.stats(OTHER_KEY)
+    timed(KEY, LONG_PROMPT)
+    moved = run.stats(OTHER_KEY) != seen_before
+    right = timed(OTHER_KEY, LONG_PROMPT)
+    timed(KEY, LONG_PROMPT)
+    wrong = timed(OTHER_KEY, LONG_PROMPT.replace("miller", "baker"))
+    run.sharing.setdefault("cache probe", []).append({
+        "right_guess_s": round(right, 3), "wrong_guess_s": round(wrong, 3), "ratio": round(right / wrong, 3),
+        "other_keys_stats_moved": moved})
+
+
+def nodelay(run: Run, n: int = 20) -> None:
+    """Kept-alive /health requests after the first on one connection: ~40 ms each when Nagle's algorithm
+    holds the answer's second segment for the client's delayed ACK, ~1 ms with TCP_NODELAY."""
+    with httpx.Client(base_url=run.base, timeout=30) as http:
+        http.get("/health")
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            http.get("/health")
+            times.append(time.perf_counter() - t0)
+    run.sharing.setdefault("kept-alive latency", []).append({"requests": n,
+                                                             "median_ms": round(sorted(times)[n // 2] * 1e3, 2)})
+
+
+def _wait_idle(run: Run, limit_s: float = 60) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s and run.alive():
+        q = run.health(ADMIN_KEY)["queue"]
+        if q["running"] + q["waiting"] + q["places_taken"] == 0:
+            return
+        time.sleep(0.05)
+
+
+def sharing_ok(sharing: dict) -> bool:
+    """Every sharing case as designed: slow senders took no place and another key's stream completed; the flood
+    grew the peak RSS by under 256 MiB; the 503 named the queue; no key saw another's cache or statistics."""
+    slow = all(c["places_taken_by_them"] == 0 and c["other_key_stream"] == 200 and c["other_stream_done"]
+               for c in sharing.get("slow bodies", []))
+    flood = all(c["peak_rss_growth_mib"] < 256 for c in sharing.get("body flood", []))
+    full = all(c["status"] == QUEUE_FULL and "waiting" in (c["message"] or "") and c["retry_after"]
+               for c in sharing.get("full queue", []))
+    probe = all(c["ratio"] > 0.5 and not c["other_keys_stats_moved"] for c in sharing.get("cache probe", []))
+    return slow and flood and full and probe
 
 
 # ---------------------------------------------------------------- raw sockets
@@ -255,12 +404,12 @@ def until_closed(sock: socket.socket, limit_s: float, trickle: bytes = b"") -> t
 
 
 def _label(r: httpx.Response) -> int | str:
-    """The status, or "503 queue_full" for the server's designed answer when it has no place left (back-pressure,
-    not a fault)."""
+    """The status, or "503 queue_full" / "503 server_busy" for the server's designed answers when it has no place
+    or no reading room left (back-pressure, not a fault)."""
     if r.status_code == 503:
         try:
-            if r.json()["error"]["code"] == "queue_full":
-                return QUEUE_FULL
+            if r.json()["error"]["code"] in DESIGNED_503:
+                return f"503 {r.json()['error']['code']}"
         except (ValueError, KeyError, TypeError):
             pass
     return r.status_code
@@ -277,7 +426,7 @@ def start_server(extra: list[str], log: Path) -> Run:
         s.bind((HOST, 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "cli", "serve", "--host", HOST, "--port", str(port), "--threads", "1",
-           "--n-ctx", str(N_CTX), "--api-key", KEY, "--max-queue", str(MAX_QUEUE), "--idle-timeout", str(IDLE_S),
+           "--n-ctx", str(N_CTX), "--api-key", f"{KEY},{OTHER_KEY}", "--admin-key", ADMIN_KEY, "--max-queue", str(MAX_QUEUE), "--idle-timeout", str(IDLE_S),
            *extra]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -303,7 +452,9 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
     steps = [("bad requests", bad_requests), ("slow clients", slow_clients),
              ("streams", lambda r: streams(r, n_clients)), ("leave during a prompt", lambda r: freed.append(
                  leave_during_prompt(r))), ("body burst", lambda r: body_burst(r, 2 * (MAX_QUEUE + 1) + 4)),
-             ("hostile grammars", hostile_grammars), ("probe", lambda r: probes.append(r.probe()))]
+             ("hostile grammars", hostile_grammars), ("slow bodies", slow_bodies), ("body flood", body_flood),
+             ("full queue", full_queue), ("cache probe", cache_probe), ("kept-alive latency", nodelay),
+             ("probe", lambda r: probes.append(r.probe()))]
     for _ in range(rounds):
         for name, step in steps:
             if time.monotonic() - t0 > time_limit or not run.responsive():
@@ -322,6 +473,7 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
         "requests": sum(run.statuses.values()), "answered_2xx": answered, "by_status": statuses,
         "refused_queue_full_503": run.statuses[QUEUE_FULL],
         "errors_5xx": sum(v for k, v in run.statuses.items() if isinstance(k, int) and k >= 500),
+        "sharing": run.sharing, "sharing_ok": sharing_ok(run.sharing),
         "hostile_grammars": run.grammar_statuses, "long_prompt_alone_s": long_alone,
         "no_answer": sum(v for k, v in run.statuses.items() if str(k).startswith("no answer")),
         "closed_by_server": dict(run.closed),
@@ -356,13 +508,14 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             run.proc.kill()
     report["server"] = "eagle2-local serve " + " ".join(
-        ["--threads 1", f"--n-ctx {N_CTX}", "--api-key KEY", f"--max-queue {MAX_QUEUE}", f"--idle-timeout {IDLE_S}",
+        ["--threads 1", f"--n-ctx {N_CTX}", "--api-key KEY,OTHER", "--admin-key ADMIN", f"--max-queue {MAX_QUEUE}", f"--idle-timeout {IDLE_S}",
          args.serve_args]).strip()
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
-    ok = report["errors_5xx"] == 0 and report["probe_same_throughout"] and report["server_answering_at_end"]
+    ok = (report["errors_5xx"] == 0 and report["probe_same_throughout"] and report["server_answering_at_end"]
+          and report["sharing_ok"])
     return 0 if ok else 1
 
 

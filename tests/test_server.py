@@ -307,7 +307,7 @@ def rss_mib(pid: int) -> float:
 
 def test_full_queue_answers_503_with_retry_after(smollm2_path, tmp_path):
     """--max-queue 2: one answered and two waiting fill the server. Then even large bodies are refused at once
-    and unread (a place is taken before the body is read), so the server's memory stays where it was; once
+    and unread (a full server answers before reading a body), so the server's memory stays where it was; once
     the queue has drained, the same body is read and answered."""
     from eagle2_local.server import body_limit
 
