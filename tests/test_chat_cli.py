@@ -122,8 +122,8 @@ def test_chat_first_turn_is_generates_answer_whatever_came_before(smollm2_path):
     assert gen.returncode == 0, gen.stderr
     expected = json.loads(gen.stdout)["text"]
     proc = subprocess.run([sys.executable, "-m", "cli", "chat", *args],
-                          input=f"{message}\n/send\nWhat about the blue ones?\n/reset\n{message}\n", capture_output=True,
-                          text=True, timeout=300)
+                          input=f"{message}\n/send\nWhat about the blue ones?\n/reset\n{message}\n",
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     # answers are what stands between the stats lines (an answer may hold newlines of its own)
     answers = [block.strip() for block in re.split(r"^.*tok/s.*$", proc.stdout, flags=re.M)]

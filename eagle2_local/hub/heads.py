@@ -47,7 +47,8 @@ def head_from_hub(repo_id: str, target: str | Path, cache_dir=None,
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_path(out) as tmp:
-            convert_folder(folder, tmp, target)
+            convert_folder(folder, tmp, target, on_choices=None if say is None else lambda choices: say(
+                "choices made for you (stored in the GGUF): " + "; ".join(f"{k}: {v}" for k, v in choices.items())))
     except Eagle2Error as exc:
         raise IncompatibleDraftError(f"the head {repo_id} does not fit {Path(target).name}: {exc}") from None
     return out
@@ -71,8 +72,10 @@ def converted_path(repo_id: str, commit: str, target: str | Path) -> Path:
     return cache_root() / HEADS_FOLDER / f"{repo_id.replace('/', '--')}-{key}.gguf"
 
 
-def convert_folder(folder: Path, out: Path, target: str | Path) -> Path:
-    """``eagle2-local convert FOLDER -o OUT --target TARGET`` (EAGLE-3 or EAGLE-1/2, by the config)."""
+def convert_folder(folder: Path, out: Path, target: str | Path,
+                   on_choices: Callable[[dict], None] | None = None) -> Path:
+    """``eagle2-local convert FOLDER -o OUT --target TARGET`` (EAGLE-3 or EAGLE-1/2, by the config);
+    ``on_choices`` hears what the converter decided on the user's behalf, as ``convert`` prints it."""
     try:
         from ..convert.checkpoint import read_config
         from ..convert.eagle1 import convert_head
@@ -84,8 +87,8 @@ def convert_folder(folder: Path, out: Path, target: str | Path) -> Path:
         from convert.eagle1 import convert_head
         from convert.eagle3 import convert_eagle3, is_eagle3_config
     if is_eagle3_config(read_config(folder)):
-        return convert_eagle3(folder, out, target)
-    return convert_head(folder, out, target=target)
+        return convert_eagle3(folder, out, target, on_choices=on_choices)
+    return convert_head(folder, out, target=target, on_choices=on_choices)
 
 
 def draft_model_from_hub(text: str, cache_dir=None) -> Path:

@@ -101,7 +101,8 @@ class HubStandIn:
     def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         path = unquote(urlsplit(h.path).path)
         with self._lock:
-            self.requests.append(f"{h.command} {path}" + (f" Range={h.headers['Range']}" if h.headers.get("Range") else ""))
+            ranged = f" Range={h.headers['Range']}" if h.headers.get("Range") else ""
+            self.requests.append(f"{h.command} {path}{ranged}")
         api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/(.*))?)?", path)
         resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if api:
