@@ -196,3 +196,15 @@ def test_names_that_mean_no_file_or_several():
         with pytest.raises(HubError, match="ORG/NAME"):
             HubRef.parse(bad)
     assert HubRef.parse("o/r:Q4_K_M") == HubRef("o/r", quant="Q4_K_M")
+
+
+def test_network_errors_are_told_from_other_errors():
+    """An unreachable Hub sends a name to the cache (as llama.cpp's -hf does); any other error is not hidden."""
+    import importlib.util
+
+    from eagle2_local.hub.files import network_error
+
+    # the HTTP library of huggingface_hub 2.x (httpx2), else 1.x's (httpx, a test dependency anyway)
+    http = importlib.import_module("httpx2" if importlib.util.find_spec("httpx2") else "httpx")
+    assert network_error(http.ConnectError("refused")) and network_error(http.ReadTimeout("slow"))
+    assert network_error(ConnectionResetError()) and not network_error(ValueError("a bug"))

@@ -135,7 +135,9 @@ def list_repo(repo_id: str, cache_dir: str | os.PathLike | None = None, revision
         raise HubError(f"{repo_id}: no revision {revision!r} on {hf.constants.ENDPOINT}") from None
     except HfHubHTTPError as exc:
         raise HubError(f"{repo_id}: the Hub answered {_first_line(exc)}") from None
-    except OSError as exc:  # httpx's connection errors are OSErrors too: fall back on the cache as llama.cpp does
+    except Exception as exc:  # the Hub unreachable: the cache answers, as llama.cpp's -hf falls back on its own
+        if not network_error(exc):
+            raise
         return cached_listing(repo_id, cache_dir, revision, f"{hf.constants.ENDPOINT} is unreachable ({exc})",
                               include)
     files = [e for e in entries if hasattr(e, "size")]
@@ -177,9 +179,11 @@ def fetch(listing: Listing, name: str, cache_dir=None, local_dir=None, revision:
                                        revision=revision))
     except HfHubHTTPError as exc:
         raise HubError(f"{listing.repo_id}/{name}: the Hub answered {_first_line(exc)}") from None
-    except OSError as exc:
+    except Exception as exc:
+        if not network_error(exc):
+            raise
         raise HubError(f"{listing.repo_id}/{name}: the download failed ({_first_line(exc)}); run again to "
-                       "resume") from None
+                       "download it") from None
     expected = listing.sha256.get(name)
     if expected and str(path) != str(before):
         _check_sha256(path, expected, f"{listing.repo_id}/{name}")
@@ -220,6 +224,15 @@ def download_gguf(ref: HubRef, cache_dir=None, local_dir=None, revision: str | N
     paths = [fetch(listing, name, cache_dir, local_dir, revision) for name in shard_names(first, listing.names)]
     log.info("%s: %s", ref.repo_id, paths[0])
     return paths[0]
+
+
+NETWORK_ERRORS = {"TransportError", "ConnectionError", "Timeout", "OSError"}
+
+
+def network_error(exc: BaseException) -> bool:
+    """A connection refused, reset or timed out, whichever HTTP library the installed huggingface_hub uses (httpx
+    since 1.0, requests before): by the names of the error's classes, as the library re-raises them."""
+    return any(cls.__name__ in NETWORK_ERRORS for cls in type(exc).__mro__)
 
 
 def _first_line(exc: BaseException) -> str:
