@@ -140,6 +140,21 @@ def test_slow_senders_take_no_place_in_the_queue(private):
     assert get(private, "/health", ADMIN).json()["queue"]["places_taken"] == 0
 
 
+def test_one_clients_slow_senders_are_bounded_and_others_still_answered(private):
+    """A client's share of the bodies being read (128) is full: its next body is refused at once with 429,
+    while another key is still read and answered."""
+    from eagle2_local.server.clients import READERS_PER_CLIENT
+
+    import selectors
+
+    with ExitStack() as stack, selectors.DefaultSelector() as ready:
+        for _ in range(READERS_PER_CLIENT + 1):  # one more than the share: the first answer is its 429
+            ready.register(stack.enter_context(closing(_slow_body(private, ALICE))), selectors.EVENT_READ)
+        (first, _), *_ = ready.select(timeout=30)
+        assert _until_closed(first.fileobj).startswith(b"HTTP/1.1 429")
+        assert client(private, BOB).completions.create(model=NAME, prompt="Hi", max_tokens=2).choices[0].text
+
+
 def test_bodies_to_other_routes_are_never_read(private):
     """A body sent to /health, /docs, /openapi.json, /stats or an unknown route is not read: the answer comes
     before the body does, and the connection is closed after it. Two hundred such connections sending 1 MiB
@@ -245,16 +260,21 @@ def test_readers_bound_each_client_and_the_bytes_they_hold():
     readers.start("a")
     readers.start("a")
     with pytest.raises(APIError) as busy:
-        readers.start("a")
-    assert busy.value.status == 503 and busy.value.headers["Retry-After"] == "1"
+        readers.start("a")  # the client's own share is full: it is the one sending too much
+    assert busy.value.status == 429 and busy.value.headers["Retry-After"] == "1"
     readers.start("b")
     readers.hold("b", 500)
-    with pytest.raises(APIError):
+    with pytest.raises(APIError) as busy:
         readers.hold("b", 1)  # half the budget is one client's most
+    assert busy.value.status == 429
     readers.hold("a", 400)
     readers.start("c")
-    with pytest.raises(APIError):
+    with pytest.raises(APIError) as busy:
         readers.hold("c", 101)  # the whole budget: 500 + 400 + 101 > 1000
+    assert busy.value.status == 503 and busy.value.code == "server_busy"
+    with pytest.raises(APIError) as busy:
+        readers.start("d")  # four bodies being read: the server's room is full
+    assert busy.value.status == 503
     readers.finish("b", 500)
     readers.finish("a", 400)
     readers.finish("c", 0)

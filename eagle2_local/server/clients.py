@@ -77,16 +77,20 @@ class Keys:
         return labelled(401, f"{why}: send `Authorization: Bearer KEY`", {"WWW-Authenticate": "Bearer"})
 
 
-def busy_reading(what: str) -> APIError:
-    """The 503 of a server (or a client) with no room to read another body now; the connection is closed, as
-    its body is never read."""
-    return APIError(503, f"too many request bodies are being read at once ({what}); retry in 1 s", "server_error",
-                    "server_busy", headers={"Retry-After": "1", "Connection": "close"})
+def busy_reading(what: str, own: bool) -> APIError:
+    """The refusal of a body there is no room to read now: 429 when the client's own share is full (it is the
+    one sending too much), 503 when the server's is. The connection is closed, as its body is never read."""
+    headers = {"Retry-After": "1", "Connection": "close"}
+    message = f"too many request bodies are being read at once ({what}); retry in 1 s"
+    if own:
+        return labelled(429, message, headers)
+    return APIError(503, message, "server_error", "server_busy", headers=headers)
 
 
 class Readers:
     """The bodies being read: at most ``total`` at once (``per_client`` of them one client's), holding at most
-    ``budget`` bytes together (half of it one client's). Thread-safe; the event loop is its only user."""
+    ``budget`` bytes together (half of it one client's); a client past its share gets 429, everyone past the
+    server's 503. Thread-safe; the event loop is its only user."""
 
     def __init__(self, total: int = READERS, per_client: int = READERS_PER_CLIENT,
                  budget: int = READ_BUDGET_BYTES) -> None:
@@ -98,18 +102,20 @@ class Readers:
     def start(self, client: str) -> None:
         """Count a body ``client`` starts sending, or refuse it (503) when no room is left."""
         with self._lock:
-            if sum(self._count.values()) >= self.total:
-                raise busy_reading(f"{self.total} in all")
             if self._count.get(client, 0) >= self.per_client:
-                raise busy_reading(f"{self.per_client} from one client")
+                raise busy_reading(f"{self.per_client} from one client", own=True)
+            if sum(self._count.values()) >= self.total:
+                raise busy_reading(f"{self.total} in all", own=False)
             self._count[client] = self._count.get(client, 0) + 1
 
     def hold(self, client: str, n_bytes: int) -> None:
         """``client``'s body grew by ``n_bytes``: refused (503) past the budget, in all or the client's half."""
         with self._lock:
             mine = self._bytes.get(client, 0) + n_bytes
-            if mine > self.budget // 2 or sum(self._bytes.values()) + n_bytes > self.budget:
-                raise busy_reading(f"{self.budget >> 20} MiB of bodies in all")
+            if mine > self.budget // 2:
+                raise busy_reading(f"{self.budget >> 21} MiB of bodies from one client", own=True)
+            if sum(self._bytes.values()) + n_bytes > self.budget:
+                raise busy_reading(f"{self.budget >> 20} MiB of bodies in all", own=False)
             self._bytes[client] = mine
 
     def finish(self, client: str, n_bytes: int) -> None:
