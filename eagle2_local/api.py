@@ -35,7 +35,7 @@ from .llamacpp.rpc import parse_servers
 from .llamacpp.runtime import system_info
 from .measure.cost_cache import CostKey, cached_or_measured, file_identity
 from .measure.microbench import check_costs, measure_costs
-from .tree.draft_tree import TreeParams
+from .tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS, TreeParams
 from .tree.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .tree_policy import TreeBudget
 
@@ -53,7 +53,7 @@ class Eagle2:
     def __init__(self, model_path: str | os.PathLike | None = None, head_path: str | os.PathLike | None = None,
                  draft_model_path: str | os.PathLike | None = None, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_threads: int | None = None, n_gpu_layers: int | None = None, seed: int | None = None,
-                 total_tokens: int | None = None, depth: int | None = None, tree_top_k: int = 10,
+                 total_tokens: int | None = None, depth: int | None = None, tree_top_k: int = EAGLE2_TOP_K,
                  plain: bool = False, verbose: bool = False, budget: str | None = None, recalibrate: bool = False,
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
@@ -83,7 +83,7 @@ class Eagle2:
         mode = budget or ("fixed" if total_tokens is not None else "auto")
         if mode not in ("auto", "fixed"):
             raise Eagle2Error(f"budget must be 'auto' or 'fixed', got {budget!r}")
-        total_tokens = 60 if total_tokens is None else total_tokens
+        total_tokens = EAGLE2_TOTAL_TOKENS if total_tokens is None else total_tokens
         self.budget_mode = mode
         self.plain = plain
         spec = _draft_of(model_path, head_path, draft_model_path, draft)
@@ -94,7 +94,7 @@ class Eagle2:
         if spec is None and lookup:
             spec = DraftSpec("lookup")
         if depth is None:  # a lookup's levels cost nothing, and copied spans run long
-            depth = LOOKUP_DEPTH if spec is not None and spec.kind == "lookup" and not plain else 6
+            depth = LOOKUP_DEPTH if spec is not None and spec.kind == "lookup" and not plain else EAGLE2_DEPTH
         self.tree_params = TreeParams(total_tokens=total_tokens, depth=depth, top_k=tree_top_k)
         n_seq = min(MAX_SEQ, max(3, self.tree_params.total_tokens + 2))
         self.settings = ContextSettings(n_ctx=n_ctx, n_batch=max(n_batch, total_tokens), n_seq_max=n_seq,

