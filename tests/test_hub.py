@@ -39,7 +39,9 @@ def hub(files):
     with HubStandIn() as standin:
         standin.add("org/M-GGUF", {"m-Q4_1.gguf": files["q4_1"], "m-Q8_0.gguf": files["q8"],
                                    "README.md": b"# M\n"})
-        standin.add("org/M-EAGLE3", {name: files["head"] / name for name in ("config.json", "model.safetensors")})
+        standin.add("org/M-EAGLE3", {**{name: files["head"] / name for name in ("config.json", "model.safetensors")},
+                                     "pytorch_model.bin": b"the same weights again, never fetched",
+                                     "README.md": b"# an EAGLE-3 head\n"})
         standin.add("org/WIDE-EAGLE3", {name: files["wide"] / name for name in ("config.json", "model.safetensors")})
         yield standin
 
@@ -79,7 +81,8 @@ def test_generate_by_name_answers_as_paths_and_runs_offline(hub, env, files, tmp
                   "org/M-EAGLE3", *ARGS)
     got = answer(by_name)
     assert "converting the head org/M-EAGLE3" in by_name.stderr
-    assert not any("m-Q8_0.gguf" in r for r in hub.requests)  # only the file asked for was downloaded
+    fetched = [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
+    assert not [r for r in fetched if r.endswith(("m-Q8_0.gguf", ".bin", "README.md"))], fetched  # only what runs
     head = tmp_path / "head.gguf"
     converted = cli(env, "convert", str(files["head"]), "-o", str(head), "--target", str(files["q4_1"]))
     assert converted.returncode == 0, converted.stderr

@@ -37,6 +37,8 @@ def head_from_hub(repo_id: str, target: str | Path, cache_dir=None,
     if "config.json" not in names:
         return fetch(listing, choose_gguf(repo_id, names, HubRef(repo_id, pattern="*.gguf")), cache_dir)
     wanted = [n for n in names if WEIGHT_FILES.search(n) and "/" not in n]
+    if any(n.endswith(".safetensors") for n in wanted):  # both formats published: the safetensors are enough
+        wanted = [n for n in wanted if not n.endswith(".bin") and not n.endswith(".bin.index.json")]
     folder = _folder_of(listing, wanted, cache_dir)
     out = converted_path(repo_id, folder.name, target)
     if out.is_file():
