@@ -35,13 +35,12 @@ from .llamacpp.rpc import parse_servers
 from .llamacpp.runtime import system_info
 from .measure.cost_cache import CostKey, cached_or_measured, file_identity
 from .measure.microbench import check_costs, measure_costs
-from .tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS, TreeParams
+from .tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS, LOOKUP_DEPTH, TreeParams
 from .tree.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
 from .tree_policy import TreeBudget
 
 log = logging.getLogger(__name__)
 
-LOOKUP_DEPTH = 16  # default draft levels of a lookup draft alone (a model draft's: 6): NOTES.md#lookup-drafts
 # Tokens a recurrent / hybrid model's state keeps snapshots of (llama.cpp's n_rs_seq): the draft tokens of the
 # longest chain it verifies. Each costs one more copy of the recurrent state (docs/design.md "Recurrent and hybrid models").
 CHAIN_TOKENS = 8

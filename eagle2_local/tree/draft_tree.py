@@ -27,6 +27,7 @@ from .proposals import MODEL, Proposals
 MAX_TREE_NODES = 256  # llama.cpp can address at most 256 sequences (llama.MAX_SEQ); our trees stay well below
 # EAGLE-2's tree (its total_token, depth and top_k): the fixed tree's shape, the auto budget's limits, every default
 EAGLE2_TOTAL_TOKENS, EAGLE2_DEPTH, EAGLE2_TOP_K = 60, 6, 10
+LOOKUP_DEPTH = 16  # a lookup draft alone: its levels cost nothing and copied spans run long (NOTES.md#lookup-drafts)
 
 
 @dataclass(frozen=True)
