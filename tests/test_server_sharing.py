@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import ExitStack, closing, contextmanager
@@ -23,14 +25,16 @@ pytestmark = pytest.mark.smollm2
 
 ALICE, BOB, ADMIN = "alice-key", "bob-key", "admin-key"
 IDLE_S = 3
-SHARED_ARGS = ("--plain", "--threads", "1", "--n-ctx", str(N_CTX), "--api-key", f"{ALICE},{BOB}", "--admin-key",
-               ADMIN, "--idle-timeout", str(IDLE_S))
+SHARED_ARGS = ("--plain", "--threads", "1", "--n-ctx", str(N_CTX), "--api-key", f"{ALICE},spare-key", "--admin-key",
+               ADMIN, "--idle-timeout", str(IDLE_S))  # and BOB's key in an --api-key-file
 PROMPT = "Tell me a short story about a lighthouse keeper and his cat."
 
 
 @contextmanager
 def running(tmp_path_factory, name: str, *args: str) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp(name) / "server.log", *SHARED_ARGS, *args)
+    folder = tmp_path_factory.mktemp(name)
+    (folder / "keys.txt").write_text(f"\n{BOB}\n")
+    s = start_server(folder / "server.log", *SHARED_ARGS, "--api-key-file", str(folder / "keys.txt"), *args)
     try:
         yield s
     finally:
@@ -68,6 +72,13 @@ def reused(server: Server, key: str, prompt: str = PROMPT, **kw) -> tuple[int, l
 def get(server: Server, path: str, key: str | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.get(server.base + path, headers=headers, timeout=30)
+
+
+def test_an_empty_key_file_is_an_error_not_an_open_server(tmp_path):
+    (tmp_path / "keys.txt").write_text("\n  \n")
+    out = subprocess.run([sys.executable, "-m", "cli", "serve", "--api-key-file", str(tmp_path / "keys.txt")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].endswith("holds no key"), out.stderr
 
 
 # ------------------------------------------------------------------ isolation

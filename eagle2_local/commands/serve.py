@@ -19,6 +19,9 @@ from .common import (chat_template_option, fail, friendly_errors, load, read_cha
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on the API routes (/health and the docs at "
               "/docs stay open); several keys comma-separated, one client each: a client reuses only its own "
               "cached prompt and sees only its own figures in /stats and /health.")
+@click.option("--api-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A file of API keys, one a line, added to --api-key's (as llama-server's option; keys in a file "
+              "stay out of the process list).")
 @click.option("--admin-key", default=None, help="A key that also sees every client's figures in /stats and /health "
               "(and may use the API).")
 @click.option("--share-prompt-cache", is_flag=True, help="Let every client reuse the prompt cache another client "
@@ -36,12 +39,13 @@ from .common import (chat_template_option, fail, friendly_errors, load, read_cha
 @click.option("--alias", default=None, help="The model name clients see [default: the GGUF file name].")
 @chat_template_option()
 @friendly_errors
-def serve(host, port, api_key, admin_key, share_prompt_cache, max_queue, expose_stats, idle_timeout, alias,
+def serve(host, port, api_key, api_key_file, admin_key, share_prompt_cache, max_queue, expose_stats, idle_timeout, alias,
           max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, **rt):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models;
     OpenAPI docs at /docs).
 
-    One request is answered at a time, in arrival order; consecutive requests reuse their common KV prefix.
+    One request is answered at a time, in arrival order; consecutive requests of one client (an API key, or an
+    address without keys) reuse their common KV prefix.
     The sampling options are the defaults for fields a request leaves out. Needs `pip install
     "eagle2-local[server]"`.
     """
@@ -51,12 +55,29 @@ def serve(host, port, api_key, admin_key, share_prompt_cache, max_queue, expose_
         from ..server import serve as run_server
     except ImportError as exc:
         fail(f"the server needs its optional packages ({exc.name} is missing): pip install 'eagle2-local[server]'")
+    keys = _api_keys(api_key, api_key_file)
     defaults = SamplingDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
-    run_server(lambda: load(**rt), host=host, port=port, api_key=api_key, max_waiting=max_queue, model_name=alias,
+    run_server(lambda: load(**rt), host=host, port=port, api_key=keys, max_waiting=max_queue, model_name=alias,
                defaults=defaults, expose_stats=expose_stats, idle_timeout_s=idle_timeout, admin_key=admin_key,
                share_prompt_cache=share_prompt_cache,
                say=lambda msg: click.echo(msg, err=True))
+
+
+def _api_keys(api_key: str | None, api_key_file: str | None) -> tuple[str, ...]:
+    """--api-key's comma-separated keys and --api-key-file's lines (blank ones skipped)."""
+    from ..server.clients import parse_keys
+
+    keys = parse_keys(api_key)
+    if api_key_file is not None:
+        try:
+            with open(api_key_file, encoding="utf-8") as f:
+                keys += tuple(line.strip() for line in f if line.strip())
+        except (OSError, UnicodeError) as exc:
+            fail(f"--api-key-file: cannot read {api_key_file}: {exc}")
+        if not keys:  # an empty file must not leave the server open
+            fail(f"--api-key-file: {api_key_file} holds no key")
+    return keys
 
 
 @click.command("rpc-server")
