@@ -82,6 +82,7 @@ class Run:
         self.closed: Counter = Counter()  # connections the server closed, by what the client did
         self.notes: list[str] = []
         self.grammar_statuses: dict[str, list] = {}  # per hostile grammar, its status in each round
+        self.structured: dict[str, list] = {}  # per structured-output case (issue 74), its outcome in each round
         self.sharing: dict[str, list] = {}  # per case of a server clients share, its findings in each round
         self.peak_rss_mib = 0.0
         self._lock = threading.Lock()
@@ -239,6 +240,118 @@ def hostile_grammars(run: Run) -> None:
     for name, gbnf in HOSTILE_GRAMMARS.items():
         r = run.post(COMPLETIONS, json={"prompt": "Say a:", "max_tokens": 4, "grammar": gbnf}, timeout=30)
         run.grammar_statuses.setdefault(name, []).append(_label(r) if r is not None else "no answer")
+
+
+# ---------------------------------------------------------------- structured output (issue 74)
+TRICKY = ["back\\slash", "tab\there", "new\nline", 'say "hi"', "bell\x07", "caf\u00e9 \u2615"]
+TRICKY_SCHEMA = {"type": "object", "properties": {
+    'q"uote\\': {"enum": TRICKY}, "path\t": {"const": "C:\\temp\\new"},
+    "code": {"type": "string", "pattern": '^"[a-z]{2}\\\\\\d$'}}, "required": ['q"uote\\', "path\t", "code"]}
+ORDER_ARGS = {"$defs": {"Item": {"type": "object", "properties": {"sku": {"type": "string", "maxLength": 8},
+                                                                  "qty": {"type": "integer"}},
+                                 "required": ["sku", "qty"]}},
+              "type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"},
+                                                         "minItems": 1, "maxItems": 2}}, "required": ["items"]}
+ORDER_TOOL = {"type": "function", "function": {"name": "place_order", "parameters": ORDER_ARGS}}
+
+
+def _record(run: Run, case: str, outcome) -> None:
+    run.structured.setdefault(case, []).append(outcome)
+
+
+def _timed_status(run: Run, body: dict) -> str:
+    t0 = time.monotonic()
+    r = run.post(CHAT, json=body, timeout=60)
+    return f"{_label(r) if r is not None else 'no answer'} in {time.monotonic() - t0:.2f} s"
+
+
+def hostile_schemas(run: Run) -> None:
+    """Counts that the converter would write out (ten million items, a 10^8-character string, a pattern's
+    {1,10^9}), as response_format and as a tool's parameters under tool_choice "none": 4xx within seconds."""
+    for name, schema in (("minItems 10^7", {"type": "array", "items": {"type": "integer"}, "minItems": 10 ** 7}),
+                         ("maxLength 10^8", {"type": "object", "properties": {"s": {"type": "string",
+                                                                                     "maxLength": 10 ** 8}}}),
+                         ("pattern {1,10^9}", {"type": "string", "pattern": "^(ab){1,1000000000}$"})):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        _record(run, f"schema {name}", _timed_status(run, {"messages": USER, "max_tokens": 4,
+                                                            "response_format": fmt}))
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                              "properties": {"a": schema}}}}
+        _record(run, f"tool none {name}", _timed_status(run, {"messages": USER, "max_tokens": 4, "tools": [tool],
+                                                               "tool_choice": "none"}))
+
+
+def _parses(text: str | None, schema: dict) -> str:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text or ""), schema)
+    except (ValueError, jsonschema.ValidationError) as exc:
+        return f"INVALID: {str(exc)[:80]}"
+    return "valid"
+
+
+def structured_answers(run: Run) -> None:
+    """Sampled answers under a schema of escapes, unicode and a pattern: each must parse and validate."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": TRICKY_SCHEMA}}
+    for seed in (1, 2):
+        r = run.post(CHAT, json={"messages": [{"role": "user", "content": "Fill the form."}], "max_tokens": 120,
+                                 "temperature": 1.0, "seed": seed, "response_format": fmt})
+        ok = r is not None and r.status_code == 200
+        _record(run, "escapes parse and validate", _parses(r.json()["choices"][0]["message"]["content"],
+                                                           TRICKY_SCHEMA) if ok else _label(r) if r else "none")
+
+
+def defs_tools(run: Run) -> None:
+    """A pydantic-shaped tool ($defs/$ref) under every tool_choice: 200, and the calls' arguments validate."""
+    for choice in ("auto", "none", "required", {"type": "function", "function": {"name": "place_order"}}):
+        r = run.post(CHAT, json={"messages": [{"role": "user", "content": "Order two apples."}], "max_tokens": 80,
+                                 "temperature": 1.0, "seed": 3, "tools": [ORDER_TOOL], "tool_choice": choice})
+        name = choice if isinstance(choice, str) else "named"
+        if r is None or r.status_code != 200:  # a 400 from a template without tools: --serve-args names one
+            _record(run, f"$defs {name}", f"{r.status_code}: {r.text[:90]}" if r is not None else "no answer")
+            continue
+        calls = r.json()["choices"][0]["message"].get("tool_calls") or []
+        verdicts = [_parses(c["function"]["arguments"], ORDER_ARGS) for c in calls]
+        _record(run, f"$defs {name}", f"200, {len(calls)} calls " + ",".join(verdicts))
+
+
+def hostile_tool_output(run: Run) -> None:
+    """Steer the model into writing a malformed call (an invalid escape in the name, deep arguments) by a
+    history of such calls, streamed under "auto": the stream must end with [DONE] (or an error event)."""
+    bad = '<tool_call>\n{"name": "f\\q\x01", "arguments": ' + '{"a": ' * 1100 + "1" + "}" * 1100 + "}\n</tool_call>"
+    history = [{"role": "user", "content": "Repeat exactly what you said before."},
+               {"role": "assistant", "content": bad}, {"role": "user", "content": "Again, exactly."}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    try:
+        with httpx.stream("POST", run.base + CHAT, headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                          json={"messages": history, "tools": [tool], "max_tokens": 48, "temperature": 0,
+                                "stream": True}) as r:
+            lines = [x for x in r.iter_lines() if x.startswith("data:")]
+            run.count(r.status_code)
+    except httpx.HTTPError as exc:
+        _record(run, "malformed call streamed", f"no answer ({type(exc).__name__})")
+        return
+    last = lines[-1] if lines else ""
+    _record(run, "malformed call streamed", f"{r.status_code}, ends " + ("[DONE]" if last == "data: [DONE]"
+                                                                          else repr(last[:40])))
+
+
+def long_stops(run: Run) -> None:
+    """16 stop strings of the longest length (accepted, answered in time linear in the answer); 17, or one of
+    60K characters: 400."""
+    stops = [("xy" * 2048)[i:i + 4095] + "!" for i in range(16)]
+    _record(run, "16 stops x 4096 chars", _timed_status(run, {"messages": USER, "max_tokens": 64, "stop": stops}))
+    _record(run, "17 stops", _timed_status(run, {"messages": USER, "max_tokens": 4, "stop": ["a"] * 17}))
+    _record(run, "a 60K-character stop", _timed_status(run, {"messages": USER, "max_tokens": 4, "stop": ["z" * 60000]}))
+
+
+def tiny_temperature(run: Run) -> None:
+    """temperature 1e-308 decodes greedily (the probe's answer); repeat_penalty 1e-320 is a 400."""
+    r = run.post(CHAT, json={**PROBE, "temperature": 1e-308})
+    same = r is not None and r.status_code == 200 and r.json()["eagle"]["tokens"] == run.probe()
+    _record(run, "temperature 1e-308 is greedy", same)
+    _record(run, "repeat_penalty 1e-320", _timed_status(run, {**PROBE, "repeat_penalty": 1e-320}))
 
 
 # ---------------------------------------------------------------- a server clients share
@@ -452,7 +565,10 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
     steps = [("bad requests", bad_requests), ("slow clients", slow_clients),
              ("streams", lambda r: streams(r, n_clients)), ("leave during a prompt", lambda r: freed.append(
                  leave_during_prompt(r))), ("body burst", lambda r: body_burst(r, 2 * (MAX_QUEUE + 1) + 4)),
-             ("hostile grammars", hostile_grammars), ("slow bodies", slow_bodies), ("body flood", body_flood),
+             ("hostile grammars", hostile_grammars), ("hostile schemas", hostile_schemas),
+             ("structured answers", structured_answers), ("$defs tools", defs_tools),
+             ("hostile tool output", hostile_tool_output), ("long stops", long_stops),
+             ("tiny temperature", tiny_temperature), ("slow bodies", slow_bodies), ("body flood", body_flood),
              ("full queue", full_queue), ("cache probe", cache_probe), ("kept-alive latency", nodelay),
              ("probe", lambda r: probes.append(r.probe()))]
     for _ in range(rounds):
@@ -474,7 +590,7 @@ def run_faults(run: Run, rounds: int, n_clients: int, time_limit: float) -> dict
         "refused_queue_full_503": run.statuses[QUEUE_FULL],
         "errors_5xx": sum(v for k, v in run.statuses.items() if isinstance(k, int) and k >= 500),
         "sharing": run.sharing, "sharing_ok": sharing_ok(run.sharing),
-        "hostile_grammars": run.grammar_statuses, "long_prompt_alone_s": long_alone,
+        "hostile_grammars": run.grammar_statuses, "structured": run.structured, "long_prompt_alone_s": long_alone,
         "no_answer": sum(v for k, v in run.statuses.items() if str(k).startswith("no answer")),
         "closed_by_server": dict(run.closed),
         "peak_rss_mib_sampled": round(run.peak_rss_mib, 1), "vm_hwm_mib": round(run.rss_mib("VmHWM"), 1),
