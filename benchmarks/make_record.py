@@ -335,7 +335,7 @@ def record() -> str:
         "## Reproducible prompt reuse vs cache_prompt (long chat, plain decoding)", "",
         "By default a cached prefix is reused only where a fresh evaluation reproduces it bit for bit and",
         "the rest of a prompt is evaluated in aligned 32-token batches; `cache_prompt` reuses every cached",
-        "token and evaluates the rest in full batches (`benchmarks/prompt_cache_cost.py`).", ""], prompt_cache_section)
+        "token and evaluates the rest in full batches (`benchmarks/experiments/prompt_cache_cost.py`).", ""], prompt_cache_section)
     out += per_report("server-load-*.json", [
         "## Server load", "",
         "`eagle2-local serve` on loopback: concurrent streaming clients (official `openai` client), one",

@@ -1,6 +1,6 @@
 """The speculative loop's between-round host calls, warm and right after a target decode (issue 44 part 1).
 
-    python benchmarks/host_cold_cache.py [--threads 2] [--answers 3] [--calls 100] [--json OUT]
+    python benchmarks/experiments/host_cold_cache.py [--threads 2] [--answers 3] [--calls 100] [--json OUT]
 
 A decode streams the model's weights through the CPU's caches, so the Python that runs next finds its code and
 objects evicted. This times the calls the loop makes between two decodes at a plain step (the tree budget's
@@ -25,7 +25,7 @@ import numpy as np
 from eagle2_local import Eagle2
 from eagle2_local.tree_policy import PLAIN_STEP, RoundResult, RoundTimes
 
-PROMPTS = Path(__file__).resolve().parent / "prompts" / "eagle" / "qa.jsonl"
+PROMPTS = Path(__file__).resolve().parents[1] / "prompts" / "eagle" / "qa.jsonl"
 
 
 def median_us(call: Callable[[], object], before: Callable[[], object] | None, n: int) -> float:

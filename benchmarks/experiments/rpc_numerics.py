@@ -1,6 +1,6 @@
 """RPC vs host CPU numerics: SmolLM2 + the default head, one loopback rpc-server, 1 thread on both sides.
 
-    ~/.cache/eagle2-local/rpc-venv/bin/python benchmarks/rpc_numerics.py [PORT]   # needs the RPC build
+    ~/.cache/eagle2-local/rpc-venv/bin/python benchmarks/experiments/rpc_numerics.py [PORT]   # needs the RPC build
 
 Prints, per quantity, the largest |rpc - host| over one prompt of each EAGLE set (first 200 tokens);
 NOTES.md#llamacpps-rpc-backend records the result.
@@ -19,7 +19,7 @@ from eagle2_local.api import Eagle2
 from eagle2_local.bench.prompt_sets import interleaved, load_prompt_sets
 from eagle2_local.llamacpp import rpc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored
 
 QUANTITIES = ("layer-input features", "target logits after prefill", "head root logits",

@@ -1,6 +1,6 @@
 """Time the numpy EAGLE-1/2 engine per tree level on SmolLM2, next to the target's time per token.
 
-    python benchmarks/eagle1_draft_time.py [--head HEAD.gguf] [--prompts 4] [--max-tokens 48] [--threads 1]
+    python benchmarks/experiments/eagle1_draft_time.py [--head HEAD.gguf] [--prompts 4] [--max-tokens 48] [--threads 1]
 
 Without ``--head`` a random head of SmolLM2's shape is written and converted (timing does not depend on the
 weights, only on the shapes and the tree). Drafting uses EAGLE-2's default tree (60 nodes, depth 6, top-k 10):
@@ -29,7 +29,7 @@ from eagle2_local.formats.eagle1_format import HeadParams
 from eagle2_local.formats.models import default_model_path
 from eagle2_local.measure.microbench import DraftTimes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EAGLE_SETS = ROOT / "benchmarks" / "prompts" / "eagle"  # EAGLE's six evaluation sets, vendored
 OUT = ROOT / "benchmarks" / "results" / "eagle1-numpy-draft-time-smollm2.json"
 
@@ -72,7 +72,7 @@ def main() -> None:
             tree = llm.tree_params
     target_ms = statistics.median(per_token) * 1e3
     report = {
-        "command": " ".join(["python benchmarks/eagle1_draft_time.py"] + sys.argv[1:]),
+        "command": " ".join(["python benchmarks/experiments/eagle1_draft_time.py"] + sys.argv[1:]),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine_info(),
         "model": model.name, "head": str(args.head or "random head of SmolLM2's shape (H 576, 9/9 heads, ff 1536), "
                                                     "embedding borrowed from the target"),

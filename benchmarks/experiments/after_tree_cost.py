@@ -1,6 +1,6 @@
 """What a tree costs the plain steps after it: plain decodes timed after a plain decode and after a tree.
 
-    python benchmarks/after_tree_cost.py [--threads 2] [--repeat 30] [--nodes 4] [--json OUT]
+    python benchmarks/experiments/after_tree_cost.py [--threads 2] [--repeat 30] [--nodes 4] [--json OUT]
 
 The tree budget prices a tree round by its own verification, timed size by size. This times the target's plain
 steps the way the loop takes them (the context grows, a tree keeps its root) in each repetition: four plain steps

@@ -1,7 +1,7 @@
 """τ of a merged draft against each of its parts, with the same fixed trees: does merging lookup branches into a
 model draft's trees keep τ at least that of the better part?
 
-    python benchmarks/tau_merged.py --sizes 16,60 --depth 8 [--model M.gguf --draft-model D.gguf | --head H.gguf] \
+    python benchmarks/experiments/tau_merged.py --sizes 16,60 --depth 8 [--model M.gguf --draft-model D.gguf | --head H.gguf] \
         --prompts benchmarks/prompts/eagle --prompts benchmarks/prompts/code_edit_short.jsonl --records 4
 
 For every prompt set and tree size it answers ``--records`` records, the first after ``--skip`` (first turns,

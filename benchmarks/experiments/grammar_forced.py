@@ -13,7 +13,7 @@ Printed per rule: tau (tokens per target pass, a count: the machine's load does 
 verified and accepted, and whether every answer equals the plain one. ``--host`` also times, at every position of
 the plain answers, the prefix-forest search against the whole-vocabulary mask (medians, microseconds).
 
-    python benchmarks/grammar_forced.py --prompts benchmarks/prompts/extract_schema.jsonl -n 8 --max-tokens 160
+    python benchmarks/experiments/grammar_forced.py --prompts benchmarks/prompts/extract_schema.jsonl -n 8 --max-tokens 160
 """
 
 from __future__ import annotations

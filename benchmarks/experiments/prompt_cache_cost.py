@@ -1,6 +1,6 @@
 """What reproducible prompt reuse costs on a long chat, against llama-server-style full reuse (cache_prompt).
 
-    python benchmarks/prompt_cache_cost.py --threads 1 --json benchmarks/results/prompt-cache-1t.json
+    python benchmarks/experiments/prompt_cache_cost.py --threads 1 --json benchmarks/results/prompt-cache-1t.json
 
 A chat of several turns (a passage from the vendored `sum` set, then follow-up questions) is answered twice per
 repeat, once with each setting, alternating, on one model: the default (the cache reused only where a fresh
@@ -24,7 +24,7 @@ from eagle2_local import Eagle2
 from eagle2_local.bench.harness import machine_info
 from eagle2_local.bench.prompt_sets import load_prompt_sets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOLLOW_UPS = ["Summarize that in two sentences.", "Who are the people named in it?",
               "What happened first, and what happened last?", "Give it a short title.",
               "What is one question the text leaves open?"]

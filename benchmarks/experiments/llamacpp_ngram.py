@@ -1,12 +1,12 @@
 """llama.cpp's own n-gram lookup drafting vs its plain decoding, same prompts, same binary (llama-server).
 
-    python benchmarks/llamacpp_ngram.py --bin DIR --model GGUF [--prompts benchmarks/prompts/code_edit.jsonl]
+    python benchmarks/experiments/llamacpp_ngram.py --bin DIR --model GGUF [--prompts benchmarks/prompts/code_edit.jsonl]
         [--n 20] [--max-tokens 256] [--threads 2] [--spec "--spec-type ngram-simple"] [--json OUT]
 
 One llama-server runs plain, a second one with the --spec options; each prompt goes as one user message to
 /v1/chat/completions (the server applies the GGUF's chat template), greedy, prompt cache off, after one
 discarded warm-up request. The server's own timings give decode tokens/s (prompt processing excluded) and
-drafted/accepted token counts. Use benchmarks/llamacpp_ngram.sh, which builds the binaries first.
+drafted/accepted token counts. Use benchmarks/experiments/llamacpp_ngram.sh, which builds the binaries first.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from eagle2_local.bench.prompt_sets import load_prompt_sets
 from eagle2_local.errors import Eagle2Error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class RunError(Exception):
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                         "command": shlex.join(["benchmarks/llamacpp_ngram.py",
+                                         "command": shlex.join(["benchmarks/experiments/llamacpp_ngram.py",
                                                                 *(argv or sys.argv[1:])]),
                                          "settings": {k: str(v) for k, v in vars(args).items()},
                                          "summary": summary, "plain": plain, "ngram": spec}, indent=1))

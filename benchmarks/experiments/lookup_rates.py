@@ -2,8 +2,8 @@
 and match length, per prompt set. What the lookup's priors (``eagle2_local/drafts/ngram.py``, ``_priors``)
 stand for.
 
-    python benchmarks/lookup_rates.py --prompts benchmarks/prompts/eagle --records 10:22 --json rates-eagle.json
-    python benchmarks/lookup_rates.py --prompts benchmarks/prompts/code_edit_short.jsonl --split tune \
+    python benchmarks/experiments/lookup_rates.py --prompts benchmarks/prompts/eagle --records 10:22 --json rates-eagle.json
+    python benchmarks/experiments/lookup_rates.py --prompts benchmarks/prompts/code_edit_short.jsonl --split tune \
         --records 0:12 --model models/qwen2.5-coder-1.5b-instruct-q4_0.gguf --json rates-code.json
 
 Each record's first user turn is answered by plain greedy decoding (``--max-tokens``, under the record's
