@@ -258,10 +258,11 @@ def test_layer_inputs_and_borrowed_embedding_on_the_servers(endpoints, smollm2_p
             root = int(np.argmax(ver.logits[0]))
             engine = llm.generator.engine
             assert engine.name.startswith("eagle3")
-            root_logits = engine.catch_up(np.array(tokens + [root]), ver.features, 0)
+            # copies: the engine's logits are views of llama.cpp buffers that die with the context (and, for the
+            # root, with the next decode)
+            root_logits = np.array(engine.catch_up(np.array(tokens + [root]), ver.features, 0).logits)
             top = np.argsort(root_logits)[-3:]
-            level1 = engine.expand(np.arange(3), top, np.full(3, -1), 1)
-            # copies: the engine's logits are views of llama.cpp buffers that die with the context
+            level1 = engine.expand(np.arange(3), top, np.full(3, -1), 1).logits
             runs[where] = tuple(np.array(x) for x in (ver.features, ver.logits[0], root_logits, level1))
     host, remote = runs["host"], runs["rpc"]
     assert remote[0].shape == host[0].shape == (len(tokens), 3 * 576)
