@@ -56,7 +56,7 @@ class Admission:
     """The API key, the body's size, deadline and reading room, a place for a generation request: checked before
     any routing."""
 
-    def __init__(self, app, keys: Keys, places: Places | None = None, max_body: int = MAX_BODY_BYTES,
+    def __init__(self, app, keys: Keys, places: Places, max_body: int = MAX_BODY_BYTES,
                  body_timeout_s: float | None = None, readers: Readers | None = None) -> None:
         self.app = app
         self.keys = keys
@@ -84,19 +84,30 @@ class Admission:
 
     async def _generation(self, scope, receive, sends: tuple[Callable, Callable], headers: dict[str, str],
                           client: str) -> None:
-        """Read the body (bounded), then take a place and run the route, giving the place back after.
-        ``sends``: the connection's ``send`` for answers before the body is read (closing) and after."""
+        """Read the body (bounded), then run the route in a place. ``sends``: the connection's ``send`` for
+        answers before the body is read (they close the connection) and after."""
         unread, send = sends
         try:
-            length = headers.get("content-length", "0")
-            if not (length.isascii() and length.isdigit()) or int(length) > self.max_body:
-                raise _too_large(self.max_body)
-            if self.places is not None:
-                self.places.check_room()  # a full server refuses before reading anything
-            self.readers.start(client)
+            self._start_reading(headers.get("content-length", "0"), client)
         except APIError as problem:
             await problem.response()(scope, receive, unread)
             return
+        problem, receive = await self._read(receive, client)
+        if problem is not None:
+            await problem.response()(scope, receive, unread)
+            return
+        await self._run_in_place(scope, receive, send)
+
+    def _start_reading(self, length: str, client: str) -> None:
+        """Refuse a declared body over the limit (413), a full server (503, as nothing need be read to answer
+        it) or a body there is no room to read (429 / 503); otherwise count ``client``'s new reader."""
+        if not (length.isascii() and length.isdigit()) or int(length) > self.max_body:
+            raise _too_large(self.max_body)
+        self.places.check_room()
+        self.readers.start(client)
+
+    async def _read(self, receive, client: str) -> tuple[APIError | None, Callable]:
+        """Read the body, every part counted against ``client``'s reading room until it is complete."""
         held = 0
 
         def hold(n_bytes: int) -> None:
@@ -105,23 +116,21 @@ class Admission:
             held += n_bytes
 
         try:
-            problem, receive = await _read_body(receive, self.max_body, self.body_timeout_s, hold)
+            return await _read_body(receive, self.max_body, self.body_timeout_s, hold)
         finally:
             self.readers.finish(client, held)
+
+    async def _run_in_place(self, scope, receive, send) -> None:
+        """Take a place (or answer 503), run the route, give the place back when its response has ended."""
         try:
-            if problem is not None:
-                await problem.response()(scope, receive, unread)
-                return
-            if self.places is not None:
-                self.places.reserve()
+            self.places.reserve()
         except APIError as refused:
             await refused.response()(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            if self.places is not None:
-                self.places.release()
+            self.places.release()
 
 
 def _closing(send) -> Callable:
