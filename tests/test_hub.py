@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,6 +140,42 @@ def test_without_huggingface_hub_paths_work_and_names_say_what_to_install(env, f
     env = {**env, "PYTHONPATH": os.pathsep.join([str(blocked.parent), env.get("PYTHONPATH", "")])}
     answer(cli(env, "generate", "--model", str(files["q8"]), "--draft", "lookup", *ARGS), engine="lookup")
     assert_one_line_error(cli(env, "generate", "--hf-repo", "org/M-GGUF", *ARGS), "pip install 'eagle2-local[hub]'")
+
+
+def test_serve_by_name_answers_the_official_client(hub, env, tmp_path):
+    """``serve --hf-repo --head-hf``: the files come down before the port opens; the openai client's answer is
+    ``generate --chat``'s for the same names."""
+    import httpx
+    import openai
+
+    runtime = ["--hf-repo", "org/M-GGUF:Q8_0", "--head-hf", "org/M-EAGLE3", "--threads", "1", "--total-tokens", "8",
+               "--depth", "3"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port), *runtime], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        served = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "the cat sat"}],
+                                                max_tokens=24, temperature=0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    assert served.model == "m-Q8_0"  # the downloaded file's name, as for a path
+    generated = answer(cli(env, "generate", *runtime, "-n", "24", "--temperature", "0", "--chat", "--json", "-p",
+                           "the cat sat"))
+    assert served.choices[0].message.content == generated["text"]
 
 
 FROM_PRETRAINED = """
