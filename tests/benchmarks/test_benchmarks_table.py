@@ -4,7 +4,7 @@ benchmarks/benchmarks_table.py writes from benchmarks/results/, so neither can d
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _table_module():

@@ -12,7 +12,7 @@ from pathlib import Path
 from eagle2_local.bench.prompt_sets import load_prompt_sets
 from tests.support.prompts import PROMPTS_DIR
 
-SETS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts"
+SETS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
 
 

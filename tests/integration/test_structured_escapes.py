@@ -19,7 +19,7 @@ from eagle2_local.decoding.grammar import Grammar
 
 pytestmark = pytest.mark.smollm2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS_TEMPLATE = ROOT / "eagle2_local" / "data" / "templates" / "chatml-tools.jinja"
 TRICKY = ["back\\slash", "tab\there", "new\nline", 'say "hi"', "bell\x07", "café ☕", "\\n literally", "a/b"]
 TRICKY_SCHEMA = {"type": "object", "properties": {

@@ -8,7 +8,7 @@ from pathlib import Path
 from eagle2_local.commands.console import machine_load_lines
 from eagle2_local.measure.machine_load import CpuTicks, load_1min, loaded, pooled_steal
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readings_on_linux_are_counters_and_a_load_average():

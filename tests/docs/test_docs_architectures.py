@@ -16,7 +16,7 @@ from eagle2_local.api import Eagle2
 from eagle2_local.errors import UnsupportedModelError
 from tests.support.synthetic_model import write_model
 
-DESIGN = Path(__file__).parents[1] / "docs" / "design.md"
+DESIGN = Path(__file__).parents[2] / "docs" / "design.md"
 
 
 def documented_rows() -> dict[str, tuple[str, str, str]]:
@@ -76,7 +76,7 @@ def test_no_architecture_is_refused_by_name(tmp_path):
     llama.cpp knows every name (no "unknown model architecture")."""
     names = sorted((set(gguf.MODEL_ARCH_NAMES.values()) | NEWER) - ABORTS_ON_A_LLAMA_FILE)
     proc = subprocess.run([sys.executable, "-c", SWEEP, str(tmp_path), *names], capture_output=True, text=True,
-                          cwd=Path(__file__).parents[1], timeout=300)
+                          cwd=Path(__file__).parents[2], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert set(results) == set(names)

@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/bench/: the bench harness, prompt sets, results."""

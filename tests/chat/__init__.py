@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/chat/: chat templates, conversations, tool calls."""

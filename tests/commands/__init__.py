@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/commands/: the eagle2-local command line."""

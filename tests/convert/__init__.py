@@ -1,0 +1,1 @@
+"""Tests of convert/ (the top-level converter package): head checkpoints to GGUF."""

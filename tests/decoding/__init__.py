@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/decoding/: the target's verification, acceptance, grammars, stopping, stats."""

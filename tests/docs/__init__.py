@@ -1,0 +1,1 @@
+"""The documentation checked against the code: README commands, links, the architecture and its layers."""

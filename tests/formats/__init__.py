@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/formats/: GGUF reading and writing, the cache folder."""

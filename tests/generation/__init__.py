@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/generation/: the generation loop."""

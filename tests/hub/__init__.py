@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/hub/: models and heads by Hugging Face repository name."""

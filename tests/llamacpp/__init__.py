@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/llamacpp/: the llama.cpp bindings, batches, backend top-k, CPU buffers."""

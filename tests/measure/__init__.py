@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/measure/: calibration, the cost cache, machine load."""

@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/server/: eagle2-local serve."""

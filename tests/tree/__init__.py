@@ -1,0 +1,1 @@
+"""Tests of eagle2_local/tree/: draft trees, proposals, sampling warpers, top-k."""
