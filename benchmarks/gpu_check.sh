@@ -186,7 +186,7 @@ noting_rc() {  # noting_rc FILE COMMAND...: run it, its output and then its exit
 
 crash_report() {  # CRASH_ONLY=1: where the commands and tests crash on this GPU (C stacks), and what avoids it
   local layers=$1 out="$res/crash.txt" t
-  for t in "${probe[*]}" "-m pytest -q -p no:cacheprovider -n 0 -x tests/test_backend_topk.py -k rows_equal_numpy"; do
+  for t in "${probe[*]}" "-m pytest -q -p no:cacheprovider -n 0 -x tests/llamacpp/test_backend_topk.py -k rows_equal_numpy"; do
     [ "$(left 60)" -gt 0 ] || break
     echo "== cuda-gdb: $t" >> "$out"
     # shellcheck disable=SC2086
@@ -317,12 +317,12 @@ print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib")
   # every model a test loads offloads its layers (tests/conftest.py reads EAGLE2_LOCAL_TEST_GPU_LAYERS)
   export EAGLE2_LOCAL_TEST_GPU_LAYERS=$layers
   step "lossless subset" "$(( $(left 170) < 240 ? $(left 170) : 240 ))" pytest.log \
-    "$py" -m pytest -q -p no:cacheprovider -n 8 tests/test_backend_topk.py tests/test_eagle3.py \
-    tests/test_sampling_lossless.py -k "in_graph or draft_model or default_model or lossless or matches_plain or exact_distribution"
+    "$py" -m pytest -q -p no:cacheprovider -n 8 tests/llamacpp/test_backend_topk.py \
+    tests/drafts/test_eagle3_llama.py tests/integration/test_sampling_lossless.py -k "in_graph or draft_model or default_model or lossless or matches_plain or exact_distribution"
   tail -3 "$res/pytest.log" >> "$res/summary.txt"
   # hybrid and MTP models (synthetic, written here): plain = llama.cpp's greedy, chains rolled back exactly, MTP drafts
   step "hybrid + MTP lossless" "$(( $(left 160) < 120 ? $(left 160) : 120 ))" pytest-hybrid.log \
-    "$py" -m pytest -q -p no:cacheprovider -n 4 tests/test_recurrent.py $(ls tests/test_mtp.py 2>/dev/null)
+    "$py" -m pytest -q -p no:cacheprovider -n 4 tests/integration/test_recurrent.py $(ls tests/drafts/test_mtp.py 2>/dev/null)
   tail -3 "$res/pytest-hybrid.log" >> "$res/summary.txt"
   "$py" benchmarks/synthetic_model.py qwen35 "$work/qwen35-mtp.gguf" --mtp > /dev/null 2>&1 || true
   step "hybrid verify-cost" "$(( $(left 150) < 30 ? $(left 150) : 30 ))" verify-cost-hybrid.json \

@@ -27,7 +27,7 @@ PARAMS = TreeParams(24, 6, 4)
 @pytest.fixture(autouse=True)
 def dense_rows(monkeypatch):
     """These tests compare drafters that return dense rows with ones that return proposals: the draft-model
-    engines here keep dense rows (the in-graph top-k has its own tests in test_backend_topk.py)."""
+    engines here keep dense rows (the in-graph top-k has its own tests in tests/llamacpp/test_backend_topk.py)."""
     monkeypatch.setattr(backend_topk, "IN_GRAPH_TOP_K", False)
 
 

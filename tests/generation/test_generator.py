@@ -1,8 +1,9 @@
 """Plain decoding matches llama-cpp-python; speculative decoding matches plain decoding (lossless).
 
-Bit-identical demands hold where the build is batch-invariant (measured in test_target.py: quantized weights,
-one thread, trees under 64 nodes). The F32 synthetic model is not batch-invariant, so there a divergence passes
-only at a genuine near-tie: at the first divergent position the target's top-2 logits differ by < F32_TOL.
+Bit-identical demands hold where the build is batch-invariant (measured in tests/decoding/test_target.py:
+quantized weights, one thread, trees under 64 nodes). The F32 synthetic model is not batch-invariant, so there a
+divergence passes only at a genuine near-tie: at the first divergent position the target's top-2 logits differ by
+< F32_TOL.
 """
 
 from __future__ import annotations

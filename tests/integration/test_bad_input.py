@@ -55,7 +55,7 @@ def test_truncated_api(truncated, header_only):
 
 def test_architecture_without_its_tensors_gets_llamas_reason(tmp_path):
     """No architecture is refused by name: a file that is not what its architecture needs gets llama.cpp's own
-    reason (recurrent models load and decode: tests/test_recurrent.py)."""
+    reason (recurrent models load and decode: tests/integration/test_recurrent.py)."""
     p = write_model(tmp_path / "mamba.gguf", arch="mamba")
     with pytest.raises(ModelError, match="mamba.ssm.conv_kernel"):
         LlamaModel(p)
