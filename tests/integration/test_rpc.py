@@ -30,7 +30,7 @@ from tests.support.helpers import (assert_one_line_error, check_thousand_rounds_
                                    run_cli, sequential_logits, synthetic_head)
 from tests.support.prompts import load_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------ default tier: no RPC build needed
