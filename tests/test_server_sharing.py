@@ -250,6 +250,59 @@ def idle(server: Server, within_s: float = 30) -> dict:
     return q
 
 
+def test_clients_take_turns_each_in_arrival_order():
+    """Alice queues three requests while one of hers runs, then Bob one: Bob's runs next, not after all of
+    Alice's; a client served last waits behind one that has waited."""
+    from eagle2_local.server import ModelWorker
+    from tests.test_server import StandIn, _events, _job
+
+    class Recording(StandIn):
+        def __init__(self) -> None:
+            super().__init__()
+            self.order: list[str] = []
+
+        def stream(self, prompt, *args, **kwargs):
+            self.order.append(prompt[0])
+            return super().stream(prompt, *args, **kwargs)
+
+        def reset(self) -> None:
+            pass
+
+    llm = Recording()
+    loop = asyncio.new_event_loop()
+    worker = ModelWorker(llm, max_waiting=8)
+    try:
+        jobs = []
+        for name, client_ in (("a1", "alice"), ("a2", "alice"), ("a3", "alice"), ("b1", "bob"), ("c1", "carol")):
+            job = _job(loop, max_tokens=1)
+            job.prompt, job.client = [name], client_
+            worker.admit(job)
+            jobs.append(job)
+            if name == "a1":
+                assert llm.started.wait(30)  # a1 runs (held at the gate) while the others queue
+        llm.gate.set()
+        for job in jobs:
+            assert _events(loop, job)[-1] == "done"
+        assert llm.order == ["a1", "b1", "c1", "a2", "a3"], llm.order
+    finally:
+        llm.gate.set()
+        worker.close()
+        loop.close()
+
+
+def test_turns_go_to_the_client_served_longest_ago():
+    from eagle2_local.server.turns import Turns
+
+    turns: Turns[str] = Turns()
+    for client_, item in (("a", "a1"), ("a", "a2"), ("b", "b1")):
+        turns.put(client_, item)
+    assert turns.take() == "a1"  # the first to wait
+    assert turns.take() == "b1"  # never served, before a's second
+    turns.put("b", "b2")
+    turns.put("c", "c1")
+    assert [turns.take() for _ in range(3)] == ["c1", "a2", "b2"] and len(turns) == 0
+
+
 def test_retry_after_is_the_median_service_time_per_request_ahead():
     from eagle2_local.server.ledger import Ledger
 

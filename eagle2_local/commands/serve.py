@@ -44,7 +44,7 @@ def serve(host, port, api_key, api_key_file, admin_key, share_prompt_cache, max_
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models;
     OpenAPI docs at /docs).
 
-    One request is answered at a time, in arrival order; consecutive requests of one client (an API key, or an
+    One request is answered at a time, clients taking turns; consecutive requests of one client (an API key, or an
     address without keys) reuse their common KV prefix.
     The sampling options are the defaults for fields a request leaves out. Needs `pip install
     "eagle2-local[server]"`.

@@ -1,5 +1,6 @@
-"""The one thread that generates: requests are admitted into a bounded queue and answered one at a time, in
-arrival order, on a dedicated worker thread (generation is blocking llama.cpp work that must never run on the
+"""The one thread that generates: requests are admitted into a bounded queue and answered one at a time, clients
+taking turns (:class:`~eagle2_local.server.turns.Turns`; each client's requests in arrival order), on a dedicated
+worker thread (generation is blocking llama.cpp work that must never run on the
 event loop, and one thread keeps the KV cache's owner obvious). Each request is a :class:`Job` whose events
 (chunks, then one terminal event) the request's coroutine reads.
 
@@ -22,6 +23,7 @@ from ..errors import ContextFullError, EmptyPromptError, PrefillCancelled
 from ..tree.sampling import SamplingParams
 from .errors import APIError, server_fault, shutting_down
 from .ledger import Ledger
+from .turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,8 @@ class Job:
 
 
 class ModelWorker:
-    """Runs generations on one dedicated thread, one at a time, in the order they were admitted."""
+    """Runs generations on one dedicated thread, one at a time: clients take turns, each client's requests in
+    the order they were admitted."""
 
     def __init__(self, llm, max_waiting: int) -> None:
         self.llm = llm
@@ -74,6 +77,7 @@ class ModelWorker:
         self.places_taken = 0  # generation requests between reserve() and release(): parsed, queued or run
         self.ledger = Ledger()
         self._cache_group: str | None = None  # whose prompt the KV cache holds (None: nobody's yet)
+        self._turns: Turns[Job] = Turns()  # the admitted jobs not yet taken by the thread
 
     def status(self, client: str | None = None) -> dict:
         """The queue's load, and how ``client``'s requests ended (None: everyone's)."""
@@ -121,7 +125,8 @@ class ModelWorker:
                 raise shutting_down()
             if self.waiting + self.running > self.max_waiting:
                 raise self._full()
-            self._pool.submit(self._run, job)
+            self._turns.put(job.client, job)
+            self._pool.submit(self._run_next)  # one task a job: each takes whichever job's turn it is then
             self.waiting += 1
 
     def _full(self) -> APIError:
@@ -146,10 +151,14 @@ class ModelWorker:
             self._closing.set()
         self._pool.shutdown(wait=True)
 
-    def _run(self, job: Job) -> None:
+    def _run_next(self) -> None:
         with self._lock:
+            job = self._turns.take()
             self.waiting -= 1
             self.running = 1
+        self._run(job)
+
+    def _run(self, job: Job) -> None:
         t0 = time.perf_counter()
         outcome, ran = "failed", True
         try:
