@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..decoding.grammar import Grammar, GrammarError
 from ..errors import ParameterError
 
-if TYPE_CHECKING:
-    from .tool_calls import CallFormat
+
+class CallTags(Protocol):
+    """What the grammar needs of a call format (:class:`~eagle2_local.chat.tool_calls.CallFormat`, which reads
+    calls and so builds on this module): the arguments' key and the tags around each call."""
+
+    args_key: str
+    open: str
+    close: str
+    parallel: bool
+
 
 CALL_RULE, CALLS_RULE = "tool-call", "tool-calls"  # GBNF rules added around the converter's ``root``
 
@@ -44,7 +52,7 @@ def rebased(schema, prefix: str):
     return out
 
 
-def call_grammar(fmt: "CallFormat", tools: list[dict], parallel: bool) -> Grammar:
+def call_grammar(fmt: CallTags, tools: list[dict], parallel: bool) -> Grammar:
     """The answer as calls of ``tools`` (one, or several when ``parallel`` and the format allows): their JSON
     from the schema converter, inside the format's tags."""
     shapes, defs = [], {}
