@@ -72,6 +72,9 @@ class TreeBudget(LearnsFromRounds):
     ``free_lookup``: the draft has lookup branches that cost ~nothing (lookup rounds may run them alone);
     ``model_draft`` False: the draft *is* a lookup (every drafted round is a lookup round). ``guard`` judges the
     main kind (model rounds, or lookup rounds for a lookup draft), ``lookup_guard`` a merged draft's lookup rounds.
+    ``calibrated_time``: what the budget learns from a round is priced on the costs, not the clock (its guards and
+    exploration accounts judge :func:`~.learning.calibrated_round_s`); with frozen costs (``CostModel.frozen``) the
+    decisions then depend on the answers and the few readings planning itself takes (benchmarks/budget_replay.py).
     """
 
     costs: CostModel
@@ -86,6 +89,7 @@ class TreeBudget(LearnsFromRounds):
     guard: RateGuard = field(default_factory=RateGuard)
     lookup_guard: RateGuard = field(default_factory=RateGuard)
     context_of: Callable[[], int] | None = None  # the target's KV length now: the costs are read at that context
+    calibrated_time: bool = False  # rounds and plain steps take what the costs predict, not what the clock read
 
     def __post_init__(self) -> None:
         if not self.model_draft:

@@ -12,11 +12,17 @@ import numpy as np
 
 from ..tree.proposals import FORCED
 from .base import RoundPlan, RoundResult
-from .costs import AFTER_TREE
+from .costs import AFTER_TREE, CostModel
 
 MODEL_ROUND, LOOKUP_ROUND = 0, 1  # the kinds of drafted round; also the source code of each kind's own nodes
 ROUND_KINDS = ("model", "lookup")  # their names in the summary
 EXPLORED_AT_MOST = 2.0  # an exploring round is charged at most this many times its modelled cost (a stall's share)
+
+
+def calibrated_round_s(costs: CostModel, n_nodes: int, levels: int) -> float:
+    """What a round of ``n_nodes`` nodes whose model draft grew ``levels`` levels (0: no model draft ran) costs on
+    ``costs``: verifying them, plus drafting the levels (a lookup round drafts free). A plain step is n_nodes 1."""
+    return float(costs.verify_s(n_nodes)) + (costs.draft_s(levels) if levels else 0.0)
 
 
 def steady(plan: RoundPlan) -> bool:
@@ -84,16 +90,19 @@ class LearnsFromRounds:
             self.accounts[kind].pay(explored_s * self.costs.plain_rate - result.n_emitted)
         self._earn(steps)
 
-    @staticmethod
-    def _explored_s(result: RoundResult, realised_s: float) -> float:
+    def _explored_s(self, result: RoundResult, realised_s: float) -> float:
         """What an exploring round cost the answer: its measured time, its backlog's catch-up included (a probe of
         a losing draft first ingests every token decoded plainly since it last ran, a cost that only exploring
-        incurs), and at least the steady time ``realised_s`` that the guard judges."""
-        return max(result.times.done - result.times.start, realised_s)
+        incurs), and at least the steady time ``realised_s`` that the guard judges (with ``calibrated_time``: that
+        time, the catch-up left out)."""
+        return realised_s if self.calibrated_time else max(result.times.done - result.times.start, realised_s)
 
     def _plain(self, seconds: float, decide_s: float | None = None) -> None:
         """A plain decoding step was taken (a plain round, or a lookup round that verified only its root);
-        ``decide_s``: what deciding a planned plain step cost the loop."""
+        ``decide_s``: what deciding a planned plain step cost the loop. With ``calibrated_time`` the step takes its
+        calibrated cost, whatever ``seconds`` the clock read (deciding it still takes ``decide_s``)."""
+        if self.calibrated_time:
+            seconds = calibrated_round_s(self.costs, 1, 0)
         self.schedule.plain_taken(decide_s)
         after = self._after_tree
         self._after_tree = self._next_after_tree()
@@ -121,8 +130,11 @@ class LearnsFromRounds:
     def _realised_s(self, result: RoundResult) -> float:
         """A drafted round's measured time (drafting, verifying, accepting, committing), with a backlog catch-up
         counted at the steady root cost (paid once whatever the tree, and the tree is what the guard judges); at
-        least the draft levels plus the verification."""
+        least the draft levels plus the verification. With ``calibrated_time``: :func:`calibrated_round_s` of the
+        round (its nodes, and the levels its model draft grew)."""
         times, plan = result.times, result.plan
+        if self.calibrated_time:
+            return calibrated_round_s(self.costs, result.n_nodes, 0 if plan.free_only else len(times.levels))
         kind = LOOKUP_ROUND if plan.free_only else MODEL_ROUND
         if not times.levels:
             return max(times.done - times.start, self._root_s(kind) + times.verify_s)
