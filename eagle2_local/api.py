@@ -37,7 +37,7 @@ from .measure.cost_cache import CostKey, cached_or_measured, file_identity
 from .measure.microbench import check_costs, measure_costs
 from .tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS, LOOKUP_DEPTH, TreeParams
 from .tree.sampling import CHAT_TEMPERATURE, COMPLETION_MAX_TOKENS, DEFAULTS, SamplingParams
-from .tree_policy import TreeBudget
+from .tree_policy import CostModel, TreeBudget
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class Eagle2:
                  progress: Callable[[str], None] | None = None,
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
                  lookup: bool | None = None, draft_timer: DraftTimer | None = None,
-                 cache_prompt: bool = False, chat_template: str | None = None) -> None:
+                 cache_prompt: bool = False, chat_template: str | None = None,
+                 costs: CostModel | Callable[[CostKey, Callable[[], CostModel]], CostModel] | None = None) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
         ``n_gpu_layers`` (default 0) goes to a CUDA/Metal build's GPU. ``budget``: "auto" sizes each round's
@@ -76,7 +77,9 @@ class Eagle2:
         into a head's or draft model's trees; True: also alone when no other draft is named; False: never).
         ``draft_timer`` hears how long each draft call takes (benchmarks). ``cache_prompt``: the default of
         every call's ``cache_prompt`` (see :meth:`stream`). ``chat_template``: a Jinja chat template used instead
-        of the GGUF's (llama-server's ``--chat-template-file``), e.g. one that renders tools."""
+        of the GGUF's (llama-server's ``--chat-template-file``), e.g. one that renders tools. ``costs``: the auto
+        budget's calibration given, not read from the cache nor checked: a cost model, or a function of the cache
+        key and the measuring function that returns one (benchmarks/budget_replay.py)."""
         if chat_template is not None:
             check_template(chat_template)
         mode = budget or ("fixed" if total_tokens is not None else "auto")
@@ -116,7 +119,7 @@ class Eagle2:
                 engine = with_lookup(engine, self.tree_params, self.model)
             tree_budget = None
             if engine is not None and mode == "auto":
-                tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress)
+                tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress, costs)
             self.generator = Generator(self.target, engine, self.tree_params, policy=tree_budget, timer=draft_timer)
         except BaseException:  # nobody gets an object to close(): free what was loaded before re-raising
             for opened in (engine, target, self.model):
@@ -141,7 +144,7 @@ class Eagle2:
                                       depth=min(p.depth, CHAIN_TOKENS), top_k=1)
 
     def _tree_budget(self, engine: DraftEngine, n_gpu_layers: int, recalibrate: bool,
-                     progress: Callable[[str], None] | None) -> TreeBudget:
+                     progress: Callable[[str], None] | None, supplied=None) -> TreeBudget:
         """The auto budget, with costs from the on-disk cache (checked by a quick timing) or a fresh calibration
         (a few seconds; cached only if it passed its consistency checks)."""
         import llama_cpp
@@ -153,8 +156,11 @@ class Eagle2:
                       n_gpu_layers=n_gpu_layers, tree_top_k=p.top_k,
                       extra={"engine": engine.name, "max_nodes": p.total_tokens, "depth": p.depth,
                              **({"rpc": list(self.rpc_servers)} if self.rpc_servers else {})})
-        costs, info = cached_or_measured(key, lambda: measure_costs(self.target, engine, p, progress),
-                                         refresh=recalibrate, check=lambda c: check_costs(self.target, c, p))
+        measure = lambda: measure_costs(self.target, engine, p, progress)  # noqa: E731
+        costs, info = (supplied(key, measure) if callable(supplied) else supplied), {"source": "supplied"}
+        if supplied is None:
+            costs, info = cached_or_measured(key, measure, refresh=recalibrate,
+                                             check=lambda c: check_costs(self.target, c, p))
         return TreeBudget(costs, max_nodes=p.total_tokens, max_depth=p.depth,
                           calibration={**info, **costs.summary()}, free_lookup=engine.free_part is not None,
                           model_draft=engine.model_draft, context_of=lambda: self.target.n_past)
