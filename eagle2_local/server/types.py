@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..tree.sampling import MIN_TEMPERATURE, REPEAT_PENALTY_RANGE
 from .errors import APIError
 
 MAX_STOPS = 16
@@ -16,12 +17,6 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 4096
 """The longest stop string: matching is linear in the answer whatever their length, but a stop string is held
 back from a stream until it is ruled out, and one longer than any answer is a mistake."""
-MIN_TEMPERATURE = 1e-4
-"""A temperature above 0 but below this is greedy decoding: dividing logits by 1e-308 overflows to inf and the
-distribution to NaN (issue 74: the last token of the vocabulary every step), and below 1e-4 a sampled answer
-differs from the greedy one only at exact ties."""
-REPEAT_PENALTY_RANGE = (1e-3, 1e3)
-"""``repeat_penalty`` divides or multiplies logits: beyond these bounds they overflow to inf or vanish."""
 
 
 # ---------------------------------------------------------------- requests

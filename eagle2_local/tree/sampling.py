@@ -33,13 +33,20 @@ class SamplingDefaults:
 DEFAULTS = SamplingDefaults()
 CHAT_TEMPERATURE = 0.2  # create_chat_completion's default temperature, as llama-cpp-python's
 COMPLETION_MAX_TOKENS = 16  # create_completion's default max_tokens, as llama-cpp-python's
+MIN_TEMPERATURE = 1e-4
+"""A temperature above 0 but below this is greedy decoding: dividing logits by 1e-308 overflows to inf and the
+distribution to NaN (the last token of the vocabulary every step), and below 1e-4 a sampled answer differs from the
+greedy one only at exact ties."""
+REPEAT_PENALTY_RANGE = (1e-3, 1e3)
+"""``repeat_penalty`` divides or multiplies logits: beyond these bounds they overflow to inf or vanish."""
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn target logits into a next-token distribution.
 
-    ``temperature == 0`` means greedy decoding (argmax); all other fields are then ignored.
+    ``temperature == 0`` (or below :data:`MIN_TEMPERATURE`) means greedy decoding (argmax); all other fields are
+    then ignored.
     The order of the warpers is: repetition penalty, temperature, top-k, top-p, min-p.
     """
 
@@ -59,12 +66,14 @@ class SamplingParams:
             raise ParameterError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if not 0.0 <= self.min_p < 1.0:
             raise ParameterError(f"min_p must be in [0, 1), got {self.min_p}", "min_p")
-        if self.repeat_penalty <= 0:
-            raise ParameterError(f"repeat_penalty must be > 0, got {self.repeat_penalty}", "repeat_penalty")
+        low, high = REPEAT_PENALTY_RANGE
+        if not low <= self.repeat_penalty <= high:
+            raise ParameterError(f"repeat_penalty must be between {low:g} and {high:g} (1 = off), got "
+                                 f"{self.repeat_penalty:g}", "repeat_penalty")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
     def recent(self, tokens: list[int] | np.ndarray, last: int | None = None) -> np.ndarray | None:
         """What :meth:`penalized` reads of the text ``tokens`` (+ ``last``): its last ``repeat_last_n`` tokens as an

@@ -76,3 +76,22 @@ def test_a_steps_recent_text_penalizes_as_the_whole_text_does():
                 expected = params.penalized(logits, whole)
                 assert np.array_equal(params.penalized(logits, params.recent(text, last)), expected)
                 assert np.array_equal(params.penalized(logits, params.recent(np.asarray(text), last)), expected)
+
+
+@pytest.mark.parametrize("temperature", [1e-308, 5e-324, 5e-5])
+def test_a_temperature_below_the_floor_is_greedy(temperature):
+    """Dividing logits by 1e-308 overflows to inf and the distribution to NaN (the last token of the vocabulary
+    every step): below MIN_TEMPERATURE the Python API and the CLI decode greedily, as the server does."""
+    from eagle2_local.tree.sampling import MIN_TEMPERATURE
+    logits = np.array([0.5, 3.0, -1.0, 2.9])
+    params = SamplingParams(temperature=temperature, top_k=40)
+    assert temperature < MIN_TEMPERATURE and params.greedy
+    np.testing.assert_array_equal(params.probs(logits), [0.0, 1.0, 0.0, 0.0])
+    assert params.choose(logits, None, np.random.default_rng(0)) == 1
+    assert not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+
+
+@pytest.mark.parametrize("penalty", [1e-320, 1e-4, 1e4, float("inf")])
+def test_a_repeat_penalty_that_overflows_the_logits_is_refused(penalty):
+    with pytest.raises(Eagle2Error, match="repeat_penalty"):
+        SamplingParams(temperature=0.7, repeat_penalty=penalty)
