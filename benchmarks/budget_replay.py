@@ -58,39 +58,27 @@ from curves import Curve, curves_for, load_curves  # benchmarks/curves.py, besid
 from oracle import (HistoryAcceptance, Schedule, SizeTable, best_schedule, confidence_schedule, hindsight_acceptance,
                     size_table)
 
-import eagle2_local.api as api
-import eagle2_local.generation.generator as generator_mod
 from eagle2_local import Eagle2
 from eagle2_local.bench.prompt_sets import SPLITS, load_prompt_sets
-from eagle2_local.decoding.stats import GenerationStats
-from eagle2_local.formats.cache_root import cache_root
 from eagle2_local.formats.models import default_model_path
 from eagle2_local.measure import cost_cache
-from eagle2_local.tree_policy import CostModel, RoundPlan, budget as budget_mod, costs as cost_model
+from eagle2_local.tree.draft_tree import Candidates
+from eagle2_local.tree_policy import CostModel, RoundPlan, RoundResult, TreeBudget
+from eagle2_local.tree_policy.learning import calibrated_round_s
 from eagle2_local.tree_policy.sizing import SourceAcceptance
 
 T = TypeVar("T")
 TURN_JOIN = "\x00"  # between a chat's answers in a replayed record's text (and the set's answers hash)
+Supply = Callable[[cost_cache.CostKey, Callable[[], CostModel]], CostModel]  # Eagle2(costs=...)
 
 
-def freeze_time() -> None:
-    """Costs stay as calibrated; rounds and plain steps are observed at their calibrated cost, a model round's
-    drafting included, as :func:`round_cost` prices it (the guard and the exploration account judge what the
-    report charges)."""
-    for name in ("observe_plain", "observe_verify", "observe_draft", "observe_catch_up"):
-        setattr(cost_model.CostModel, name, lambda self, *args, **kwargs: None)
-    plain = budget_mod.TreeBudget._plain
-    budget_mod.TreeBudget._realised_s = _calibrated_round_s
-    budget_mod.TreeBudget._explored_s = staticmethod(lambda result, realised_s: realised_s)  # catch-ups left out
-    # a plain step at its calibrated cost; what deciding it took is the generator's clock's (--counter-clock: a
-    # tenth of a ms a reading), so plain runs are planned as the live loop plans them
-    budget_mod.TreeBudget._plain = lambda self, seconds, *rest: plain(self, float(self.costs.verify_s(1)), *rest)
-    api.check_costs = lambda target, costs, params: (True, {"replay": "start-up check skipped"})
-
-
-def _calibrated_round_s(budget: budget_mod.TreeBudget, result) -> float:
-    """A drafted round's time on the budget's costs, as :func:`round_s` prices it (a lookup round drafts free)."""
-    return round_s(budget.costs, result.n_nodes, 0 if result.plan.free_only else len(result.times.levels))
+def freeze_time(budget: TreeBudget) -> None:
+    """Costs stay as calibrated (``CostModel.frozen``); rounds and plain steps are observed at their calibrated cost,
+    a model round's drafting included, as :func:`round_cost` prices it (``TreeBudget.calibrated_time``: the guard and
+    the exploration account judge what the report charges). What deciding a plain step took is the generator's
+    clock's (--counter-clock: a tenth of a ms a reading), so plain runs are planned as the live loop plans them."""
+    budget.costs.frozen = True
+    budget.calibrated_time = True
 
 
 def counter_clock() -> Callable[[], float]:
@@ -99,21 +87,22 @@ def counter_clock() -> Callable[[], float]:
     return lambda: next(readings) * 1e-4
 
 
-def reuse_calibration(depth: int) -> None:
-    """A calibration cached at ``depth`` serves any depth (copied under the new key on first use)."""
-    measured_or_cached = cost_cache.cached_or_measured
+def calibration(depth: int) -> Supply:
+    """This machine's calibration for ``Eagle2(costs=...)``: the one cached for the key, else the one cached at
+    ``depth`` (a lookup's costs do not depend on its depth), else measured and cached; at most once per process (a
+    calibration disturbed by other load is not cached on disk, and each model the replay opens would measure again,
+    and differently), and a model of its own for each budget."""
+    memo: dict[str, CostModel] = {}
 
-    def cached(key, measure, refresh=False, directory=None, check=None):
-        folder = directory or cache_root()
-        if not (folder / key.file_name()).exists():
-            source = cost_cache.CostKey(**{**key.__dict__, "extra": {**key.extra, "depth": depth}})
-            if (folder / source.file_name()).exists():
-                record = json.loads((folder / source.file_name()).read_text())
-                record["key"] = key.as_dict()
-                (folder / key.file_name()).write_text(json.dumps(record))
-        return measured_or_cached(key, measure, refresh, directory, check)
+    def costs(key: cost_cache.CostKey, measure: Callable[[], CostModel]) -> CostModel:
+        name = key.file_name()
+        if name not in memo:
+            at_depth = cost_cache.CostKey(**{**key.__dict__, "extra": {**key.extra, "depth": depth}})
+            cached = cost_cache.load_costs(key) or cost_cache.load_costs(at_depth)
+            memo[name] = cached if cached is not None else cost_cache.cached_or_measured(key, measure)[0]
+        return CostModel.from_dict(memo[name].to_dict())
 
-    api.cached_or_measured = cached
+    return costs
 
 
 @dataclass
@@ -158,42 +147,34 @@ def _counts(sizes) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def round_s(costs: CostModel, n: int, levels: int) -> float:
-    """Seconds of a round of n nodes whose model draft grew ``levels`` levels (0: no model draft ran)."""
-    return float(costs.verify_s(n)) + (costs.draft_s(levels) if levels else 0.0)
-
-
 def round_cost(costs: CostModel, n: int, levels: int) -> float:
-    """:func:`round_s` in plain steps."""
-    return round_s(costs, n, levels) / float(costs.verify_s(1))
+    """A round of n nodes whose model draft grew ``levels`` levels (0: no model draft ran), in plain steps: what
+    the frozen budget is told it took (``calibrated_round_s``)."""
+    return calibrated_round_s(costs, n, levels) / float(costs.verify_s(1))
 
 
 class Recorder:
-    """Hears the generation loop: each round's result, each token batch emitted, each tree's candidates."""
+    """Hears the generation loop (a :class:`~eagle2_local.generation.listeners.RoundListener`): each round's
+    result, each token batch emitted, each tree's candidates."""
 
     def __init__(self) -> None:
-        self.rounds: list = []
+        self.rounds: list[RoundResult] = []
         self.emitted: list[int] = []
         self.candidates: list[tuple] = []
-        add_round, emit, select = GenerationStats.add_round, generator_mod._emit, generator_mod.select_tree
 
-        def recording(stats, result) -> None:
-            self.rounds.append(result)
-            add_round(stats, result)
+    def round(self, result: RoundResult) -> None:
+        self.rounds.append(result)
 
-        def emitting(emitter, tokens):
-            self.emitted.extend(int(t) for t in tokens)
-            return emit(emitter, tokens)
+    def tokens(self, tokens: list[int]) -> None:
+        self.emitted.extend(int(t) for t in tokens)
 
-        def selecting(root, tok, score, parent, n, sources=None):
-            self.candidates.append((root, tok.copy(), score.copy(), parent.copy(),
-                                    None if sources is None else sources.copy()))
-            return select(root, tok, score, parent, n, sources)
+    def tree(self, root: int, c: Candidates) -> None:
+        self.candidates.append((root, c.tokens.copy(), c.scores.copy(), c.parents.copy(),
+                                None if c.sources is None else c.sources.copy()))
 
-        GenerationStats.add_round = recording
-        generator_mod._emit, generator_mod.select_tree = emitting, selecting
-
-    def clear(self) -> None:
+    def listen(self, llm: Eagle2) -> None:
+        """Hear ``llm``'s next answer alone (what was heard before is forgotten)."""
+        llm.generator.listener = self
         self.rounds.clear()
         self.emitted.clear()
         self.candidates.clear()
@@ -262,7 +243,7 @@ def probe(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_to
     """Decode one answer under the :class:`Probe` and tabulate every position's trees against it."""
     p = llm.tree_params
     llm.generator.policy = Probe(p.total_tokens, p.depth)
-    recorder.clear()
+    recorder.listen(llm)
     out = llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0, grammar=grammar)
     seq = np.asarray(recorder.emitted, dtype=np.int64)  # the first token, then one a round
     n_tokens = len(recorder.rounds)
@@ -298,7 +279,7 @@ def probe_chat(llm: Eagle2, recorder: Recorder, turns: list[str], grammar,
 
 def replay(llm: Eagle2, recorder: Recorder, messages: list[dict], grammar, max_tokens: int) -> Replayed:
     """One answer under the auto budget, its rounds recorded."""
-    recorder.clear()
+    recorder.listen(llm)
     out = llm.create_chat_completion(messages, max_tokens=max_tokens, temperature=0.0, grammar=grammar)
     rounds = [(r.n_nodes if r.plan.drafts else 1, r.n_emitted, len(r.times.levels),
                r.plan.drafts and not r.plan.free_only) for r in recorder.rounds]
@@ -323,32 +304,17 @@ def joined(schedules: list[Schedule]) -> Schedule:
                     tuple(n for s in schedules for n in s.sizes))
 
 
-def calibrate_once(look_up):
-    """The cost cache's look-up, measuring at most once per process: a calibration disturbed by other load is not
-    cached on disk, and each model the replay opens would measure again (and differently)."""
-    memo: dict = {}
+def curve_costs(calibrated: Supply, curve: Curve | None) -> Supply:
+    """The budget's costs (``Eagle2(costs=...)``): this machine's calibration (``calibrated``), or a recorded
+    ``curve`` with drafting costs from its record or in this calibration's proportions."""
 
-    def once(key, measure, refresh=False, directory=None, check=None):
-        name = key.file_name()
-        if name not in memo:
-            memo[name] = look_up(key, measure, refresh, directory, check)
-        here, info = memo[name]
-        return CostModel.from_dict(here.to_dict()), info  # a model of its own for each budget
-
-    return once
-
-
-def use_costs(calibrated, curve: Curve | None) -> None:
-    """The budget's costs from now on: this machine's calibration (``calibrated``, the cache look-up), or a
-    recorded ``curve`` with drafting costs from its record or in this calibration's proportions."""
-
-    def costs(key, measure, refresh=False, directory=None, check=None):
+    def costs(key: cost_cache.CostKey, measure: Callable[[], CostModel]) -> CostModel:
         if curve is not None and curve.draft is not None:  # nothing to take from this machine
-            return curve.cost_model(), {"source": f"curve {curve.name}"}
-        here, info = calibrated(key, measure, refresh, directory, check)
-        return (here, info) if curve is None else (curve.cost_model(here), {"source": f"curve {curve.name}"})
+            return curve.cost_model()
+        here = calibrated(key, measure)
+        return here if curve is None else curve.cost_model(here)
 
-    api.cached_or_measured = costs
+    return costs
 
 
 def speed(tokens: int, cost: float) -> float:
@@ -437,9 +403,7 @@ def main() -> None:
                     help="the generator's clock advances 0.1 ms a reading: decisions that depend on the answers alone")
     args = ap.parse_args()
     first, last = (int(x) for x in args.records.split(":"))
-    freeze_time()
-    reuse_calibration(args.calibrated_depth)
-    calibrated = calibrate_once(api.cached_or_measured)
+    calibrated = calibration(args.calibrated_depth)
     recorder = Recorder()
     model_file = str(args.model or default_model_path())
     curves: list[Curve | None] = [None]
@@ -463,10 +427,10 @@ def main() -> None:
                     probes.append(probe_chat(llm, recorder, turns, g, args.max_tokens))
         fitted = hindsight_acceptance([t for probed, _ in probes for one in probed for t in one.tables])
         for curve in curves:
-            use_costs(calibrated, curve)
             name = "calibrated" if curve is None else curve.name
             records, texts = [], []
-            with Eagle2(args.model, **opened) as llm:
+            with Eagle2(args.model, **opened, costs=curve_costs(calibrated, curve)) as llm:
+                freeze_time(llm.generator.policy)
                 if args.counter_clock:
                     llm.generator.clock = counter_clock()
                 llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)

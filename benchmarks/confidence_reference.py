@@ -21,7 +21,7 @@ import json
 import pickle
 from pathlib import Path
 
-from budget_replay import Probed, Recorder, freeze_time, probe  # benchmarks/, beside this script
+from budget_replay import Probed, Recorder, probe  # benchmarks/, beside this script
 from curves import load_curves
 from oracle import hindsight_acceptance, hindsight_history_acceptance
 
@@ -77,7 +77,6 @@ def main() -> None:
     if cache is not None and cache.exists():
         probes = pickle.loads(cache.read_bytes())
     else:
-        freeze_time()
         probes = probe_report(report, args.draft or report.get("draft"), args.threads)
         if cache is not None:
             cache.write_bytes(pickle.dumps(probes))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 time.perf_counter = time.thread_time  # before eagle2_local binds it: the same clock as host_time --cpu-clock
 
-from eagle2_local.decoding import acceptance, backlog, target
+from eagle2_local.decoding import backlog, target
 from eagle2_local.drafts import base, draft_model, eagle3_llama, lookup, merged  # noqa: E402
 from eagle2_local.generation import generator
 from eagle2_local.llamacpp import backend_topk, llama, runtime  # noqa: E402
@@ -84,17 +84,9 @@ def main() -> None:
         counted(seconds)
 
     backend_topk.host_inside_llama = callback_time
-    rounds = [0]
-    add_round = generator.GenerationStats.add_round
-
-    def count_round(stats, result) -> None:
-        rounds[0] += bool(result.plan.drafts)
-        add_round(stats, result)
-
-    generator.GenerationStats.add_round = count_round
 
     def report() -> None:
-        n = max(rounds[0], 1)  # the warm-up's rounds included
+        n = max(calls["Generator._tree_round"], 1)  # tree rounds, the warm-up's included
         print(f"per tree round ({n} rounds, warm-up included), own host ms and calls:")
         print(f"  {'sampler callbacks':40s} {callbacks[0] / n * 1e3:7.3f}")
         for label, seconds in sorted(own.items(), key=lambda kv: -kv[1]):

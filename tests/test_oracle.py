@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.oracle import (Schedule, SizeTable, accepted_length, best_schedule, confidence_schedule,
+from benchmarks.oracle import (SizeTable, accepted_length, best_schedule, confidence_schedule,
                                hindsight_acceptance, hindsight_history_acceptance, on_accepted_path, recent_hits,
                                size_table)
 from eagle2_local.tree.draft_tree import DraftTree
@@ -192,28 +189,30 @@ def test_a_rule_reading_the_drafts_record_drafts_in_runs_of_hits_and_stays_withi
     assert reading.cost >= best_schedule(np.array([t.accepted for t in tables]), verify, draft).cost - 1e-9
 
 
-def test_the_replays_frozen_clock_takes_every_call_the_budget_makes_to_it():
-    """``benchmarks/budget_replay.py`` freezes time by replacing the cost model's observers and the budget's plain-step
-    hook; when that hook gained an argument (a plain step's decision time) every replay failed at its first plain
-    step, and no test ran one. Here a frozen budget hears decided plain steps and a tree; in a child process, as the
-    replacements last for the process."""
-    code = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, "benchmarks")
-        import numpy as np
-        import budget_replay
-        from eagle2_local.tree_policy import PLAIN_STEP, RoundResult, RoundTimes, TreeBudget
-        from tests.test_budget import flat, observe_tree
-        budget_replay.freeze_time()
-        budget = TreeBudget(flat(), max_nodes=60, max_depth=6)
-        for _ in range(3):
-            budget.observe(RoundResult(PLAIN_STEP, RoundTimes(0.0, drafted=0.0, verified=0.01, done=0.01, asked=-1e-4)))
-        plan = budget.plan(1)
-        assert plan.drafts, plan
-        observe_tree(budget, plan, RoundTimes(0.0, levels=[0.001]), np.log([0.9, 0.8]), [True, False], 0.011, 2)
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_the_replays_frozen_clock_takes_every_call_the_budget_makes_to_it(monkeypatch):
+    """``benchmarks/budget_replay.py`` freezes time through the budget's own interfaces (``freeze_time``: frozen
+    costs, ``TreeBudget.calibrated_time``); when it replaced the budget's plain-step hook instead, the hook gained an
+    argument (a plain step's decision time) and every replay failed at its first plain step, with no test running
+    one. Here a frozen budget hears decided plain steps and a tree, each charged its calibrated cost, not the
+    clock's."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import budget_replay
+    from eagle2_local.tree_policy import PLAIN_STEP, CostModel, RoundResult, RoundTimes, TreeBudget
+
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    costs = CostModel(sizes, [0.010 * (1 + 0.002 * n) for n in sizes], 0.0005, 0.0005)
+    budget = TreeBudget(costs, max_nodes=60, max_depth=6)
+    budget_replay.freeze_time(budget)
+    for _ in range(3):
+        budget.observe(RoundResult(PLAIN_STEP, RoundTimes(0.0, drafted=0.0, verified=0.5, done=0.5, asked=-1e-4)))
+    plan = budget.plan(1)
+    assert plan.drafts, plan
+    times = RoundTimes(0.0, levels=[0.001], drafted=0.001, verified=3.0, done=3.0)
+    budget.observe(RoundResult(plan, times, 2, np.log([0.9, 0.8]), accepted=np.array([True, False])))
+    assert costs.summary()["plain_steps_in_window"] == 0 and costs.summary()["shape_corrections"] == {}
+    assert budget.guard.plain_rate() == pytest.approx(1.0 / costs.verify_s(1))  # not the clock's 0.5 s a step
+    assert budget_replay.round_cost(costs, 3, 1) == pytest.approx((costs.verify_s(3) + costs.draft_s(1))
+                                                                  / costs.verify_s(1))
 
 
 def test_a_chats_schedules_join_into_one(monkeypatch):
@@ -222,8 +221,8 @@ def test_a_chats_schedules_join_into_one(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import budget_replay
 
-    Schedule = budget_replay.Schedule  # the script imports benchmarks/oracle.py as `oracle`, beside it
-    first, second = Schedule(3, 2.5, (1, 4)), Schedule(2, 2.0, (1, 1))
+    scripts = budget_replay.Schedule  # the script imports benchmarks/oracle.py as `oracle`, beside it
+    first, second = scripts(3, 2.5, (1, 4)), scripts(2, 2.0, (1, 1))
     both = budget_replay.joined([first, second])
     assert (both.tokens, both.cost, both.sizes) == (5, 4.5, (1, 4, 1, 1))
     assert both.drafted_rounds == 1

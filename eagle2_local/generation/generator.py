@@ -10,7 +10,7 @@ import logging
 import time
 import typing
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ..llamacpp.runtime import llama_seconds
 from ..tree.draft_tree import TreeParams, grow_candidates, main_chain, select_tree
 from ..tree.sampling import SamplingParams
 from ..tree_policy import PLAIN_STEP, FixedTree, RoundPlan, RoundResult, RoundTimes, TreePolicy
+from .listeners import DraftTimer, RoundListener
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +52,20 @@ class PromptSnapshot:
     features: np.ndarray | None
 
 
-class DraftTimer(Protocol):
-    """Hears how long the draft took in each drafted round (``drafting_profile``'s measurements), read from the
-    round's :class:`RoundTimes`."""
-
-    def catch_up(self, seconds: float) -> None:
-        """The draft ingesting new text, up to the root's output (level 1 of the tree)."""
-
-    def level(self, level: int, seconds: float) -> None:
-        """One deeper level grown from the frontier at depth ``level`` (one ``expand`` and its top-k)."""
-
-
 class Generator:
     """Runs generations on one target, optionally with a draft engine; keeps the KV cache between calls."""
 
     def __init__(self, target: Target, engine: DraftEngine | None = None,
                  tree_params: TreeParams | None = None, stop_tokens: frozenset[int] | None = None,
                  policy: TreePolicy | None = None, timer: DraftTimer | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, listener: RoundListener | None = None) -> None:
         """``policy``: plans each round's tree (default: EAGLE-2's fixed ``tree_params.total_tokens`` nodes a
         round); ``timer``: told the draft's times of every drafted round; ``clock``: the one clock every timing
-        (statistics, policy, timer) is read from."""
+        (statistics, policy, timer) is read from; ``listener``: hears every round, tree and token batch."""
         self.target = target
         self.engine = engine
         self.timer = timer
+        self.listener = listener
         self.clock = clock
         self.tree_params = tree_params or TreeParams()
         self.policy: TreePolicy = policy if policy is not None else FixedTree(self.tree_params.total_tokens)
@@ -255,7 +246,7 @@ class Generator:
             if grammar is not None:
                 grammar.accept(token)
             history.append(token)
-            yield _emit(emitter, [token])
+            yield _emit(emitter, [token], self.listener)
             if emitter.done:
                 return
             if self.target.n_past + 1 > self.target.n_ctx:  # no cell left for this token
@@ -292,7 +283,7 @@ class Generator:
         root = choose(sampling, grammar, logits, sampling.recent(self.tokens), rng)
         if grammar is not None:
             grammar.accept(root)
-        yield _emit(emitter, [root])
+        yield _emit(emitter, [root], self.listener)
         while not emitter.done:
             # Free KV cells. A tree needs one per node, and a path of depth d emits d + 1 tokens, so near the
             # end of the context the tree shrinks to stop exactly where plain decoding stops.
@@ -326,12 +317,14 @@ class Generator:
             result.times.asked = asked
             self.policy.observe(result)
             stats.add_round(result)
+            if self.listener is not None:
+                self.listener.round(result)
             if self.timer is not None and plan.drafts and not free_round:
                 self.timer.catch_up(result.times.catch_up_s)
                 for level, seconds in enumerate(result.times.level_s, start=1):
                     self.timer.level(level, seconds)
             self.tokens.extend([root] + accepted)
-            yield _emit(emitter, accepted + [bonus])
+            yield _emit(emitter, accepted + [bonus], self.listener)
             root = bonus
             if plan.steps > 1 and grammar is None and not emitter.done:
                 root = yield from self._plain_run(root, plan.steps - 1, emitter, sampling, rng, stats)
@@ -350,7 +343,7 @@ class Generator:
                 result, _, bonus = self._plain_step(root, sampling, rng)
                 results.append(result)
                 self.tokens.append(root)
-                yield _emit(emitter, [bonus])
+                yield _emit(emitter, [bonus], self.listener)
                 root = bonus
                 if emitter.done:
                     break
@@ -358,6 +351,8 @@ class Generator:
             for result in results:
                 self.policy.observe(result)
                 stats.add_round(result)
+                if self.listener is not None:
+                    self.listener.round(result)
         return root
 
     def _tree_round(self, plan: RoundPlan, draft: DraftEngine, root: int, room: int, left: int,
@@ -389,6 +384,8 @@ class Generator:
 
         cands = grow_candidates(engine.catch_up(text, *features), engine.expand, params, should_expand=deeper,
                                 level_done=level_done, final_tokens=self.stop_tokens)
+        if self.listener is not None:
+            self.listener.tree(root, cands)
         n_nodes = min(plan.nodes(cands.scores, times, cands.sources), params.total_tokens)
         tree = select_tree(root, cands.tokens, cands.scores, cands.parents, n_nodes, cands.sources)
         if self.target.chain_only:  # one recurrent state: the best path alone (decoding/target.py)
@@ -434,8 +431,10 @@ class Generator:
         return RoundResult(PLAIN_STEP, times), [], bonus
 
 
-def _emit(emitter: TokenEmitter, tokens: list[int]) -> Chunk:
+def _emit(emitter: TokenEmitter, tokens: list[int], listener: RoundListener | None) -> Chunk:
     """Push tokens until the emitter stops; the chunk lists only the tokens that became output."""
+    if listener is not None:
+        listener.tokens(tokens)
     n_before = len(emitter.tokens)
     text = "".join(emitter.push(tok) for tok in tokens if not emitter.done)
     return Chunk(text, emitter.tokens[n_before:], emitter.finish_reason)
