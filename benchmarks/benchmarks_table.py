@@ -15,7 +15,7 @@ figures); this script puts that record in two files, nothing typed by hand:
 - benchmarks/ARCHIVE.md: every other section, as make_record.py wrote it: superseded runs, fixed-tree sweeps,
   A/B experiments, verify curves, replays and the other measurements recorded as text.
 
-Running it twice changes nothing (tests/test_benchmarks_table.py checks both committed files are what it writes).
+Running it twice changes nothing (tests/benchmarks/test_benchmarks_table.py checks both committed files are what it writes).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ BENCHMARKS.md, everything else to benchmarks/ARCHIVE.md (this script calls it to
 
 Reports come from `eagle2-local bench --json ...` (files named bench-*.json),
 `eagle2-local verify-cost --json > verify-*.json` and the server load test (server-load-*.json, written by
-tests/test_server.py when EAGLE2_LOCAL_SERVER_RECORD names the file). Nothing here is typed by hand: every figure is read from a
+tests/server/test_server.py when EAGLE2_LOCAL_SERVER_RECORD names the file). Nothing here is typed by hand: every figure is read from a
 report, next to the exact command that produced it.
 """
 
@@ -196,7 +196,7 @@ def budget_state_lines(rep: dict) -> list[str]:
 
 
 def server_load_section(path: Path, rep: dict) -> list[str]:
-    """`eagle2-local serve` under the load test of tests/test_server.py (server-load-*.json)."""
+    """`eagle2-local serve` under the load test of tests/server/test_server.py (server-load-*.json)."""
     m = rep["machine"]
     lines = [f"### {path.stem}", "",
              f"- date: {rep['date']}; machine: {m['cpu']}, {m['cores']} cores; 1/5/15-min load average "

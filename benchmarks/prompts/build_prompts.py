@@ -260,7 +260,7 @@ def build_code_edit(humaneval: list[dict], n: int) -> list[dict]:
 # The whole answer (the edited function in a ```python block) must stay under 120 tokens. The builder needs no
 # model, so it bounds characters: on every humaneval function SmolLM2's tokenizer (the default model) spends at
 # most 0.49 tokens per character of such a block, so 240 characters stay under ~118 tokens (other tokenizers,
-# e.g. Qwen2.5's, were not measured here). tests/test_prompt_sets.py checks the real count with SmolLM2.
+# e.g. Qwen2.5's, were not measured here). tests/bench/test_prompt_sets.py checks the real count with SmolLM2.
 SHORT_ANSWER_CHARS = 240
 MAX_SPEC_CHARS = 300
 
@@ -646,7 +646,7 @@ def build_extract_schema(articles: list[dict], n: int) -> list[dict]:
 # SmolLM2's tokenizer (the default model's) spends 1.18-1.64 tokens per word on these articles, 1.33 on average
 # (other tokenizers were not measured). Documents of 1,250-2,050 words plus a ~60-word request then average
 # 1.7k-2.8k tokens (3.5k at worst), and chats of 1,750-2,100 words of user turns 2.3k-2.8k tokens before their
-# answers; tests/test_prompt_sets.py counts the real tokens with SmolLM2 (1.5k-3k, chats 2k-3k).
+# answers; tests/bench/test_prompt_sets.py counts the real tokens with SmolLM2 (1.5k-3k, chats 2k-3k).
 N_LONG_RAG = 12  # three kinds, 4 each (so each kind has one held-out record)
 N_LONG_SUM = 12
 N_LONG_CHAT = 8  # four 4-turn and four 3-turn chats

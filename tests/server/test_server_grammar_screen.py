@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from eagle2_local.decoding.grammar import GrammarError
-from tests.test_grammar_screen import DEAD, HANGS, NESTED, WRAPS
-from tests.test_server import CHAT, COMPLETIONS, SERVER_ARGS, StandIn, start_server, stop_server
+from tests.decoding.test_grammar_screen import DEAD, HANGS, NESTED, WRAPS
+from tests.server.test_server import CHAT, COMPLETIONS, SERVER_ARGS, StandIn, start_server, stop_server
 
 pytestmark = pytest.mark.smollm2
 
@@ -81,13 +81,14 @@ def test_bad_grammars_get_400_within_a_second_while_another_request_completes(se
     assert server.health()["status"] == "ok"
 
 
-def test_json_schema_nesting_too_deep_is_a_400(server):
-    """The JSON-schema converter nests one group per optional character: maxLength 5000 would nest 5000 deep."""
+def test_json_schema_count_past_the_bound_is_a_400(server):
+    """The JSON-schema converter nests one group per optional character: maxLength 5000 would nest 5000 deep. The
+    count is judged before anything is expanded (decoding/grammar_bounds.py), and the refusal names the field."""
     with server.http() as http:
         r = http.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 4,
                                          "json_schema": {"type": "string", "maxLength": 5000}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "json_schema"
-    assert "deep" in r.json()["error"]["message"]
+    assert "maxLength is 5000" in r.json()["error"]["message"], r.text
 
 
 def test_a_grammar_the_vocabulary_cannot_follow(server):

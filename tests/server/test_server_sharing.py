@@ -1,7 +1,7 @@
 """A server that clients share (issue 74): a client is an API key; slow senders hold no place in the queue; bodies
 are read only by the routes that use them, within a bounded room; a full server says what fills it and when to
 come back; one client's prompt cache, statistics and counters are not another's; accepted sockets send at once
-(TCP_NODELAY). The real server in a subprocess (tests/test_server.py's helpers), the official ``openai`` client,
+(TCP_NODELAY). The real server in a subprocess (tests/server/test_server.py's helpers), the official ``openai`` client,
 httpx and raw sockets; assertions on what the server reports, never on how long anything took."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.test_server import CHAT, COMPLETIONS, N_CTX, NAME, Server, start_server, stop_server
+from tests.server.test_server import CHAT, COMPLETIONS, N_CTX, NAME, Server, start_server, stop_server
 
 pytestmark = pytest.mark.smollm2
 
@@ -254,7 +254,7 @@ def test_clients_take_turns_each_in_arrival_order():
     """Alice queues three requests while one of hers runs, then Bob one: Bob's runs next, not after all of
     Alice's; a client served last waits behind one that has waited."""
     from eagle2_local.server import ModelWorker
-    from tests.test_server import StandIn, _events, _job
+    from tests.server.test_server import StandIn, _events, _job
 
     class Recording(StandIn):
         def __init__(self) -> None:

@@ -12,8 +12,9 @@ import pytest
 
 from eagle2_local.decoding.stopping import StopMatcher, TokenEmitter
 from eagle2_local.llamacpp.llama import LlamaModel
-from eagle2_local.server.types import MAX_STOP_CHARS, MAX_STOPS, MIN_TEMPERATURE, ChatRequest
-from tests.test_server import test_a_value_out_of_range_names_its_parameter as names_its_parameter
+from eagle2_local.server.types import MAX_STOP_CHARS, MAX_STOPS, ChatRequest
+from eagle2_local.tree.sampling import MIN_TEMPERATURE
+from tests.server.test_server import test_a_value_out_of_range_names_its_parameter as names_its_parameter
 
 TEXT = ("The quick brown fox jumps over the lazy dog. STOP here? Not yet: abab abcab, then END.\n\nUser: "
         "more text follows with a tab\tand caf\u00e9 and numbers 12345 6789.") * 3

@@ -22,7 +22,7 @@ from tests.support.helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.smollm2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS_TEMPLATE = ROOT / "eagle2_local" / "data" / "templates" / "chatml-tools.jinja"
 QWEN = ROOT / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # benchmarks/fetch_qwen.sh
 WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},

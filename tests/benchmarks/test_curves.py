@@ -11,7 +11,7 @@ import pytest
 
 from eagle2_local.tree_policy.costs import CostModel
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "curves.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "curves.py"
 _spec = importlib.util.spec_from_file_location("bench_curves", _PATH)
 curves = sys.modules["bench_curves"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(curves)

@@ -472,7 +472,7 @@ def _write_record(path: Path, finished: list[dict], results: list[dict], wall: f
     record = {
         "kind": "server-load", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": f"{RECORD_ENV}={path} " + (f"{NOTE_ENV}='...' " if os.environ.get(NOTE_ENV) else "")
-                   + "python -m pytest tests/test_server.py -k load",
+                   + "python -m pytest tests/server/test_server.py -k load",
         "server": "eagle2-local serve " + " ".join(a if a != KEY else "KEY" for a in SERVER_ARGS)
                   + " (default model and its head)",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -802,7 +802,7 @@ def test_response_format_json_schema_with_the_official_client(server, smollm2_pa
 
 
 # ------------------------------------------------------------------ tool calls
-TOOLS_TEMPLATE = Path(__file__).resolve().parents[1] / "eagle2_local" / "data" / "templates" / "chatml-tools.jinja"
+TOOLS_TEMPLATE = Path(__file__).resolve().parents[2] / "eagle2_local" / "data" / "templates" / "chatml-tools.jinja"
 WEATHER_ARGS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                  "unit": {"type": "string", "enum": ["C", "F"]}},
                 "required": ["city", "unit"], "additionalProperties": False}
@@ -1033,7 +1033,7 @@ def _until_closed():
     """benchmarks/server_faults.py's ``until_closed``: read a raw connection until the server closes it."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("server_faults", Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("server_faults", Path(__file__).resolve().parents[2]
                                                   / "benchmarks" / "server_faults.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -1087,5 +1087,5 @@ def test_a_client_that_leaves_during_its_prompt_stops_the_prompt(server, referen
     q = server.idle_queue(alone["prefill_s"] + 10)
     freed = time.monotonic() - left
     assert q["stopped_early"] == stopped + 1 and freed < alone["prefill_s"] / 2, (freed, alone["prefill_s"])
-    # the cache after a cancelled prompt: tests/test_determinism.py checks longer answers more closely
+    # the cache after a cancelled prompt: tests/integration/test_determinism.py checks longer answers more closely
     assert chat(client, PROMPTS[3]).model_extra["eagle"]["tokens"] == references[PROMPTS[3]]["tokens"]
