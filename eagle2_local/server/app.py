@@ -26,7 +26,7 @@ from ..errors import Eagle2Error, ParameterError
 from ..tree.sampling import DEFAULTS, SamplingDefaults, SamplingParams
 from .admission import Admission, body_limit, caller_of
 from .clients import SHARED_CACHE, Caller, Keys
-from .errors import APIError, add_error_handlers, shutting_down
+from .errors import APIError, add_error_handlers, server_fault, shutting_down
 from .types import MAX_STOPS, ChatRequest, CompletionRequest, SamplingFields, eagle_stats
 from .worker import Job, ModelWorker
 
@@ -229,9 +229,12 @@ class Service:
                     yield {"data": json.dumps(payload.body())}
                 elif kind == "cancelled":
                     yield {"data": json.dumps(shutting_down().body())}
-            yield {"data": "[DONE]"}
+        except Exception:  # whatever went wrong, a client's stream ends as a stream ends: an error event, [DONE]
+            log.exception("a stream failed after it started")
+            yield {"data": json.dumps(server_fault().body())}
         finally:
             job.cancelled.set()
+        yield {"data": "[DONE]"}
 
 
 class _JobStream(EventSourceResponse):
