@@ -6,7 +6,6 @@ process growing; the conversion runs in the memory-limited child and its verdict
 from __future__ import annotations
 
 import resource
-import time
 
 import pytest
 
@@ -35,10 +34,8 @@ HOSTILE = [  # (schema, the field the message must name)
 @pytest.mark.parametrize("schema, field", HOSTILE, ids=[f for _, f in HOSTILE])
 def test_hostile_counts_are_refused_before_anything_is_expanded(schema, field):
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
     with pytest.raises(GrammarError) as refused:
         Grammar.from_json_schema(schema)
-    assert time.perf_counter() - t0 < 1.0
     message = str(refused.value)
     assert field in message and "\n" not in message, message
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kb < 64 * 1024
@@ -88,27 +85,26 @@ def test_the_verdict_is_cached_and_the_conversion_runs_in_a_child(monkeypatch):
 
 
 @pytest.mark.smollm2
-def test_a_flat_enum_of_10000_values_costs_milliseconds(smollm2_path):
+def test_a_flat_enum_of_10000_values_costs_milliseconds(smollm2_path, monkeypatch):
     """Issue 74: a flat 10,000-value enum was refused after 3.9 s on every request (llama.cpp keeps one parse
     stack per alternative). As a prefix tree: converted once, then a cached lookup, and a mask over the
     vocabulary far below the one-second step limit; a value of the enum is followed to the end."""
     values = [f"item-{i:05d}" for i in range(10_000)]
     schema = {"type": "object", "properties": {"pick": {"enum": values}}, "required": ["pick"]}
     grammar = Grammar.from_json_schema(schema)
-    t0 = time.perf_counter()
+    conversions = []
+    monkeypatch.setattr(grammar_screen, "_convert", lambda text: conversions.append(text))  # a second one fails
     again = Grammar.from_json_schema(schema)
-    assert again == grammar and time.perf_counter() - t0 < 0.5
+    assert again == grammar and conversions == []  # the cached verdict: neither judged nor converted again
     model = LlamaModel(smollm2_path)
     try:
         grammar.check(model)
-        state = grammar.state(model)
-        t0 = time.perf_counter()
+        state = grammar.state(model)  # a mask past the grammar's one-second step limit would raise
         for token in model.tokenize('{"pick": "item-04217"}', add_special=False):
             assert state.allows(token)
             state.mask()
             state.accept(token)
         assert state.allows(model.eos)
-        assert time.perf_counter() - t0 < 10.0  # about 20 masks; 3.9 s each as a flat list
         state.close()
     finally:
         model.close()
