@@ -30,9 +30,10 @@ from .drafts.mtp import has_mtp
 from .errors import Eagle2Error
 from .formats.models import default_head_path, read_gguf_info, resolve_model
 from .generation.generator import Chunk, DraftTimer, Generator
-from .llamacpp.llama import MAX_SEQ, ContextSettings, LlamaModel
+from .llamacpp.llama import MAX_SEQ, LlamaModel
 from .llamacpp.rpc import parse_servers
 from .llamacpp.runtime import system_info
+from .llamacpp.settings import ContextSettings
 from .measure.cost_cache import CostKey, cached_or_measured, file_identity
 from .measure.microbench import check_costs, measure_costs
 from .tree.draft_tree import EAGLE2_DEPTH, EAGLE2_TOP_K, EAGLE2_TOTAL_TOKENS, LOOKUP_DEPTH, TreeParams
