@@ -1,5 +1,5 @@
 """Draft engines: whatever proposes the tree's tokens. The generator only sees :class:`DraftEngine`;
-:func:`open_draft` builds one from a :class:`DraftSpec`."""
+:func:`prepare_draft` checks one named by a :class:`DraftSpec` against the target, and its `open` builds the engine."""
 
 from .assistant import AssistantEngine
 from .base import DraftEngine, Proposals

@@ -1,4 +1,6 @@
-"""Which draft runs next to a target: a :class:`DraftSpec` names it, :func:`open_draft` builds it.
+"""Which draft runs next to a target: a :class:`DraftSpec` names it, :func:`prepare_draft` checks it against the
+target model and says what the target context must provide, and :meth:`PreparedDraft.open` builds its engine on
+that context (what ``Eagle2`` does); :func:`open_draft` does both for a target made by hand (scripts, tests).
 
 Opening a draft has two steps because some drafts shape the target's own context: an EAGLE head needs the
 target to expose its hidden states, so the head is checked against the target *model* and says which

@@ -17,7 +17,6 @@ from llama_cpp import llama_cpp_ext
 
 from benchmarks.synthetic_model import write_arch_model
 from eagle2_local.api import Eagle2
-from eagle2_local.decoding.stats import GenerationStats
 from eagle2_local.decoding.target import Target
 from eagle2_local.drafts import AssistantEngine, DraftSpec, open_draft, prepare_draft, with_lookup
 from eagle2_local.drafts.assistant import check_assistant_fits
@@ -28,8 +27,8 @@ from eagle2_local.llamacpp.batch import Batch
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import TreeParams
-from eagle2_local.tree.sampling import SamplingParams
-from tests.support.helpers import GREEDY, chi2_pvalue, first_divergence, forced_budget, grown_rows, recorded_roots, run
+from tests.support.helpers import (GREEDY, assert_keeps_the_distribution, first_divergence, forced_budget, grown_rows,
+                                   recorded_roots, run)
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=16, n_threads=1, nextn_features=True)
 
@@ -237,31 +236,10 @@ def test_greedy_assistant_equals_plain(paths, which, prompt):
 
 def test_sampling_keeps_the_distribution(target_model, agree_model):
     """T=1: the assistant's tokens at positions 1 and 2 are distributed as plain sampling's (chi-square)."""
-    sampling = SamplingParams(temperature=1.0)
-    prompt = [1, 40, 41, 42, 43]
-
-    def counts(gen, runs=600):
-        out, stats = {1: {}, 2: {}}, GenerationStats()
-        for seed in range(runs):
-            toks, _, _ = run(gen, prompt, 4, sampling, seed=seed, speculative=gen.engine is not None)
-            stats += gen.last_stats
-            for p in out:
-                tok = toks[p] if p < len(toks) else -1
-                out[p][tok] = out[p].get(tok, 0) + 1
-        return out, stats
-
     plain = Generator(Target(target_model, SETTINGS))
     target = Target(target_model, SETTINGS)
     spec = Generator(target, AssistantEngine(agree_model, target.ctx, 3, 3, owns_model=False), TreeParams(6, 3, 3))
-    try:
-        (a, _), (b, stats) = counts(plain), counts(spec)
-    finally:
-        spec.engine.close()
-        spec.target.close()
-        plain.target.close()
-    for p in (1, 2):
-        assert chi2_pvalue(a[p], b[p]) > 0.01, f"position {p}: {a[p]} vs {b[p]}"
-    assert stats.tau > 1.3, stats.as_dict()  # drafts were accepted (and rejected: T=1 on a spread distribution)
+    assert_keeps_the_distribution(plain, spec, [1, 40, 41, 42, 43], runs=600)
 
 
 # ------------------------------------------------------------------ what the engine proposes

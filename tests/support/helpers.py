@@ -160,6 +160,34 @@ def chi2_pvalue(a: dict[int, int], b: dict[int, int]) -> float:
     return float(chi2_contingency(np.array(rows))[1])
 
 
+
+def assert_keeps_the_distribution(plain: Generator, spec: Generator, prompt: list[int], runs: int) -> None:
+    """T=1: the tokens at positions 1 and 2 of ``spec`` (a draft's generator) are distributed as ``plain``'s
+    (chi-square over ``runs`` seeds each), and drafts were accepted and rejected (τ above 1.3). Closes the draft
+    engine and both targets."""
+    sampling = SamplingParams(temperature=1.0)
+
+    def counts(gen: Generator) -> tuple[dict, GenerationStats]:
+        out, stats = {1: {}, 2: {}}, GenerationStats()
+        for seed in range(runs):
+            toks, _, _ = run(gen, prompt, 4, sampling, seed=seed, speculative=gen.engine is not None)
+            stats += gen.last_stats
+            for p in out:
+                tok = toks[p] if p < len(toks) else -1
+                out[p][tok] = out[p].get(tok, 0) + 1
+        return out, stats
+
+    try:
+        (a, _), (b, stats) = counts(plain), counts(spec)
+    finally:
+        spec.engine.close()
+        spec.target.close()
+        plain.target.close()
+    for p in (1, 2):
+        assert chi2_pvalue(a[p], b[p]) > 0.01, f"position {p}: {a[p]} vs {b[p]}"
+    assert stats.tau > 1.3, stats.as_dict()  # drafts were accepted (and rejected: T=1 on a spread distribution)
+
+
 def _biased_walk(tree, logits, params, history, rng, accept_prob, grammar=None):
     """Tree rejection sampling with a wrong acceptance probability: ``accept_prob(x, p, context, node)`` instead
     of p(x); rejections and the bonus follow p (masked by ``grammar`` when given, which the walk advances)."""
