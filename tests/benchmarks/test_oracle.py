@@ -13,7 +13,7 @@ from benchmarks.oracle import (SizeTable, accepted_length, best_schedule, confid
 from eagle2_local.tree.draft_tree import DraftTree
 from eagle2_local.tree.proposals import LOOKUP, MODEL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def brute_force(acc: np.ndarray, cost: np.ndarray, draft: np.ndarray) -> float:
