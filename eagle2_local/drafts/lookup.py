@@ -19,6 +19,7 @@ import numpy as np
 
 from ..tree.proposals import LOOKUP, Proposals
 from .base import DraftEngine, as_list
+from .history import HistoryIndex, HistoryRounds
 from .ngram import COPY, NgramIndex
 from .renames import RenameLearner
 from .text_copy import TextCopy
@@ -45,7 +46,10 @@ class LookupDraft(DraftEngine):
 
     ``text`` (a :class:`~.text_copy.TextCopy`): inside a quoted string of the answer, a node that neither index
     matches on :data:`TEXT_BELOW` tokens takes the continuations of the string's text in the prompt's text,
-    where they are surer."""
+    where they are surer.
+
+    ``history`` (:meth:`use_history`, a :class:`~.history.HistoryIndex` of earlier answers): a third source,
+    whose rows replace a node's where its top continuation is surer (:class:`~.history.HistoryRounds`)."""
 
     name = "lookup"
     needs_features = False
@@ -64,6 +68,11 @@ class LookupDraft(DraftEngine):
         # per index: candidate id (ROOT: the root) -> length of its context's longest match (0: none)
         self._match: dict[int, int] = {}
         self._edited_match: dict[int, int] = {}
+        self.history: HistoryRounds | None = None
+
+    def use_history(self, index: HistoryIndex | None) -> None:
+        """Draft from ``index``'s earlier answers too (None: no more)."""
+        self.history = HistoryRounds(index) if index is not None else None
 
     @property
     def n_read(self) -> int:
@@ -107,6 +116,8 @@ class LookupDraft(DraftEngine):
         self._path.clear()
         self._match.clear()
         self._edited_match.clear()
+        if self.history is not None:
+            self.history.clear()
 
     def _forget_renames(self) -> None:
         self.edited = None
@@ -119,6 +130,8 @@ class LookupDraft(DraftEngine):
         its confidence); a long copy's miss may reveal a rename (renames.py)."""
         if not tokens:
             return
+        if self.history is not None:
+            self.history.observe(self.index.text, self.index.answer_from, tokens)
         if self.text is None:
             self.index.extend(tokens)
         else:
@@ -208,6 +221,8 @@ class LookupDraft(DraftEngine):
             path = (self._path[parent] if parent >= 0 else []) + [int(tok)]
             self._path[cand] = path
             paths.append(path)
+        if self.history is not None:
+            self.history.expanded(cand_ids, as_list(tokens), parents)
         return self._continue(paths, parents, cand_ids)
 
     def _continue(self, paths: list[list[int]], parents: list[int | None], cand_ids: list[int],
@@ -222,6 +237,8 @@ class LookupDraft(DraftEngine):
                           *self._search(self.edited, paths, parents, cand_ids, self._edited_match, width))
         if self.text is not None and self.text.started:
             self._text_rows(tokens, probs, found, paths, width)
+        if self.history is not None:
+            self.history.rows(self.index.text[-self.history.index.max_n:], paths, cand_ids, tokens, probs, width)
         return tokens, probs
 
     def _text_rows(self, tokens: list[list[int]], probs: list[list[float]], found: list[int],
@@ -280,6 +297,8 @@ class LookupDraft(DraftEngine):
 
     def commit(self, accepted_cand_ids: np.ndarray) -> None:
         """Accepted tokens are indexed at the next ``catch_up``, with the rest of the committed text."""
+        if self.history is not None:
+            self.history.commit(accepted_cand_ids)
         self._clear_round()
 
     def close(self) -> None:
