@@ -26,6 +26,7 @@ from .decoding.grammar import Grammar, response_grammar
 from .decoding.stats import GenerationStats
 from .decoding.target import Target
 from .drafts import DraftEngine, DraftSpec, draft_spec, prepare_draft, with_lookup
+from .drafts.history import HistoryIndex, close_history, open_history, recorded
 from .drafts.mtp import has_mtp
 from .errors import Eagle2Error
 from .formats.models import default_head_path, read_gguf_info, resolve_model
@@ -59,6 +60,7 @@ class Eagle2:
                  rpc_servers: str | Sequence[str] | None = None, draft: DraftSpec | str | None = None,
                  lookup: bool | None = None, draft_timer: DraftTimer | None = None,
                  cache_prompt: bool = False, chat_template: str | None = None,
+                 history: bool | HistoryIndex | None = None, history_file: str | os.PathLike | None = None,
                  costs: CostModel | Callable[[CostKey, Callable[[], CostModel]], CostModel] | None = None) -> None:
         """``rpc_servers``: llama.cpp RPC servers (``"HOST:PORT,..."`` or a list) that receive ``n_gpu_layers``
         layers (default: all) of the target and of the draft model / EAGLE-3 head; without servers
@@ -80,7 +82,10 @@ class Eagle2:
         every call's ``cache_prompt`` (see :meth:`stream`). ``chat_template``: a Jinja chat template used instead
         of the GGUF's (llama-server's ``--chat-template-file``), e.g. one that renders tools. ``costs``: the auto
         budget's calibration given, not read from the cache nor checked: a cost model, or a function of the cache
-        key and the measuring function that returns one (benchmarks/budget_replay.py)."""
+        key and the measuring function that returns one (benchmarks/budget_replay.py). ``history``: draft from
+        earlier answers too (drafts/history.py; True, or a ``HistoryIndex`` to share; off by default, on with a
+        ``history_file``, which is loaded now and written at :meth:`close`); only a draft with lookups uses it.
+        Every speculative call adds its answer (what was emitted) to :attr:`history`."""
         if chat_template is not None:
             check_template(chat_template)
         mode = budget or ("fixed" if total_tokens is not None else "auto")
@@ -122,6 +127,7 @@ class Eagle2:
             if engine is not None and mode == "auto":
                 tree_budget = self._tree_budget(engine, self.model.n_gpu_layers, recalibrate, progress, costs)
             self.generator = Generator(self.target, engine, self.tree_params, policy=tree_budget, timer=draft_timer)
+            self.history = open_history(engine, history, history_file, self.model)
         except BaseException:  # nobody gets an object to close(): free what was loaded before re-raising
             for opened in (engine, target, self.model):
                 if opened is not None:
@@ -259,11 +265,12 @@ class Eagle2:
         if speculative is None and self.plain:
             speculative = False
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        return self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
-                                       stop=stops, seed=self.seed if seed is None else seed, speculative=speculative,
-                                       cache_prompt=self.cache_prompt if cache_prompt is None else cache_prompt,
-                                       grammar=Grammar(grammar) if isinstance(grammar, str) else grammar,
-                                       cancelled=cancelled)
+        chunks = self.generator.generate(list(tokens), max_tokens, sampling or SamplingParams(temperature=0.0),
+                                         stop=stops, seed=self.seed if seed is None else seed, speculative=speculative,
+                                         cache_prompt=self.cache_prompt if cache_prompt is None else cache_prompt,
+                                         grammar=Grammar(grammar) if isinstance(grammar, str) else grammar,
+                                         cancelled=cancelled)
+        return chunks if self.history is None or speculative is False else recorded(chunks, self.history, tokens)
 
     def next_token_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """The target's logits for the token after ``tokens`` (a fresh evaluation: the KV cache is emptied
@@ -377,7 +384,8 @@ class Eagle2:
         return cls(model, **kwargs)
 
     def close(self) -> None:
-        """Free the llama.cpp contexts and models (a draft engine closes what it loaded)."""
+        """Free the llama.cpp contexts and models (a draft engine closes what it loaded); write the history file."""
+        close_history(self.history)
         if self.generator.engine is not None:
             self.generator.engine.close()
         self.target.close()

@@ -25,6 +25,7 @@ import numpy as np
 from ..chat.templates import prompt_tokens, render_for_model
 from ..decoding.grammar import Grammar
 from ..decoding.stats import GenerationStats
+from ..drafts.history import held
 from ..errors import Eagle2Error
 from ..llamacpp.llama import LlamaModel
 from ..llamacpp.runtime import system_info
@@ -131,11 +132,14 @@ class Bench:
         runs: dict[str, list[ChatRun]] = {"plain": [], "eagle": []}
         ticks: dict[str, list[tuple[CpuTicks | None, CpuTicks | None]]] = {"plain": [], "eagle": []}
         order = ("plain", "eagle") if index % 2 == 0 else ("eagle", "plain")  # alternate who goes first
-        for _ in range(self.repeat):
-            for mode in order:
-                before = CpuTicks.now()
-                runs[mode].append(self._chat(mode, turns, grammar))
-                ticks[mode].append((before, CpuTicks.now()))
+        # with a history (drafts from earlier answers): this record's answers join it after all its runs, the
+        # first eagle run's only (plain runs add nothing), so no run drafts from its own record's earlier run
+        with held(getattr(self.llm, "history", None), len(turns)):
+            for _ in range(self.repeat):
+                for mode in order:
+                    before = CpuTicks.now()
+                    runs[mode].append(self._chat(mode, turns, grammar))
+                    ticks[mode].append((before, CpuTicks.now()))
         self._snapshot = None  # a record's prompt is not asked again
         plain, eagle = runs["plain"][0], runs["eagle"][0]
         res = PromptResult(set_name, index, _median(runs["plain"]), _median(runs["eagle"]),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .common import (at_least_one, draft_model_option, fail, friendly_errors, head_option, json_flag_option, load,
+from .common import (at_least_one, draft_model_option, fail, friendly_errors, head_option, history_options, json_flag_option, load,
                      model_option, n_gpu_layers_option, not_negative, prompt_sets_option, rpc_option, runtime_options,
                      threads_option, tree_top_k_option)
 from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cost_table
@@ -17,6 +17,7 @@ from .console import bench_prompt_line, bench_table, draft_cost_line, verify_cos
 
 @click.command("bench")
 @runtime_options
+@history_options
 @prompt_sets_option(help="A .jsonl prompt set or a folder of them (e.g. the six EAGLE sets); repeatable.")
 @click.option("--n", "n_prompts", type=int, default=None, help="Use the first N prompts of each set.")
 @click.option("--split", type=click.Choice(["all", "tune", "heldout"]), default="all", show_default=True,
@@ -109,7 +110,10 @@ def bench(prompt_specs, n_prompts, split, first_turn, max_tokens, temperature, t
                          "top_k": rt["tree_top_k"], "budget": llm.budget_mode, "engine": llm.engine_name},
                 "tie_tolerance": tie_tolerance, "chat_template": not no_chat, "prefill_once": prefill_once,
                 "llama_cpp_bin": llama_cpp_bin, "spec_draft_n_max": spec_draft_n_max if llama_cpp_bin else None,
-                "llama_cpp_ngram": {m: NGRAM_MODES[m] for m in ngram}}
+                "llama_cpp_ngram": {m: NGRAM_MODES[m] for m in ngram},
+                "history": None if llm.history is None else {
+                    "records": len(llm.history), "tokens": llm.history.n_tokens,
+                    "drafted": llm.history.drafted, "accepted": llm.history.accepted}}
     report = b.report(settings)
     if note:
         report["note"] = note

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
-from .common import chat_template_option, friendly_errors, load, runtime_options, sampling_options, sampling_params
+from .common import (chat_template_option, friendly_errors, history_options, load, runtime_options, sampling_options,
+                     sampling_params)
 from .console import run_chat
 
 
 @click.command("chat")
 @runtime_options
+@history_options
 @sampling_options
 @click.option("--system", "system_prompt", default=None, help="System message that starts the conversation.")
 @click.option("--no-context-shift", is_flag=True,

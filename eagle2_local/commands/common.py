@@ -3,6 +3,7 @@ loading the runtime from those options."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import sys
@@ -124,6 +125,22 @@ def runtime_options(fn):
     return fn
 
 
+def history_options(fn):
+    """Drafts from earlier answers (generate, chat, bench: one process's answers, or a file's across runs)."""
+    opts = [
+        click.option("--history/--no-history", default=None,
+                     help="Draft also from this run's earlier answers (a lookup part of the draft consults them: "
+                          "--draft lookup, or lookups merged into a head's trees) [default: off; on with "
+                          "--history-file]."),
+        click.option("--history-file", type=click.Path(dir_okay=False), default=None,
+                     help="Keep the earlier answers in FILE across runs: read at start, written (atomically) at "
+                          "exit; a file of another model or a damaged one is refused in one line."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
 def sampling_options(fn):
     opts = [
         click.option("--max-tokens", "-n", type=int, default=DEFAULTS.max_tokens, show_default=True, callback=not_negative,
@@ -183,7 +200,7 @@ def resolve_hub(rt: dict) -> dict:
 
 def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_tokens, budget, recalibrate, depth,
          tree_top_k, verbose, rpc=None, seed=None, draft=None, lookup=None, cache_prompt=False,
-         chat_template_file=None, **hub_names):
+         chat_template_file=None, history=None, history_file=None, **hub_names):
     """Build the runtime from CLI options (imported lazily: llama.cpp loads only when a command runs)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
     if hub_names:
@@ -191,11 +208,16 @@ def load(model, draft_model, head, plain, n_ctx, threads, n_gpu_layers, total_to
         model, head, draft_model = paths["model"], paths["head"], paths["draft_model"]
     chat_template = read_chat_template(chat_template_file)
     from ..api import Eagle2
-    return Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
-                  n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
-                  plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate, rpc_servers=rpc,
-                  draft=draft, lookup=lookup, cache_prompt=cache_prompt, chat_template=chat_template,
-                  progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
+    llm = Eagle2(model, head_path=head, draft_model_path=draft_model, n_ctx=n_ctx, n_threads=threads,
+                 n_gpu_layers=n_gpu_layers, total_tokens=total_tokens, depth=depth, tree_top_k=tree_top_k,
+                 plain=plain, verbose=verbose, seed=seed, budget=budget, recalibrate=recalibrate, rpc_servers=rpc,
+                 draft=draft, lookup=lookup, cache_prompt=cache_prompt, chat_template=chat_template,
+                 history=history, history_file=history_file,
+                 progress=lambda msg: click.echo(f"tree budget calibration: {msg}", err=True))
+    if history_file is not None:  # written at exit, however the command ends (short of a kill)
+        from ..drafts.history import close_history
+        atexit.register(close_history, llm.history)
+    return llm
 
 
 def read_chat_template(path: str | None) -> str | None:

@@ -10,8 +10,8 @@ import click
 from ..decoding.grammar import Grammar, GrammarError, response_grammar
 from ..decoding.grammar_check import MAX_GRAMMAR_BYTES
 from ..decoding.grammar_screen import screen_gbnf
-from .common import (chat_template_option, fail, friendly_errors, load, resolve_hub, runtime_options,
-                     sampling_options, sampling_params)
+from .common import (chat_template_option, fail, friendly_errors, history_options, load, resolve_hub,
+                     runtime_options, sampling_options, sampling_params)
 from .console import NO_DRAFT_NOTE, stats_line
 
 
@@ -49,6 +49,7 @@ def read_grammar_file(path: str) -> str:
 
 @click.command("generate")
 @runtime_options
+@history_options
 @sampling_options
 @click.option("--prompt", "-p", required=True, help="Prompt text (special tokens such as <|im_start|> are parsed).")
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt as one user message in the chat template.")
