@@ -246,3 +246,20 @@ def test_bench_runs_a_model_without_draft_on_constrained_prompts(tmp_path, synth
     s = json.loads(out.read_text())["sets"]["forced"]
     assert s["identical_outputs"] == 2 and s["tau"] > 1.0, s
     assert s["accepted_by_source"].get("forced", 0) >= 4, s
+
+
+def test_bench_with_history_adds_each_records_first_eagle_answer_after_its_runs(synth_q8):
+    """`bench --history`: a record's runs never draft from the same record's earlier run (its answers join the
+    history after all of them, the first eagle run's only; plain runs add nothing); a later record asking the
+    same thing drafts from it."""
+    from eagle2_local.api import Eagle2
+    from eagle2_local.bench.harness import Bench
+    from eagle2_local.tree.sampling import SamplingParams
+    with Eagle2(str(synth_q8), draft="lookup", history=True, n_threads=1, total_tokens=12) as llm:
+        b = Bench(llm, sampling=SamplingParams(temperature=0.0), max_tokens=24, repeat=2, chat=False)
+        first = b.run_prompt("s", 0, "x y z")
+        assert len(llm.history) == 1 and llm.history.accepted == 0
+        second = b.run_prompt("s", 1, "x y z")
+        assert len(llm.history) == 2 and llm.history.accepted > 0
+    assert first.identical and second.identical
+    assert second.eagle.tau > first.eagle.tau
