@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 ANCHOR = 3  # the shortest match the history proposes from (a shorter one says little across answers)
 SEP = -1  # between records: no n-gram spans two of them
 PROMPT_TAIL = 32  # prompt tokens kept before each answer: "the same request again" matches from the answer's start
+CACHE_LIMIT = 8192  # searches remembered (the same contexts recur across a round's levels and the next round)
 MAGIC = b"eagle2-local history\n"
 VERSION = 1
 
@@ -155,6 +156,8 @@ class HistoryIndex:
         suffix = tuple(context[-self.max_n:])
         hit = self._cache.get(suffix)
         if hit is None:
+            if len(self._cache) >= CACHE_LIMIT:  # a long answer's contexts: kept to a bound
+                self._cache.clear()
             hit = self._cache[suffix] = self._search(suffix)
         toks, counts, n = hit
         self.last_match = n
