@@ -100,7 +100,8 @@ EAGLE2_RPC_SERVERS="$(IFS=,; echo "${SERVERS[*]}")"
 echo "rpc_check: servers $EAGLE2_RPC_SERVERS; llama-cpp-python $("$PY" -c 'import llama_cpp; print(llama_cpp.__file__)')" >&2
 
 set +e
-"$PY" -m pytest -m rpc -rA -p no:cacheprovider "$@" | tee "$LOGS/pytest.log"
+# -n 0: an RPC server serves one client at a time, so two xdist workers would queue on it past the client's timeout
+"$PY" -m pytest -m rpc -n 0 -rA -p no:cacheprovider "$@" | tee "$LOGS/pytest.log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ]; then
