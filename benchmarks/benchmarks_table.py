@@ -240,10 +240,8 @@ def header(tiers: list[str]) -> list[str]:
             "[NOTES.md](NOTES.md), how to measure in [docs/benchmarking.md](docs/benchmarking.md).", ""] + tiers
 
 
-TIERS = ["Opt-in test tiers, when each last passed (from the journal, docs/journal/; NOTES.md keeps the same list):",
-         "`python -m pytest -m slow`: not recorded; `bash benchmarks/rpc_check.sh`: not recorded as a whole (its",
-         "layer-input test passed with one and two servers on 2026-12-01); `benchmarks/gpu_check.sh run --cpu` (dry",
-         "run): passed 2026-12-04, before its hybrid + MTP case was added on 2026-12-07.", ""]
+TIERS = ["When each opt-in test tier (`-m slow`, the RPC tier, the GPU script's dry run) last passed: NOTES.md,",
+         "[Opt-in test tiers](NOTES.md#opt-in-test-tiers-when-each-last-passed).", ""]
 
 
 def render(full: str, reports: list[tuple[str, dict]], results: Path = RESULTS) -> tuple[str, str]:
