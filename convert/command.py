@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -43,7 +44,7 @@ def convert_command(head_dir: str, out: str, target: str | None, outtype: str, l
     def progress(name: str, done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = click.progressbar(length=total, label="converting", file=click.get_text_stream("stderr"))
+            bar = click.progressbar(length=total, label="converting", file=sys.stderr)
             bar.__enter__()
         bar.update(1, name)
 
