@@ -344,7 +344,7 @@ class Parser:
         if high is not None and high > MAX_REPETITION:
             high = None  # llama.cpp treats a maximum above its threshold as no maximum
         if high is not None and high < low:  # llama.cpp's count of optional copies would wrap around to 2^64
-            raise self.fail(f"a repetition whose maximum is below its minimum (llama.cpp would loop on it)", brace)
+            raise self.fail("a repetition whose maximum is below its minimum (llama.cpp would loop on it)", brace)
         return low, high, pos
 
     def repeat(self, seq: list, last: int, low: int, high: int | None, rule_name: str, n_prev: int,

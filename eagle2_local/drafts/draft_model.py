@@ -87,7 +87,6 @@ class DraftModelEngine(DraftEngine):
         toks = np.asarray(tokens, dtype=np.int32)[self.n_read:]
         if len(toks) == 0:
             raise TreeError("catch_up needs at least the new root token")
-        logits = None
         for start in range(0, len(toks), self.ctx.n_batch):
             chunk = toks[start:start + self.ctx.n_batch]
             out = np.zeros(len(chunk), dtype=np.int8)
