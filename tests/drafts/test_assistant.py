@@ -27,8 +27,8 @@ from eagle2_local.llamacpp.batch import Batch
 from eagle2_local.llamacpp.llama import LlamaModel
 from eagle2_local.llamacpp.settings import ContextSettings
 from eagle2_local.tree.draft_tree import TreeParams
-from tests.support.helpers import (GREEDY, assert_keeps_the_distribution, first_divergence, forced_budget, grown_rows,
-                                   recorded_roots, run)
+from tests.support.helpers import (GREEDY, assert_keeps_the_distribution, assert_tree_rows_follow_paths,
+                                   first_divergence, forced_budget, recorded_roots, run)
 
 SETTINGS = ContextSettings(n_ctx=1024, n_batch=256, n_seq_max=16, n_threads=1, nextn_features=True)
 
@@ -274,19 +274,7 @@ def test_trees_read_each_parents_hidden_state(target_model, agree_model, referen
     chain along its own path (its parent's h, none of its siblings')."""
     target = Target(target_model, SETTINGS)
     engine = AssistantEngine(agree_model, target.ctx, 3, 4, owns_model=False)
-    try:
-        text = [1] + target_model.tokenize("water long little", add_special=False)
-        feats = target.prefill(text[:-1]).features
-        rows, paths = grown_rows(engine, text, feats, TreeParams(30, 4, 3))
-        deep = [c for c in rows if len(paths[c]) >= 2]
-        assert len(deep) == 6  # the three best nodes of each level are expanded
-        for c in rows:
-            assert_same_row(rows[c], reference.chain(text, paths[c])[-1], f"node {c} path {paths[c]}")
-        engine.commit(np.asarray([0]))
-        assert engine.n_read == len(text)
-    finally:
-        engine.close()
-        target.close()
+    assert_tree_rows_follow_paths(engine, target, target_model, reference, assert_same_row)
 
 
 @pytest.mark.parametrize("policy", ["fixed", "lookup", "budget"])

@@ -161,6 +161,25 @@ def chi2_pvalue(a: dict[int, int], b: dict[int, int]) -> float:
 
 
 
+def assert_tree_rows_follow_paths(engine, target: Target, model: LlamaModel, reference, same_row) -> None:
+    """Top-3 at each level, three levels, over a short text: every node's row is ``reference.chain`` along the
+    node's own path (``same_row(ours, theirs, label)`` judges each at the engine's tolerance), the three best nodes
+    of each level are expanded, and committing the root leaves the text read. Closes the engine and the target."""
+    try:
+        text = [1] + model.tokenize("water long little", add_special=False)
+        feats = target.prefill(text[:-1]).features
+        rows, paths = grown_rows(engine, text, feats, TreeParams(30, 4, 3))
+        deep = [c for c in rows if len(paths[c]) >= 2]
+        assert len(deep) == 6  # the three best nodes of each level are expanded
+        for c in rows:
+            same_row(rows[c], reference.chain(text, paths[c])[-1], f"node {c} path {paths[c]}")
+        engine.commit(np.asarray([0]))
+        assert engine.n_read == len(text)
+    finally:
+        engine.close()
+        target.close()
+
+
 def assert_keeps_the_distribution(plain: Generator, spec: Generator, prompt: list[int], runs: int) -> None:
     """T=1: the tokens at positions 1 and 2 of ``spec`` (a draft's generator) are distributed as ``plain``'s
     (chi-square over ``runs`` seeds each), and drafts were accepted and rejected (τ above 1.3). Closes the draft
